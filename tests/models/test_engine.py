@@ -104,16 +104,22 @@ def test_seeded_sampling_reproducible_and_rng_restored(tiny_vlm, vlm_engine, mak
 
 @pytest.mark.parametrize("params", [SamplingParams(do_sample=False, max_new_tokens=10),
                                     SamplingParams(max_new_tokens=10, seed=3, temperature=0.7, top_k=50, top_p=0.9)])
-def test_logprobs_are_the_models_temperature_one_logprobs(tiny_vlm, vlm_engine, make_images, params):
-    """Teacher-forcing prompt + reply through forward_logits gives the engine's log-probs."""
+def test_logprobs_are_the_models_logprobs_at_the_sampling_temperature(tiny_vlm, vlm_engine, make_images, params):
+    """Teacher-forcing prompt + reply through forward_logits gives the engine's log-probs: those of
+    logits / temperature when sampling (the distribution drawn from, before top-k/top-p), of the
+    raw logits when greedy."""
     reqs = _requests(tiny_vlm, make_images, n=3)
     outs = vlm_engine.generate(reqs, params)
     for r, o in zip(reqs, outs):
         ids = torch.tensor([r.input_ids + o.token_ids])
         with torch.no_grad():
             logits = forward_logits(tiny_vlm.model, ids, torch.ones_like(ids), r.pixel_values, r.image_grid_thw)
-        expected = token_logprobs(logits, ids)[0, len(r.input_ids):]
+        tau = params.temperature if params.do_sample else 1.0
+        expected = token_logprobs(logits, ids, temperature=tau)[0, len(r.input_ids):]
         torch.testing.assert_close(torch.tensor(o.logprobs), expected, atol=1e-4, rtol=0)
+        if tau != 1.0:  # and not those of temperature 1
+            assert not torch.allclose(torch.tensor(o.logprobs), token_logprobs(logits, ids)[0, len(r.input_ids):],
+                                      atol=1e-3)
 
 
 def test_stop_string_cuts_at_earliest_token(tiny_vlm, vlm_engine, make_images):

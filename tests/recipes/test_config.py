@@ -42,7 +42,7 @@ def test_cross_field_rules_name_the_fix():
     with pytest.raises(ConfigError, match="group_size >= 2"):
         load_config(None, ["recipe=grpo"])
     with pytest.raises(ConfigError, match="kl_in=loss"):
-        load_config(None, ["recipe=grpo", "rollout.group_size=4", "update.kl_coef=0.01"])
+        load_config(None, ["recipe=grpo", "rollout.group_size=4", "update.kl_coef=0.01", "update.kl_in=reward"])
 
 
 PRESETS = ("frozenlake_ppo.yaml", "sokoban_ppo.yaml", "frozenlake_grpo.yaml")  # the training presets
@@ -79,3 +79,15 @@ def test_configuration_doc_lists_every_field():
     doc = (CONFIGS.parent / "docs" / "configuration.md").read_text()
     assert C.configuration_markdown() in doc, "docs/configuration.md is stale: regenerate its field tables " \
         "from vagent.recipes.config.configuration_markdown()"
+
+
+def test_env_declared_stop_strings_join_the_rollout_stop():
+    """vigorl_zoom replies end at </tool_call> too: the run's sampling stops there (no tokens after
+    a tool call are sampled or trained on); envs without reply_stop add nothing."""
+    from vagent.recipes.common import sampling_for
+
+    plain = load_config(None, [])
+    assert sampling_for(plain, 0).stop == ("</answer>",)
+    zoom = load_config(str(C.preset_dir() / "vigorl_zoom_grpo.yaml"), [])
+    assert sampling_for(zoom, 0).stop == ("</answer>", "</tool_call>")
+    assert sampling_for(zoom, 0, greedy=True).stop == ("</answer>", "</tool_call>")

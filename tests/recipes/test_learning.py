@@ -93,7 +93,7 @@ def test_ppo_learns_the_one_token_answer(tmp_path, tiny_vlm):
         "rollout.max_turns=1", "rollout.max_new_tokens=6",
         f"sft.data={tmp_path / 'sft.jsonl'}", "sft.steps=40", "sft.batch_size=8", "sft.lr=5e-3",
         "steps=24", "val.every=12", "update.actor_lr=1e-3", "update.epochs=2", "update.mini_batches=2",
-        "update.warmup_steps=0", "ppo.critic_lr=1e-3", "ppo.critic_warmup_steps=0", "ppo.estimator=masked_gae", "ppo.whiten_advantages=false",
+        "update.warmup_steps=0", "update.kl_coef=0", "ppo.critic_lr=1e-3", "ppo.critic_warmup_steps=0", "ppo.estimator=masked_gae", "ppo.whiten_advantages=false",
         "log.tensorboard=false", "log.progress=false", "log.checkpoint_every=0", "log.plot_every=0",
         "log.rollouts_every=0",
     ])

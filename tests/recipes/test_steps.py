@@ -14,7 +14,10 @@ from vagent.runs import read_metrics
 
 CASES = {
     "ppo-masked_gae": ["ppo.estimator=masked_gae"],
-    "ppo-bi_level_gae-kl_reward": ["ppo.estimator=bi_level_gae", "update.kl_coef=0.05", "update.kl_kind=k1"],
+    "ppo-bi_level_gae-kl_reward": ["ppo.estimator=bi_level_gae", "update.kl_coef=0.05", "update.kl_kind=k1",
+                                   "update.kl_in=reward"],
+    "ppo-no_kl-whiten-reasoning_reward": ["update.kl_coef=0", "ppo.whiten_advantages=true",
+                                          "reasoning_reward={judge: rule}"],
     "ppo-turn_gae-window-kl_loss": ["ppo.estimator=turn_gae", "rollout.window=1", "update.kl_coef=0.05",
                                     "update.kl_in=loss", "update.kl_kind=k2"],
     "ppo-no_concat_gae": ["rollout.mode=no_concat", "ppo.estimator=no_concat_gae", "ppo.anchor=last"],
@@ -47,6 +50,8 @@ def test_one_step_updates_and_stays_finite(name, small_cfg, initial_weights):
     for key in losses:
         assert isinstance(m[key], float) and math.isfinite(m[key]), (key, m.get(key))
     assert m["actor/logprob_diff"] < 1e-3  # recomputed log pi_old matches the sampling-time log-probs
+    if cfg.reasoning_reward:
+        assert "reward/judged_turns" in m
     ck = run / "checkpoints" / "step_000001"
     policy = torch.load(ck / "policy.pt", weights_only=True)
     changed = [k for k, v in policy.items() if not torch.equal(v, initial_weights[k])]

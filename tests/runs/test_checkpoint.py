@@ -57,7 +57,8 @@ def test_keep_last_and_ordering(tmp_path):
     for step in (1, 2, 3):
         save_checkpoint(tmp_path, "rl", step, {"policy": model}, keep_last=2)
     found = [(c.phase, c.step) for c in list_checkpoints(tmp_path)]
-    assert found == [("rl", 2), ("rl", 3)]  # SFT checkpoints come before every RL one and were pruned
+    # SFT checkpoints come before every RL one; keep-last is per phase, so the warm start survives
+    assert found == [("sft", 1), ("sft", 2), ("rl", 2), ("rl", 3)]
 
 
 def test_partial_checkpoint_is_ignored(tmp_path):

@@ -150,14 +150,15 @@ class _LogprobRecorder(LogitsProcessor):
     next step, reads off the log-prob of the token that was sampled (O(B * V) memory, unlike
     ``output_logits`` which keeps every step)."""
 
-    def __init__(self) -> None:
+    def __init__(self, temperature: float = 1.0) -> None:
+        self.temperature = float(temperature)  # the sampling temperature: log pi is of logits / T
         self.prev: torch.Tensor | None = None  # [B, V] float32 log-softmax of the last step
         self.steps: list[torch.Tensor] = []  # each [B]
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         if self.prev is not None:
             self.steps.append(self.prev.gather(-1, input_ids[:, -1:]).squeeze(-1))
-        self.prev = torch.log_softmax(scores.float(), dim=-1)
+        self.prev = torch.log_softmax(scores.float() / self.temperature, dim=-1)
         return scores
 
     def finish(self, sequences: torch.Tensor) -> torch.Tensor:
@@ -274,7 +275,7 @@ class HFEngine:
         device = next(self.model.parameters()).device
         batch = self._batch(requests, device)
         prompt_len = batch["input_ids"].shape[1]
-        recorder = _LogprobRecorder()
+        recorder = _LogprobRecorder(params.temperature if params.do_sample else 1.0)
         processors = [recorder]  # sees the raw logits: HF's own warpers are all switched off below
         if self.suppress_token_ids:
             processors.append(_Suppress(self.suppress_token_ids))

@@ -61,6 +61,17 @@ def val_env_specs(entry: EnvEntry) -> list:
     return [EnvSpec(entry.name, dict(entry.config), s) for s in split_seeds("val", entry.n_val)]
 
 
+def stop_strings(cfg: RunConfig) -> tuple[str, ...]:
+    """``rollout.stop`` plus the strings the run's envs declare as ending a reply
+    (an env class's optional ``reply_stop``, e.g. vigorl_zoom's ``"</tool_call>"``), in order."""
+    from vagent.envs.registry import env_class
+
+    out = list(cfg.rollout.stop)
+    for e in cfg.envs:
+        out += [s for s in getattr(env_class(e.name), "reply_stop", ()) if s not in out]
+    return tuple(out)
+
+
 def sampling_for(cfg: RunConfig, step: int, greedy: bool = False):
     """The rollout's SamplingConfig at ``step`` (seed derived from the run seed and the step)."""
     from vagent.rollout.policy import SamplingConfig
@@ -68,7 +79,7 @@ def sampling_for(cfg: RunConfig, step: int, greedy: bool = False):
     r = cfg.rollout
     return SamplingConfig(
         temperature=0.0 if greedy else r.temperature, top_p=r.top_p, top_k=r.top_k,
-        max_new_tokens=r.max_new_tokens, stop=tuple(r.stop), seed=derive_seed(cfg.seed, "sample", step),
+        max_new_tokens=r.max_new_tokens, stop=stop_strings(cfg), seed=derive_seed(cfg.seed, "sample", step),
     )
 
 
@@ -115,7 +126,9 @@ def tiny_model_dir(m: ModelConfig, envs: Sequence[EnvEntry] = ()) -> Path:
     corpus = hashlib.sha256("\n".join(tokenizer_corpus()).encode()).hexdigest()[:8]
     name = f"tiny-{m.tiny_family}-h{m.tiny_hidden}-l{m.tiny_layers}-i{m.tiny_image_size}-s{m.tiny_seed}-{corpus}"
     if m.tiny_pretrain_steps > 0:
-        key = repr([(e.name, sorted(e.config.items())) for e in envs]) + f"{m.tiny_pretrain_lr}/{m.tiny_pretrain_batch}"
+        key = (repr([(e.name, sorted(e.config.items())) for e in envs])
+               + f"{m.tiny_pretrain_lr}/{m.tiny_pretrain_batch}/{sorted(m.tiny_pretrain_relations)}"
+               + (f"/{m.tiny_pretrain_relation_steps}" if m.tiny_pretrain_relation_steps else ""))
         name += f"-cap{m.tiny_pretrain_steps}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
     return Path(m.cache_dir).expanduser() / name
 
@@ -140,9 +153,18 @@ def prepare_model(m: ModelConfig, envs: Sequence[EnvEntry] = (),
     if m.tiny_pretrain_steps > 0:
         from vagent.recipes.pretrain import pretrain_captions
 
+        two_stage = m.tiny_pretrain_relation_steps > 0 and bool(m.tiny_pretrain_relations)
         say(f"caption-pretraining it for {m.tiny_pretrain_steps} steps (image -> board description) ...")
         pretrain_captions(tmp, envs, m.tiny_pretrain_steps, batch_size=m.tiny_pretrain_batch,
-                          lr=m.tiny_pretrain_lr, seed=m.tiny_seed, say=say)
+                          lr=m.tiny_pretrain_lr, seed=m.tiny_seed,
+                          relations=() if two_stage else tuple(m.tiny_pretrain_relations), say=say)
+        if two_stage:
+            say(f"then {m.tiny_pretrain_relation_steps} steps on captions that add where the "
+                f"{', '.join(m.tiny_pretrain_relations)} is (on fresh boards) ...")
+            pretrain_captions(tmp, envs, m.tiny_pretrain_relation_steps, batch_size=m.tiny_pretrain_batch,
+                              lr=m.tiny_pretrain_lr, seed=m.tiny_seed + 1, relations=tuple(m.tiny_pretrain_relations),
+                              n_per_env=m.tiny_pretrain_relation_steps * m.tiny_pretrain_batch, stage="relations",
+                              say=say)
     try:
         tmp.rename(out)
     except OSError:  # another process built it first
@@ -271,16 +293,26 @@ def shift_right(x: Tensor) -> Tensor:
     return out
 
 
-def policy_forward(model: torch.nn.Module, mb: Any, chunk: int, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+def rl_temperature(cfg: Any) -> float:
+    """The temperature RL scores log-probs at: the training rollouts' (1.0 when they are greedy)."""
+    t = float(cfg.rollout.temperature)
+    return t if t > 0 else 1.0
+
+
+def policy_forward(model: torch.nn.Module, mb: Any, chunk: int, with_entropy: bool = False,
+                   temperature: float = 1.0) -> tuple[Tensor, Tensor | None]:
     """(logprobs [B, L], entropy [B, L] or None) of a micro-batch, aligned with its tokens.
 
     ``logprobs[:, t]`` is log pi of token t (from logits at t - 1); ``entropy[:, t]`` the entropy
-    of the distribution token t was drawn from. Position 0 holds 0.
+    of the distribution token t was drawn from. Position 0 holds 0. ``temperature`` divides the
+    logits first, so that RL's pi is the distribution the rollout sampled from (as verl does).
     """
     from vagent.models.forward import forward_logits
     from vagent.rl.losses import entropy_from_logits, logprobs_from_logits
 
     logits = forward_logits(model, mb.input_ids, mb.attention_mask, mb.pixel_values, mb.image_grid_thw)
+    if temperature != 1.0:
+        logits = logits / temperature
     lp = torch.zeros(mb.input_ids.shape, dtype=torch.float32, device=logits.device)
     lp[:, 1:] = logprobs_from_logits(logits[:, :-1], mb.input_ids[:, 1:], chunk)
     ent = None
@@ -427,21 +459,12 @@ class Session:
     last_checkpoint: str | None = None
 
     def reasoning_reward(self):
-        """The configured reasoning-reward callable for ``rollout``, or None."""
+        """The configured reasoning reward (``vagent.rewards.ReasoningReward``) for ``rollout``, or None."""
         if not self.cfg.reasoning_reward:
             return None
-        try:
-            from vagent.rewards import ReasoningReward
-        except ImportError as exc:
-            raise ModelError(
-                "reasoning_reward is set but vagent.rewards is not available in this build; remove "
-                "reasoning_reward from the config."
-            ) from exc
-        from vagent.config import from_mapping
+        from vagent.rewards import ReasoningReward
 
-        cfg_cls = getattr(ReasoningReward, "Config", None)
-        conf = from_mapping(cfg_cls, self.cfg.reasoning_reward, where="reasoning_reward") if cfg_cls else dict(self.cfg.reasoning_reward)
-        return ReasoningReward(conf)
+        return ReasoningReward(self.cfg.reasoning_reward)
 
 
 def train_rollout(session: Session, policy: Any, step: int, reasoning: Any) -> Any:

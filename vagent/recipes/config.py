@@ -57,6 +57,13 @@ class ModelConfig:
     tiny_pretrain_lr: float = 1e-3
     #: caption-pretraining batch size (images per step)
     tiny_pretrain_batch: int = 16
+    #: captions also state the natural-language relation of these object types to the agent
+    #: (e.g. [goal]: "... <reasoning>The goal is below and to the right of you."); with
+    #: tiny_pretrain_relation_steps > 0 only in that second stage
+    tiny_pretrain_relations: list[str] = field(default_factory=list)
+    #: a second caption stage after the grid stage: steps on captions that add the relations
+    #: above, each on a board not seen before (0 = one stage)
+    tiny_pretrain_relation_steps: int = 0
     #: parameter dtype: float32, bfloat16 or float16
     dtype: str = "float32"
     #: LoRA rank; 0 trains all parameters
@@ -99,13 +106,14 @@ class RolloutConfig:
     window: int | None = None
     #: the most tokens generated per turn
     max_new_tokens: int = 64
-    #: sampling temperature for training rollouts (validation is greedy)
+    #: sampling temperature for training rollouts (validation is greedy); RL scores log-probs at it too
     temperature: float = 1.0
     #: nucleus sampling mass
     top_p: float = 1.0
     #: top-k sampling (0 = off)
     top_k: int = 0
-    #: generation stops right after the first of these strings (e.g. add "</tool_call>" for tool use)
+    #: generation stops right after the first of these strings; envs add their own (an env class's
+    #: ``reply_stop``, e.g. vigorl_zoom adds "</tool_call>")
     stop: list[str] = field(default_factory=lambda: ["</answer>"])
 
 
@@ -213,6 +221,8 @@ class SFTConfig:
     actions_per_turn: int = 0
     #: demonstrations: describe only these object types in <observation>/<prediction> (empty = all)
     describe_objects: list[str] = field(default_factory=list)
+    #: demonstrations: start <reasoning> with the natural-language relation of these object types
+    reasoning_objects: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -243,7 +253,7 @@ class LogConfig:
     rollouts_max_mb: float = 50.0
     #: write a checkpoint every N steps (and at the end); 0 = only at the end
     checkpoint_every: int = 10
-    #: checkpoints kept (older ones are deleted)
+    #: checkpoints kept per phase (SFT, RL; older ones of the phase are deleted)
     keep_last: int = 2
     #: redraw plots/*.png every N steps
     plot_every: int = 5
@@ -505,46 +515,59 @@ def preset_dir() -> Path:
 # The default preset, mirrored from configs/frozenlake_ppo.yaml so that `vagent train` with no
 # arguments works from any directory (tests/recipes/test_config.py checks the two agree).
 DEFAULT_PRESET_YAML = """\
-# THE DEFAULT RUN (`vagent train` with no arguments): a tiny VLM on FrozenLake with image
-# observations and the grounding_worldmodeling format. SFT on solver demonstrations (with 30%
-# random actions, so it does not saturate), then PPO with bi-level GAE. About 10 minutes on 2 CPU
-# cores. See docs/training.md for the measured curve.
+# THE DEFAULT RUN (`vagent train` with no arguments). FrozenLake 4x4 with 128 px image
+# observations and the grounding_worldmodeling format (symbolic grid descriptions), a tiny VLM:
+#   1. build the tiny Qwen3-VL (random weights) and caption-pretrain it to read the board
+#      (image -> grid + where the goal is; cached under ~/.cache/vagent, so later runs skip it);
+#   2. SFT on solver demonstrations with 30% random actions (few steps: it should not saturate);
+#   3. PPO with bi-level GAE, a critic copied from the policy, KL (k3) to the SFT model in the loss.
+# Measured numbers and the learning curve: docs/training.md ("Measured").
 name: frozenlake-ppo
 recipe: ppo
-steps: 40
+steps: 50
 seed: 0
 model:
   path: tiny
+  tiny_family: qwen3_vl
   tiny_hidden: 128
   tiny_layers: 2
+  tiny_image_size: 128
+  tiny_pretrain_steps: 900
+  tiny_pretrain_relations: [goal]
 envs:
   - name: frozenlake
-    config: {format: grounding_worldmodeling, render: vision}
+    config: {format: grounding_worldmodeling, render: vision, image_size: 128, description_style: symbolic}
     n_train: 8
     n_val: 32
 rollout:
   group_size: 1
   max_turns: 4
-  max_new_tokens: 48
+  max_new_tokens: 80
   temperature: 1.0
 update:
   actor_lr: 1.0e-4
   warmup_steps: 2
   epochs: 2
   mini_batches: 2
-  micro_batch_tokens: 8192
+  micro_batch_tokens: 4096
   entropy_coef: 0.001
+  kl_coef: 0.05
+  kl_kind: k3
+  kl_in: loss
 ppo:
   estimator: bi_level_gae
   gamma_turn: 0.95
+  whiten_advantages: false
   critic_lr: 5.0e-4
-  critic_warmup_steps: 2
+  critic_warmup_steps: 3
 sft:
-  steps: 30
-  demos_per_env: 128
+  steps: 150
+  demos_per_env: 512
   random_action_frac: 0.3
+  actions_per_turn: 2
+  reasoning_objects: [goal]
   batch_size: 8
-  lr: 1.0e-3
+  lr: 3.0e-4
 val:
   every: 10
 log:

@@ -18,7 +18,10 @@ fields come from the TRUE state:
 - ``<observation>``: the env module's ``describe_state(state_before, style)``;
 - ``<prediction>``: ``describe_state(state_after, style)``, where ``state_after`` is obtained by
   stepping a deep copy of the env with the chosen actions first (so it is exactly what happens);
-- ``<reasoning>``: a short plan naming the actions (``"I move Down, Right."``);
+- ``<reasoning>``: a short plan naming the actions (``"I move Down, Right."``), preceded, when
+  ``reasoning_objects`` is set, by the natural-language relation of those objects to the agent in
+  the true state (``"The goal is below and to the right of you."``): a step of reasoning a model
+  can learn from its own ``<observation>`` text;
 - ``<answer>``: the next ``actions_per_turn`` solver actions, each replaced with probability
   ``random_action_frac`` by a random action (RNG seeded by the episode seed), so the SFT data
   has mistakes and recoveries and a model warm-started on it does not saturate.
@@ -65,6 +68,9 @@ class DemoSettings:
     max_turns: int = 10
     #: describe only these object types (empty = all the env describes)
     objects: tuple[str, ...] = ()
+    #: start <reasoning> with the natural-language relation of these object types to the agent
+    #: (e.g. ("goal",): "The goal is below and to the right of you. I move Down, Right.")
+    reasoning_objects: tuple[str, ...] = ()
 
 
 def _describe_fn(env: Any) -> Callable[[dict, str], str]:
@@ -102,7 +108,8 @@ def _choose_actions(env: Any, k: int, frac: float, rng: np.random.Generator) -> 
     return actions, random_flags
 
 
-def demo_reply(env: Any, actions: Sequence[str], objects: Sequence[str] = ()) -> str:
+def demo_reply(env: Any, actions: Sequence[str], objects: Sequence[str] = (),
+               reasoning_objects: Sequence[str] = ()) -> str:
     """The reply for ``actions`` from the env's current state, reasoning fields from the truth.
 
     Steps a deep copy of ``env`` to learn the state after the actions (the env itself is
@@ -123,7 +130,8 @@ def demo_reply(env: Any, actions: Sequence[str], objects: Sequence[str] = ()) ->
     fields = {
         "observation": describe(_filtered(before, objects), style),
         "prediction": describe(_filtered(after, objects), style),
-        "reasoning": f"I move {', '.join(actions)}.",
+        "reasoning": (describe(_filtered(before, reasoning_objects), "natural") + " " if reasoning_objects else "")
+        + f"I move {', '.join(actions)}.",
         "answer": answer,
     }
     fields["think"] = fields["reasoning"]
@@ -155,7 +163,7 @@ def play_demo(settings: DemoSettings, seed: int, image_dir: Path | None, image_p
                 if image_dir is not None:
                     im.save(image_dir / name)
                 images.append(f"{image_prefix}{name}")
-            reply = demo_reply(env, actions, settings.objects)
+            reply = demo_reply(env, actions, settings.objects, settings.reasoning_objects)
             messages.append({"role": "assistant", "content": reply})
             result = env.step(reply)
             turns_meta.append({"actions": actions, "random": flags, "reward": result.reward})

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from vagent.recipes.common import (
-    make_optimizer, make_scheduler, per_row, policy_forward, reward_metrics, train_rollout,
+    make_optimizer, make_scheduler, per_row, policy_forward, reward_metrics, rl_temperature, train_rollout,
 )
 from vagent.recipes.ppo import after_step, batch_mode, log_validation
 from vagent.recipes.update import UpdateContext, actor_update
@@ -86,6 +86,7 @@ def train_grpo(session: Any, start_step: int = 0, resume_from: str | None = None
     loaded, device = session.loaded, session.device
     model = loaded.model
     T, chunk = u.micro_batch_tokens, u.logprob_chunk
+    tau = rl_temperature(cfg)  # log-probs at the rollout's sampling temperature
 
     # --- set-up: reference model (only with a KL term), optimizer, schedule
     ref = reference_model(loaded) if u.kl_coef > 0 else None
@@ -119,14 +120,14 @@ def train_grpo(session: Any, start_step: int = 0, resume_from: str | None = None
 
             # scoring passes (no grad): log pi_old, log pi_ref
             model.eval()
-            old_logprobs = per_row(batch, T, lambda mb: policy_forward(model, mb, chunk)[0])
+            old_logprobs = per_row(batch, T, lambda mb: policy_forward(model, mb, chunk, temperature=tau)[0])
             ref_logprobs = None
             if ref is not None:
                 with ref.active() as ref_model:
-                    ref_logprobs = per_row(batch, T, lambda mb: policy_forward(ref_model, mb, chunk)[0])
+                    ref_logprobs = per_row(batch, T, lambda mb: policy_forward(ref_model, mb, chunk, temperature=tau)[0])
 
             # 5. update
-            ctx = UpdateContext(device, session.bf16, cfg.seed, step, session.last_checkpoint)
+            ctx = UpdateContext(device, session.bf16, cfg.seed, step, session.last_checkpoint, tau)
             stats = actor_update(model, params, opt, batch, advantages, old_logprobs, ref_logprobs, u, ctx)
             lr = opt.param_groups[0]["lr"]
             sched.step()

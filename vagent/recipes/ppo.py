@@ -20,7 +20,8 @@ How it departs from VAGEN / the paper:
   legacy VAGEN never bootstrapped.
 - The critic trains only where returns are defined (REFERENCE.md bug 3): every sampled token for
   masked/bi-level GAE, turn ends for turn_gae, the anchor token for no_concat_gae.
-- Learning-rate schedules step once per RL step (VAGEN: per optimizer step).
+- Learning-rate schedules step once per RL step (VAGEN: per optimizer step); the actor's starts
+  after the critic warm-up.
 - A shared critic backbone (``ppo.critic_backbone: shared``) is trained by the policy loss only;
   the value loss trains the value head on its features (a detached-head variant).
 - Defaults are for the tiny CPU models (larger learning rates, fewer envs); the paper's are in
@@ -36,7 +37,7 @@ import torch
 from torch import Tensor
 
 from vagent.recipes.common import (
-    critic_forward, make_optimizer, make_scheduler, per_row, policy_forward, reward_metrics,
+    critic_forward, make_optimizer, make_scheduler, per_row, policy_forward, reward_metrics, rl_temperature,
     shift_right, train_rollout, validate,
 )
 from vagent.recipes.update import UpdateContext, actor_update, critic_update
@@ -97,6 +98,7 @@ def train_ppo(session: Any, start_step: int = 0, resume_from: str | None = None)
     loaded, device = session.loaded, session.device
     model = loaded.model
     T, chunk = u.micro_batch_tokens, u.logprob_chunk
+    tau = rl_temperature(cfg)  # log-probs at the rollout's sampling temperature
 
     # --- set-up: critic (from the policy's backbone), reference model, optimizers, schedules
     critic = build_critic(loaded, share_backbone=p.critic_backbone == "shared", device=device)
@@ -133,7 +135,7 @@ def train_ppo(session: Any, start_step: int = 0, resume_from: str | None = None)
             # 3. scoring passes (no grad): log pi_old, V_old, log pi_ref
             model.eval()
             critic.eval()
-            old_logprobs = per_row(batch, T, lambda mb: policy_forward(model, mb, chunk)[0])
+            old_logprobs = per_row(batch, T, lambda mb: policy_forward(model, mb, chunk, temperature=tau)[0])
             raw_values = per_row(batch, T, lambda mb: critic_forward(critic, mb))
             values = shift_right(raw_values) * M  # V before each sampled token
             final_values = raw_values.gather(1, batch.bootstrap_index.clamp(min=0)[:, None])[:, 0]
@@ -142,7 +144,7 @@ def train_ppo(session: Any, start_step: int = 0, resume_from: str | None = None)
             ref_logprobs = kl_ref = None
             if ref is not None:
                 with ref.active() as ref_model:
-                    ref_logprobs = per_row(batch, T, lambda mb: policy_forward(ref_model, mb, chunk)[0])
+                    ref_logprobs = per_row(batch, T, lambda mb: policy_forward(ref_model, mb, chunk, temperature=tau)[0])
                 kl_tok = kl_penalty(old_logprobs, ref_logprobs, u.kl_kind) * M
                 kl_ref = float(masked_mean(kl_tok, M))
                 if u.kl_in == "reward":
@@ -155,14 +157,15 @@ def train_ppo(session: Any, start_step: int = 0, resume_from: str | None = None)
                 advantages = masked_whiten(advantages, M) * M
 
             # 5. update: critic every step, actor after the critic warm-up
-            ctx = UpdateContext(device, session.bf16, cfg.seed, step, session.last_checkpoint)
+            ctx = UpdateContext(device, session.bf16, cfg.seed, step, session.last_checkpoint, tau)
             stats = critic_update(critic, critic_params, critic_opt, batch, values, returns, critic_mask, u,
                                   p.value_clip, ctx)
             if step >= p.critic_warmup_steps:
                 stats.update(actor_update(model, actor_params, actor_opt, batch, advantages, old_logprobs,
                                           ref_logprobs, u, ctx))
             lrs = {"optim/actor_lr": actor_opt.param_groups[0]["lr"], "optim/critic_lr": critic_opt.param_groups[0]["lr"]}
-            actor_sched.step()
+            if step >= p.critic_warmup_steps:  # the actor's warm-up starts when the actor does
+                actor_sched.step()
             critic_sched.step()
             t_end = time.perf_counter()
 

@@ -12,8 +12,9 @@ The captions: for states of the run's envs (reset with seeds of the ``train`` sp
 random moves), the user message is the env's own observation (the same text and image the RL
 rollout shows, without the system prompt, which is the costly part of every prompt) and the
 target is the reply prefix ``<think><observation>{describe_state(state, "symbolic")}</observation>``
-(the grid, one row per line). Only that perception skill is taught: no actions, no rewards, no
-solver.
+(the grid, one row per line), optionally followed by ``<reasoning>`` and the natural-language
+relation of some object types to the agent ("The goal is below and to the right of you."). Only
+that perception skill is taught: no actions, no rewards, no solver.
 """
 
 from __future__ import annotations
@@ -27,8 +28,11 @@ import numpy as np
 import torch
 
 
-def caption_records(env_entries: Sequence[Any], n_per_env: int, seed: int, image_dir: Path) -> list[dict]:
-    """SFT chat records (no system message) pairing an observation with its symbolic description."""
+def caption_records(env_entries: Sequence[Any], n_per_env: int, seed: int, image_dir: Path,
+                    relations: Sequence[str] = (), first_board: int = 0) -> list[dict]:
+    """SFT chat records (no system message) pairing an observation with its symbolic description
+    (and, with ``relations``, the natural-language relation of those object types to the agent).
+    Boards are train-split seeds ``first_board ..`` of a range reserved for captions."""
     import importlib
 
     from vagent.envs import make
@@ -45,7 +49,9 @@ def caption_records(env_entries: Sequence[Any], n_per_env: int, seed: int, image
             raise TypeError(f"env {e.name!r}: caption pretraining needs a module-level describe_state(state, "
                             "style) and action_names")
         rng = np.random.default_rng(derive_seed(seed, "captions", i))
-        for s in split_seeds("train", n_per_env, offset=500_000 + 50_000 * i):
+        if first_board + n_per_env > 50_000:
+            raise ValueError(f"caption boards {first_board}..{first_board + n_per_env} exceed the 50000 reserved per env")
+        for s in split_seeds("train", n_per_env, offset=500_000 + 50_000 * i + first_board):
             obs, _ = env.reset(s)
             for _ in range(int(rng.integers(0, 3))):  # a few random moves: more player positions
                 move = render_response(env.config.format, {"think": "x", "observation": "x", "reasoning": "x",
@@ -60,7 +66,11 @@ def caption_records(env_entries: Sequence[Any], n_per_env: int, seed: int, image
                 name = f"{e.name}_{s}_{j}.png"
                 im.save(image_dir / name)
                 paths.append(f"{image_dir.name}/{name}")
-            target = f"<think><observation>{describe(env.state(), 'symbolic')}</observation>"
+            state = env.state()
+            target = f"<think><observation>{describe(state, 'symbolic')}</observation>"
+            if relations:
+                rel = dict(state, relations=[r for r in state.get("relations", []) if r.get("object") in relations])
+                target += f"<reasoning>{describe(rel, 'natural')}"
             records.append({"messages": [{"role": "user", "content": obs.text},
                                          {"role": "assistant", "content": target}], "images": paths})
         env.close()
@@ -88,18 +98,24 @@ def encode_caption(record: dict, root: Path, encoder: Any):
 
 def pretrain_captions(model_dir: Path, env_entries: Sequence[Any], steps: int, *, batch_size: int = 16,
                       lr: float = 1e-3, n_per_env: int = 2048, seed: int = 0, micro_batch_tokens: int = 4096,
+                      relations: Sequence[str] = (), stage: str = "grid",
                       say: Callable[[str], None] = print) -> dict:
-    """Train the model in ``model_dir`` on captions for ``steps`` steps and save it back in place."""
+    """Train the model in ``model_dir`` on captions for ``steps`` steps and save it back in place.
+
+    ``stage`` names the pass (its captions go to ``pretrain/<stage>/``, its summary under that key
+    in ``vagent_pretrain.json``); the ``relations`` stage draws boards after the grid stage's, so a
+    model pretrained in two stages sees fresh boards in the second."""
     from vagent.models.loading import load_policy
     from vagent.recipes.common import derive_seed, make_optimizer, make_scheduler
     from vagent.recipes.sft import sft_batch, sft_loss
 
-    work = Path(model_dir) / "pretrain"
+    work = Path(model_dir) / "pretrain" / stage
     (work / "images").mkdir(parents=True, exist_ok=True)
-    records = caption_records(env_entries, n_per_env, seed, work / "images")
+    records = caption_records(env_entries, n_per_env, seed, work / "images", relations,
+                              first_board=10_000 if stage == "relations" else 0)
     (work / "captions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(derive_seed(seed, "pretrain"))
+        torch.manual_seed(derive_seed(seed, "pretrain", *([stage] if stage != "grid" else [])))
         loaded = load_policy(model_dir)
         convs = [encode_caption(r, work, loaded.encoder) for r in records]
         model = loaded.model
@@ -107,7 +123,7 @@ def pretrain_captions(model_dir: Path, env_entries: Sequence[Any], steps: int, *
         params = [p for p in model.parameters() if p.requires_grad]
         opt = make_optimizer(params, lr, 0.0)
         sched = make_scheduler(opt, 10, steps, "constant")
-        rng = np.random.default_rng(derive_seed(seed, "pretrain-order"))
+        rng = np.random.default_rng(derive_seed(seed, "pretrain-order", *([stage] if stage != "grid" else [])))
         t0, stats = time.perf_counter(), {}
         for step in range(steps):
             rows = rng.choice(len(convs), size=min(batch_size, len(convs)), replace=False)
@@ -118,10 +134,13 @@ def pretrain_captions(model_dir: Path, env_entries: Sequence[Any], steps: int, *
             opt.step()
             sched.step()
             if step % 100 == 0 or step == steps - 1:
-                say(f"  caption pretraining {step + 1}/{steps}: loss {stats['loss']:.3f}, "
+                say(f"  caption pretraining ({stage}) {step + 1}/{steps}: loss {stats['loss']:.3f}, "
                     f"token accuracy {stats['token_accuracy']:.3f} ({time.perf_counter() - t0:.0f}s)")
         model.save_pretrained(model_dir)
     summary = {"steps": steps, "final_loss": stats.get("loss"), "final_token_accuracy": stats.get("token_accuracy"),
                "captions": len(records), "seconds": round(time.perf_counter() - t0, 1)}
-    (Path(model_dir) / "vagent_pretrain.json").write_text(json.dumps(summary, indent=2) + "\n")
+    path = Path(model_dir) / "vagent_pretrain.json"
+    stages = json.loads(path.read_text()) if path.is_file() else {}
+    stages[stage] = summary
+    path.write_text(json.dumps(stages, indent=2) + "\n")
     return summary

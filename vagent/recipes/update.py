@@ -49,6 +49,8 @@ class UpdateContext:
     seed: int
     step: int
     last_checkpoint: str | None
+    #: log-probs are of logits / temperature (the rollout's sampling temperature)
+    temperature: float = 1.0
 
 
 def take(x: Tensor | None, rows: Sequence[int], length: int) -> Tensor | None:
@@ -107,7 +109,8 @@ def actor_update(
                 M = mb.loss_mask
                 w = accumulation_weight(M, mini.loss_mask, u.loss_agg)
                 with autocast(ctx.device, ctx.bf16):
-                    logp, ent = policy_forward(model, mb, u.logprob_chunk, with_entropy=True)
+                    logp, ent = policy_forward(model, mb, u.logprob_chunk, with_entropy=True,
+                                              temperature=ctx.temperature)
                 pl = ppo_policy_loss(logp, take(m_old, sub, ml), take(m_adv, sub, ml), M,
                                      u.clip_low, u.clip_high, u.dual_clip, u.loss_agg)
                 entropy = aggregate(ent, M, u.loss_agg)

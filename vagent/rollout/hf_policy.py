@@ -24,7 +24,9 @@ Sampling: ``SamplingConfig.temperature == 0`` is greedy; otherwise temperature /
 sampling seeded with ``SamplingConfig.seed`` (the engine forks the torch RNG, so the draws are
 reproducible for the same batch and never touch the caller's RNG). ``stop`` strings end a reply
 right after the string (the engine cuts the ids there); ``max_new_tokens`` is the per-turn budget.
-``Reply.logprobs`` are the engine's: the log-softmax at temperature 1 of each sampled token.
+``Reply.logprobs`` are the engine's: the log-softmax of logits / temperature (before top-k/top-p
+truncation) of each sampled token; greedy replies use temperature 1. The RL recipes score with
+the same temperature (``policy_forward(..., temperature=)``), so old and new log-probs agree.
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ A checkpoint is a folder ``checkpoints/step_XXXXXX`` (or ``sft_XXXXXX`` during a
 
 It is written to a hidden temporary folder and renamed into place, so a process killed while
 saving (SIGKILL included) leaves the previous checkpoints intact and never a half-written one.
-After a save, all but the newest ``keep_last`` checkpoints are deleted.
+After a save, all but the newest ``keep_last`` checkpoints OF THAT PHASE are deleted, so the end of
+the SFT warm start (the policy RL started from) is never pruned by RL's checkpoints.
 
 ``step`` is the number of steps completed in ``phase``: resuming from it runs step ``step`` next.
 """
@@ -114,7 +115,7 @@ def save_checkpoint(
         shutil.rmtree(final)
     os.replace(tmp, final)
     _fsync_dir(d)
-    for old in list_checkpoints(d)[:-keep_last]:
+    for old in [c for c in list_checkpoints(d) if c.phase == phase][:-keep_last]:
         shutil.rmtree(old.path, ignore_errors=True)
     return final
 

@@ -317,6 +317,9 @@ class VigorlZoomEnv:
     Config = VigorlZoomConfig
     action_names: tuple[str, ...] = ()
     action_sep = ""
+    #: a reply ends after either closing tag: generation stops there (vagent.recipes adds these
+    #: to ``rollout.stop``), so no tokens after a tool call are sampled or trained on
+    reply_stop: tuple[str, ...] = ("</answer>", "</tool_call>")
 
     def __init__(self, config: VigorlZoomConfig | None = None) -> None:
         cfg = config if config is not None else VigorlZoomConfig()
