@@ -518,13 +518,16 @@ DEFAULT_PRESET_YAML = """\
 # THE DEFAULT RUN (`vagent train` with no arguments). FrozenLake 4x4 with 128 px image
 # observations and the grounding_worldmodeling format (symbolic grid descriptions), a tiny VLM:
 #   1. build the tiny Qwen3-VL (random weights) and caption-pretrain it to read the board
-#      (image -> grid + where the goal is; cached under ~/.cache/vagent, so later runs skip it);
-#   2. SFT on solver demonstrations with 30% random actions (few steps: it should not saturate);
-#   3. PPO with bi-level GAE, a critic copied from the policy, KL (k3) to the SFT model in the loss.
+#      (image -> grid; cached under ~/.cache/vagent, so later runs skip it);
+#   2. SFT on demonstrations whose <observation>/<reasoning>/<prediction> come from the true state
+#      and whose actions are all random (random_action_frac 1.0): SFT teaches the format and to
+#      describe the board, and leaves what to do to RL;
+#   3. PPO with bi-level GAE, a critic copied from the policy, KL (k3) to the SFT model in the loss,
+#      rollouts at temperature 0.7 (log-probs scored at the same temperature).
 # Measured numbers and the learning curve: docs/training.md ("Measured").
 name: frozenlake-ppo
 recipe: ppo
-steps: 50
+steps: 30
 seed: 0
 model:
   path: tiny
@@ -532,20 +535,19 @@ model:
   tiny_hidden: 128
   tiny_layers: 2
   tiny_image_size: 128
-  tiny_pretrain_steps: 900
-  tiny_pretrain_relations: [goal]
+  tiny_pretrain_steps: 700
 envs:
   - name: frozenlake
     config: {format: grounding_worldmodeling, render: vision, image_size: 128, description_style: symbolic}
-    n_train: 8
-    n_val: 32
+    n_train: 16
+    n_val: 64
 rollout:
   group_size: 1
   max_turns: 4
   max_new_tokens: 80
-  temperature: 1.0
+  temperature: 0.7
 update:
-  actor_lr: 1.0e-4
+  actor_lr: 3.0e-4
   warmup_steps: 2
   epochs: 2
   mini_batches: 2
@@ -557,17 +559,17 @@ update:
 ppo:
   estimator: bi_level_gae
   gamma_turn: 0.95
-  whiten_advantages: false
+  whiten_advantages: true
   critic_lr: 5.0e-4
-  critic_warmup_steps: 3
+  critic_warmup_steps: 2
 sft:
-  steps: 150
+  steps: 300
   demos_per_env: 512
-  random_action_frac: 0.3
+  random_action_frac: 1.0
   actions_per_turn: 2
   reasoning_objects: [goal]
   batch_size: 8
-  lr: 3.0e-4
+  lr: 1.0e-3
 val:
   every: 10
 log:
