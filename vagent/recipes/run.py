@@ -99,6 +99,16 @@ def train(cfg: RunConfig | None = None, resume: str | Path | None = None, quiet:
             train_sft(session, start, resume_from=str(latest.path) if latest is not None else None)
         elif latest is not None and latest.phase == "sft":
             load_checkpoint(latest.path, {"policy": loaded.model})  # SFT complete: its weights and RNG
+        elif latest is not None and cfg.sft.steps > 0:
+            # RL resume: the reference model and the critic's initial backbone are the SFT result,
+            # as in the uninterrupted run (the RL checkpoint then restores policy, critic and RNG)
+            from vagent.runs.checkpoint import list_checkpoints
+
+            sft_ckpts = [c for c in list_checkpoints(run.checkpoints) if c.phase == "sft"]
+            if sft_ckpts:
+                load_checkpoint(sft_ckpts[-1].path, {"policy": loaded.model})
+            else:
+                console.print("warning: no SFT checkpoint left in the run; the KL reference is the base model")
         if cfg.recipe != "sft":
             phase = "rl"
             rl_start = latest.step if latest is not None and latest.phase == "rl" else 0
