@@ -322,6 +322,18 @@ def policy_forward(model: torch.nn.Module, mb: Any, chunk: int, with_entropy: bo
     return lp, ent
 
 
+def score_logprobs(model: torch.nn.Module, ref: Any, batch: Any, max_tokens: int, chunk: int,
+                   temperature: float) -> tuple[Tensor, Tensor | None]:
+    """The scoring passes shared by PPO and GRPO (no grad): (log pi_old, log pi_ref or None) [B, L]
+    at the rollout temperature; ``ref`` is a reference model handle or None (no KL)."""
+    model.eval()
+    old = per_row(batch, max_tokens, lambda mb: policy_forward(model, mb, chunk, temperature=temperature)[0])
+    if ref is None:
+        return old, None
+    with ref.active() as ref_model:
+        return old, per_row(batch, max_tokens, lambda mb: policy_forward(ref_model, mb, chunk, temperature=temperature)[0])
+
+
 def critic_forward(critic: torch.nn.Module, mb: Any) -> Tensor:
     """Raw critic outputs [B, L] float32 (``out[:, t]``: value of the prefix ending at t)."""
     return critic(mb.input_ids, mb.attention_mask, mb.pixel_values, mb.image_grid_thw)

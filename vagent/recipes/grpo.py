@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from vagent.recipes.common import (
-    make_optimizer, make_scheduler, per_row, policy_forward, reward_metrics, rl_temperature, train_rollout,
+    make_optimizer, make_scheduler, reward_metrics, rl_temperature, score_logprobs, train_rollout,
 )
 from vagent.recipes.ppo import after_step, batch_mode, log_validation
 from vagent.recipes.update import UpdateContext, actor_update
@@ -119,12 +119,7 @@ def train_grpo(session: Any, start_step: int = 0, resume_from: str | None = None
             advantages = trajectory_advantages(cfg, batch) * scale
 
             # scoring passes (no grad): log pi_old, log pi_ref
-            model.eval()
-            old_logprobs = per_row(batch, T, lambda mb: policy_forward(model, mb, chunk, temperature=tau)[0])
-            ref_logprobs = None
-            if ref is not None:
-                with ref.active() as ref_model:
-                    ref_logprobs = per_row(batch, T, lambda mb: policy_forward(ref_model, mb, chunk, temperature=tau)[0])
+            old_logprobs, ref_logprobs = score_logprobs(model, ref, batch, T, chunk, tau)
 
             # 5. update
             ctx = UpdateContext(device, session.bf16, cfg.seed, step, session.last_checkpoint, tau)

@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from vagent.recipes.common import (
-    critic_forward, make_optimizer, make_scheduler, per_row, policy_forward, reward_metrics, rl_temperature,
+    critic_forward, make_optimizer, make_scheduler, per_row, reward_metrics, rl_temperature, score_logprobs,
     shift_right, train_rollout, validate,
 )
 from vagent.recipes.update import UpdateContext, actor_update, critic_update
@@ -133,18 +133,15 @@ def train_ppo(session: Any, start_step: int = 0, resume_from: str | None = None)
             t_update = time.perf_counter()
 
             # 3. scoring passes (no grad): log pi_old, V_old, log pi_ref
-            model.eval()
             critic.eval()
-            old_logprobs = per_row(batch, T, lambda mb: policy_forward(model, mb, chunk, temperature=tau)[0])
+            old_logprobs, ref_logprobs = score_logprobs(model, ref, batch, T, chunk, tau)
             raw_values = per_row(batch, T, lambda mb: critic_forward(critic, mb))
             values = shift_right(raw_values) * M  # V before each sampled token
             final_values = raw_values.gather(1, batch.bootstrap_index.clamp(min=0)[:, None])[:, 0]
             final_values = torch.where(batch.truncated, final_values, torch.zeros_like(final_values))
             rewards = batch.token_rewards
-            ref_logprobs = kl_ref = None
-            if ref is not None:
-                with ref.active() as ref_model:
-                    ref_logprobs = per_row(batch, T, lambda mb: policy_forward(ref_model, mb, chunk, temperature=tau)[0])
+            kl_ref = None
+            if ref_logprobs is not None:
                 kl_tok = kl_penalty(old_logprobs, ref_logprobs, u.kl_kind) * M
                 kl_ref = float(masked_mean(kl_tok, M))
                 if u.kl_in == "reward":
