@@ -11,8 +11,8 @@ import pytest
 from vagent.config import ConfigError
 from vagent.envs import EnvError, EpisodeOverError, make
 from vagent.envs.frozenlake import (
-    ACTIONS, FrozenLakeEnv, describe_state, generate_map, move, parse_frozenlake_response, shortest_path, slip,
-    state_from_grid,
+    ACTIONS, FrozenLakeEnv, describe_state, generate_map, move, parse_frozenlake_response, progress_steps,
+    shortest_path, slip, state_from_grid,
 )
 
 MAP = ("P_O_", "_O__", "____", "O__G")  # start (0,0), goal (3,3)
@@ -77,10 +77,34 @@ def test_success_and_reward_presets(reply):
     env = make("frozenlake", fixed_map=MAP, rewards="paper", reward_format=0.0, reward_success=3.0,
                max_actions_per_turn=6)
     env.reset(0)
-    assert env.rewards == {"success": 3.0, "format": 0.0}
+    assert env.rewards == {"success": 3.0, "format": 0.0, "progress": 0.0}
     assert env.step(reply(env.config.format, env.optimal_actions())).reward == pytest.approx(3.0)
     with pytest.raises(ConfigError, match="Did you mean 'paper'"):
         make("frozenlake", rewards="papr")
+
+
+def test_progress_shaping_counts_bfs_moves(reply):
+    # MAP: start (0,0), goal (3,3), holes (0,2) (1,1) (3,0); BFS distance from (0,0) is 6
+    holes = frozenset({(0, 2), (1, 1), (3, 0)})
+    assert progress_steps(4, holes, (3, 3), (0, 0), (1, 0)) == 1    # one move along the path
+    assert progress_steps(4, holes, (3, 3), (1, 0), (0, 0)) == -1   # back
+    assert progress_steps(4, holes, (3, 3), (0, 0), (2, 1)) == 3    # a whole turn of three moves
+    assert progress_steps(4, holes, (3, 3), (0, 1), (0, 2)) == -1   # into a hole: one move away
+    assert progress_steps(4, holes, (3, 3), (0, 0), (0, 0)) == 0
+    # off by default (VAGEN's rewards); with reward_progress each turn adds coef x moves closer
+    env = make("frozenlake", fixed_map=MAP, format="no_think")
+    env.reset(0)
+    assert env.step(reply("no_think", ["Down", "Down"])).reward == pytest.approx(0.02)
+    env = make("frozenlake", fixed_map=MAP, format="no_think", reward_progress=0.1)
+    env.reset(0)
+    assert env.step(reply("no_think", ["Down", "Down"])).reward == pytest.approx(0.02 + 0.2)
+    assert env.step(reply("no_think", ["Up"])).reward == pytest.approx(0.02 - 0.1)
+    assert env.step(reply("no_think", ["Right"])).reward == pytest.approx(0.02 - 0.1)  # (1,1) is a hole
+    env2 = make("frozenlake", fixed_map=MAP, format="no_think", reward_progress=0.1)
+    env2.reset(0)
+    path = env2.optimal_actions()
+    total = sum(env2.step(reply("no_think", [a])).reward for a in path)
+    assert total == pytest.approx(1.0 + 0.02 * len(path) + 0.1 * 6)  # success + format + 6 moves closer
 
 
 def test_actions_capped_and_format_failure(reply):

@@ -52,6 +52,10 @@ def test_cache_key_depends_on_pretraining():
     pre_other_env = tiny_model_dir(ModelConfig(cache_dir="/c", tiny_pretrain_steps=100),
                                    [EnvEntry(config={"render": "vision", "description_style": "symbolic"})])
     assert len({plain, pre, pre_other_env}) == 3
+    # reward settings do not change what the captions show: same cached model
+    shaped = tiny_model_dir(ModelConfig(cache_dir="/c", tiny_pretrain_steps=100),
+                            [EnvEntry(config={"render": "vision", "description_style": "symbolic", "reward_progress": 0.5})])
+    assert shaped == pre_other_env
 
 
 def test_two_stage_pretraining_adds_relations_on_fresh_boards(tmp_path):

@@ -78,3 +78,23 @@ def test_sft_reduces_the_loss_on_demos(small_cfg):
     assert len(losses) == 12
     assert sum(losses[-3:]) / 3 < 0.7 * sum(losses[:3]) / 3, losses
     assert (run / "checkpoints" / "sft_000012" / "policy" / "model.safetensors").is_file()
+
+
+def test_demo_reasoning_relation_and_plan_options():
+    from vagent.envs import make
+    from vagent.envs.formats import parse_response
+    from vagent.recipes.demos import demo_reply
+
+    env = make("frozenlake", fixed_map=("P_O_", "_O__", "____", "O__G"), format="grounding_worldmodeling")
+    env.reset(0)
+    with_plan = parse_response(demo_reply(env, ["Down", "Down"], reasoning_objects=("goal",)),
+                               "grounding_worldmodeling", ",", 5)
+    assert with_plan.reasoning == "The goal is below and to the right of you. I move Down, Down."
+    assert with_plan.actions == ("Down", "Down")
+    no_plan = parse_response(demo_reply(env, ["Down", "Right"], reasoning_objects=("goal",), plan=False),
+                             "grounding_worldmodeling", ",", 5)
+    assert no_plan.reasoning == "The goal is below and to the right of you."
+    assert no_plan.actions == ("Down", "Right")
+    bare = parse_response(demo_reply(env, ["Up"], plan=False), "grounding_worldmodeling", ",", 5)
+    assert bare.reasoning == "I move." and bare.format_ok
+    assert env.state()["player"] == [0, 0]  # demo_reply steps a copy, never the env

@@ -17,8 +17,10 @@ Observation:
 
 Rewards:
     ``success`` when the player reaches the goal, plus ``format`` (formats.format_reward: correct
-    format and at least one valid action). Presets: lite ``success=1.0, format=0.02``; paper
-    (legacy VAGEN) ``success=10, format=0.5``. ``reward_<term>`` fields override the preset.
+    format and at least one valid action), plus the optional shaping term ``progress`` times the
+    decrease of the BFS distance to the goal over the turn (:func:`progress_steps`). Presets: lite
+    ``success=1.0, format=0.02, progress=0``; paper (legacy VAGEN) ``success=10, format=0.5,
+    progress=0``. ``reward_<term>`` fields override the preset.
 
 Episode end:
     terminated on reaching the goal (``success``) or falling into a hole; truncated after
@@ -55,8 +57,8 @@ from vagent.envs.registry import EnvConfig
 
 ACTIONS = ("Left", "Down", "Right", "Up")
 REWARD_PRESETS = {
-    "lite": {"success": 1.0, "format": 0.02},
-    "paper": {"success": 10.0, "format": 0.5},
+    "lite": {"success": 1.0, "format": 0.02, "progress": 0.0},
+    "paper": {"success": 10.0, "format": 0.5, "progress": 0.0},
 }
 LEGEND = "P player, _ ice, O hole, G goal, X player in a hole, * player on the goal"
 
@@ -83,6 +85,10 @@ class FrozenLakeConfig(EnvConfig):
     reward_success: float | None = None
     #: format bonus per turn (correct format and >= 1 valid action); None = preset (lite 0.02, paper 0.5)
     reward_format: float | None = None
+    #: shaping per turn: this times the decrease of the BFS distance to the goal over the turn
+    #: (negative when it grows; falling into a hole counts as one step away); None = preset (0 in
+    #: both presets, as in VAGEN). Success rates do not depend on it.
+    reward_progress: float | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -113,6 +119,25 @@ def shortest_path(size: int, holes: frozenset[Cell], start: Cell, goal: Cell) ->
                 return path[::-1]
             queue.append(nxt)
     return None
+
+
+def goal_distance(size: int, holes: frozenset[Cell], cell: Cell, goal: Cell) -> int | None:
+    """Shortest-path length (in moves, avoiding holes) from ``cell`` to ``goal``; None if none."""
+    path = shortest_path(size, holes, cell, goal)
+    return None if path is None else len(path)
+
+
+def progress_steps(size: int, holes: frozenset[Cell], goal: Cell, before: Cell, after: Cell) -> int:
+    """How many moves closer to the goal a turn took the player (BFS distance avoiding holes):
+    positive toward the goal, negative away, 0 when unchanged. Ending in a hole counts as one move
+    away from where the turn started; a start with no path (in a hole) counts 0."""
+    d0 = goal_distance(size, holes, before, goal)
+    if d0 is None:
+        return 0
+    if after in holes:
+        return -1
+    d1 = goal_distance(size, holes, after, goal)
+    return 0 if d1 is None else d0 - d1
 
 
 def move(size: int, cell: Cell, action: str) -> Cell:
@@ -296,6 +321,8 @@ class FrozenLakeEnv:
             if fell or won:
                 break
         reward = (self.rewards["success"] if won else 0.0) + format_reward(pa.parsed, len(executed), self.rewards["format"])
+        if self.rewards["progress"]:
+            reward += self.rewards["progress"] * progress_steps(cfg.size, self._holes, self._goal, start, self._player)
         terminated = fell or won
         truncated = self._clock.finish(terminated)
         effect = ("You reached the goal!" if won else "You fell into a hole." if fell

@@ -48,6 +48,8 @@ def add_parser(subparsers) -> None:
     demos.add_argument("--objects", nargs="*", default=(), help="describe only these object types (e.g. goal)")
     demos.add_argument("--reasoning-objects", nargs="*", default=(),
                        help="start <reasoning> with the relation of these object types (e.g. goal)")
+    demos.add_argument("--no-reasoning-plan", action="store_true",
+                       help="leave the plan sentence ('I move Down, Right.') out of <reasoning>")
     demos.add_argument("--max-turns", type=int, default=10, help="turn limit")
     demos.add_argument("--env", dest="env_config", nargs="*", default=(), metavar="key=value",
                        help="env config fields, e.g. render=text size=5")
@@ -103,7 +105,8 @@ def run_demos(args: argparse.Namespace) -> int:
     settings = DemoSettings(env=args.env, env_config=env_config, n=args.n, split=args.split, offset=args.offset,
                             random_action_frac=args.random_action_frac, actions_per_turn=args.actions_per_turn,
                             max_turns=args.max_turns, objects=tuple(args.objects),
-                            reasoning_objects=tuple(args.reasoning_objects))
+                            reasoning_objects=tuple(args.reasoning_objects),
+                            reasoning_plan=not args.no_reasoning_plan)
     try:
         from vagent.envs import make_config
 

@@ -126,7 +126,9 @@ def tiny_model_dir(m: ModelConfig, envs: Sequence[EnvEntry] = ()) -> Path:
     corpus = hashlib.sha256("\n".join(tokenizer_corpus()).encode()).hexdigest()[:8]
     name = f"tiny-{m.tiny_family}-h{m.tiny_hidden}-l{m.tiny_layers}-i{m.tiny_image_size}-s{m.tiny_seed}-{corpus}"
     if m.tiny_pretrain_steps > 0:
-        key = (repr([(e.name, sorted(e.config.items())) for e in envs])
+        # the captions depend on what the envs show, not on how they reward (reward_* keys)
+        key = (repr([(e.name, sorted((k, v) for k, v in e.config.items() if not k.startswith("reward")))
+                     for e in envs])
                + f"{m.tiny_pretrain_lr}/{m.tiny_pretrain_batch}/{sorted(m.tiny_pretrain_relations)}"
                + (f"/{m.tiny_pretrain_relation_steps}" if m.tiny_pretrain_relation_steps else ""))
         name += f"-cap{m.tiny_pretrain_steps}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"

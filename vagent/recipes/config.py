@@ -223,6 +223,9 @@ class SFTConfig:
     describe_objects: list[str] = field(default_factory=list)
     #: demonstrations: start <reasoning> with the natural-language relation of these object types
     reasoning_objects: list[str] = field(default_factory=list)
+    #: demonstrations: end <reasoning> with the plan ("I move Down, Right."); false leaves the
+    #: choice to the <answer> alone
+    reasoning_plan: bool = True
 
 
 @dataclass
@@ -517,17 +520,20 @@ def preset_dir() -> Path:
 DEFAULT_PRESET_YAML = """\
 # THE DEFAULT RUN (`vagent train` with no arguments). FrozenLake 4x4 with 128 px image
 # observations and the grounding_worldmodeling format (symbolic grid descriptions), a tiny VLM:
-#   1. build the tiny Qwen3-VL (random weights) and caption-pretrain it to read the board
-#      (image -> grid; cached under ~/.cache/vagent, so later runs skip it);
+#   1. build the tiny Qwen3-VL (random weights) and caption-pretrain it in two stages: read the
+#      board (image -> grid, 700 steps), then also say where the goal is from that grid (800 steps
+#      on fresh boards); cached under ~/.cache/vagent, so later runs skip it;
 #   2. SFT on demonstrations whose <observation>/<reasoning>/<prediction> come from the true state
-#      and whose actions are all random (random_action_frac 1.0): SFT teaches the format and to
-#      describe the board, and leaves what to do to RL;
+#      and half of whose actions are random (random_action_frac 0.5): SFT teaches the format, to
+#      describe the board and the goal's direction, and a noisy policy that RL sharpens;
 #   3. PPO with bi-level GAE, a critic copied from the policy, KL (k3) to the SFT model in the loss,
-#      rollouts at temperature 0.7 (log-probs scored at the same temperature).
+#      rollouts at temperature 0.7 (log-probs scored at the same temperature), and FrozenLake's
+#      optional progress shaping (reward_progress: 0.5 per move closer to the goal; success rates
+#      never include it) with a short turn horizon (gamma_turn 0.5).
 # Measured numbers and the learning curve: docs/training.md ("Measured").
 name: frozenlake-ppo
 recipe: ppo
-steps: 30
+steps: 20
 seed: 0
 model:
   path: tiny
@@ -536,15 +542,18 @@ model:
   tiny_layers: 2
   tiny_image_size: 128
   tiny_pretrain_steps: 700
+  tiny_pretrain_relations: [goal]
+  tiny_pretrain_relation_steps: 800
 envs:
   - name: frozenlake
-    config: {format: grounding_worldmodeling, render: vision, image_size: 128, description_style: symbolic}
+    config: {format: grounding_worldmodeling, render: vision, image_size: 128, description_style: symbolic,
+             reward_progress: 0.5}
     n_train: 16
-    n_val: 64
+    n_val: 128
 rollout:
   group_size: 1
   max_turns: 4
-  max_new_tokens: 80
+  max_new_tokens: 96
   temperature: 0.7
 update:
   actor_lr: 3.0e-4
@@ -553,25 +562,25 @@ update:
   mini_batches: 2
   micro_batch_tokens: 4096
   entropy_coef: 0.001
-  kl_coef: 0.05
+  kl_coef: 0.1
   kl_kind: k3
   kl_in: loss
 ppo:
   estimator: bi_level_gae
-  gamma_turn: 0.95
+  gamma_turn: 0.5
   whiten_advantages: true
   critic_lr: 5.0e-4
   critic_warmup_steps: 2
 sft:
   steps: 300
   demos_per_env: 512
-  random_action_frac: 1.0
+  random_action_frac: 0.5
   actions_per_turn: 2
   reasoning_objects: [goal]
   batch_size: 8
   lr: 1.0e-3
 val:
-  every: 10
+  every: 5
 log:
   rollouts_every: 10
   checkpoint_every: 10

@@ -21,7 +21,8 @@ fields come from the TRUE state:
 - ``<reasoning>``: a short plan naming the actions (``"I move Down, Right."``), preceded, when
   ``reasoning_objects`` is set, by the natural-language relation of those objects to the agent in
   the true state (``"The goal is below and to the right of you."``): a step of reasoning a model
-  can learn from its own ``<observation>`` text;
+  can learn from its own ``<observation>`` text; ``reasoning_plan=False`` drops the plan
+  sentence, so the choice of actions is made in ``<answer>`` only;
 - ``<answer>``: the next ``actions_per_turn`` solver actions, each replaced with probability
   ``random_action_frac`` by a random action (RNG seeded by the episode seed), so the SFT data
   has mistakes and recoveries and a model warm-started on it does not saturate.
@@ -71,6 +72,9 @@ class DemoSettings:
     #: start <reasoning> with the natural-language relation of these object types to the agent
     #: (e.g. ("goal",): "The goal is below and to the right of you. I move Down, Right.")
     reasoning_objects: tuple[str, ...] = ()
+    #: end <reasoning> with the plan "I move Down, Right." (False: the relation sentence only, or
+    #: "I move." when there is none, so the <answer> is where the choice is made)
+    reasoning_plan: bool = True
 
 
 def _describe_fn(env: Any) -> Callable[[dict, str], str]:
@@ -109,7 +113,7 @@ def _choose_actions(env: Any, k: int, frac: float, rng: np.random.Generator) -> 
 
 
 def demo_reply(env: Any, actions: Sequence[str], objects: Sequence[str] = (),
-               reasoning_objects: Sequence[str] = ()) -> str:
+               reasoning_objects: Sequence[str] = (), plan: bool = True) -> str:
     """The reply for ``actions`` from the env's current state, reasoning fields from the truth.
 
     Steps a deep copy of ``env`` to learn the state after the actions (the env itself is
@@ -127,11 +131,12 @@ def demo_reply(env: Any, actions: Sequence[str], objects: Sequence[str] = (),
     probe.step(draft)
     after = probe.state()
     probe.close()
+    relation = describe(_filtered(before, reasoning_objects), "natural") if reasoning_objects else ""
+    plan_text = f"I move {', '.join(actions)}." if plan else ("" if relation else "I move.")
     fields = {
         "observation": describe(_filtered(before, objects), style),
         "prediction": describe(_filtered(after, objects), style),
-        "reasoning": (describe(_filtered(before, reasoning_objects), "natural") + " " if reasoning_objects else "")
-        + f"I move {', '.join(actions)}.",
+        "reasoning": " ".join(x for x in (relation, plan_text) if x),
         "answer": answer,
     }
     fields["think"] = fields["reasoning"]
@@ -163,7 +168,7 @@ def play_demo(settings: DemoSettings, seed: int, image_dir: Path | None, image_p
                 if image_dir is not None:
                     im.save(image_dir / name)
                 images.append(f"{image_prefix}{name}")
-            reply = demo_reply(env, actions, settings.objects, settings.reasoning_objects)
+            reply = demo_reply(env, actions, settings.objects, settings.reasoning_objects, settings.reasoning_plan)
             messages.append({"role": "assistant", "content": reply})
             result = env.step(reply)
             turns_meta.append({"actions": actions, "random": flags, "reward": result.reward})

@@ -224,7 +224,8 @@ def demo_chats_path(session: Any) -> Path:
                                 random_action_frac=cfg.sft.random_action_frac, max_turns=cfg.sft.max_turns,
                                 actions_per_turn=cfg.sft.actions_per_turn or None,
                                 objects=tuple(cfg.sft.describe_objects),
-                                reasoning_objects=tuple(cfg.sft.reasoning_objects))
+                                reasoning_objects=tuple(cfg.sft.reasoning_objects),
+                                reasoning_plan=cfg.sft.reasoning_plan)
         from vagent.seeds import split_seeds
 
         for seed in split_seeds("train", settings.n, offset=900_000 + i * 10_000):
