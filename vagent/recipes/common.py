@@ -135,6 +135,10 @@ def tiny_model_dir(m: ModelConfig, envs: Sequence[EnvEntry] = ()) -> Path:
     return Path(m.cache_dir).expanduser() / name
 
 
+# the relation stage's caption boards start here, after the grid stage's (2048 by default)
+_RELATION_BOARDS_FROM = 10_000
+
+
 def prepare_model(m: ModelConfig, envs: Sequence[EnvEntry] = (),
                   say: Callable[[str], None] = print) -> Path:
     """The model directory to load: ``path``, or the tiny model (built, and caption-pretrained when
@@ -166,7 +170,7 @@ def prepare_model(m: ModelConfig, envs: Sequence[EnvEntry] = (),
             pretrain_captions(tmp, envs, m.tiny_pretrain_relation_steps, batch_size=m.tiny_pretrain_batch,
                               lr=m.tiny_pretrain_lr, seed=m.tiny_seed + 1, relations=tuple(m.tiny_pretrain_relations),
                               n_per_env=m.tiny_pretrain_relation_steps * m.tiny_pretrain_batch, stage="relations",
-                              say=say)
+                              first_board=_RELATION_BOARDS_FROM, say=say)
     try:
         tmp.rename(out)
     except OSError:  # another process built it first

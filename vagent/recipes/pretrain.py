@@ -98,24 +98,24 @@ def encode_caption(record: dict, root: Path, encoder: Any):
 
 def pretrain_captions(model_dir: Path, env_entries: Sequence[Any], steps: int, *, batch_size: int = 16,
                       lr: float = 1e-3, n_per_env: int = 2048, seed: int = 0, micro_batch_tokens: int = 4096,
-                      relations: Sequence[str] = (), stage: str = "grid",
+                      relations: Sequence[str] = (), stage: str = "grid", first_board: int = 0,
                       say: Callable[[str], None] = print) -> dict:
     """Train the model in ``model_dir`` on captions for ``steps`` steps and save it back in place.
 
     ``stage`` names the pass (its captions go to ``pretrain/<stage>/``, its summary under that key
-    in ``vagent_pretrain.json``); the ``relations`` stage draws boards after the grid stage's, so a
-    model pretrained in two stages sees fresh boards in the second."""
+    in ``vagent_pretrain.json``); ``first_board`` is the first caption board used (see
+    :func:`caption_records`), so a later stage can start after an earlier one's boards."""
     from vagent.models.loading import load_policy
     from vagent.recipes.common import derive_seed, make_optimizer, make_scheduler
     from vagent.recipes.sft import sft_batch, sft_loss
 
     work = Path(model_dir) / "pretrain" / stage
     (work / "images").mkdir(parents=True, exist_ok=True)
-    records = caption_records(env_entries, n_per_env, seed, work / "images", relations,
-                              first_board=10_000 if stage == "relations" else 0)
+    records = caption_records(env_entries, n_per_env, seed, work / "images", relations, first_board)
     (work / "captions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    tag = () if stage == "grid" else (stage,)  # the grid stage keeps the one-stage seeds
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(derive_seed(seed, "pretrain", *([stage] if stage != "grid" else [])))
+        torch.manual_seed(derive_seed(seed, "pretrain", *tag))
         loaded = load_policy(model_dir)
         convs = [encode_caption(r, work, loaded.encoder) for r in records]
         model = loaded.model
@@ -123,7 +123,7 @@ def pretrain_captions(model_dir: Path, env_entries: Sequence[Any], steps: int, *
         params = [p for p in model.parameters() if p.requires_grad]
         opt = make_optimizer(params, lr, 0.0)
         sched = make_scheduler(opt, 10, steps, "constant")
-        rng = np.random.default_rng(derive_seed(seed, "pretrain-order", *([stage] if stage != "grid" else [])))
+        rng = np.random.default_rng(derive_seed(seed, "pretrain-order", *tag))
         t0, stats = time.perf_counter(), {}
         for step in range(steps):
             rows = rng.choice(len(convs), size=min(batch_size, len(convs)), replace=False)
