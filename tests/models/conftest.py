@@ -49,3 +49,10 @@ def random_images(n: int, size=(96, 96), seed: int = 0) -> list[Image.Image]:
 def make_images():
     """``make_images(n, size=(96, 96), seed=0)`` -> n random RGB PIL images."""
     return random_images
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_vl(tmp_path_factory):
+    from vagent.models.loading import load_policy
+
+    return load_policy(build_tiny_vlm(tmp_path_factory.mktemp("tiny_qwen3_vl"), family="qwen3_vl", seed=0))

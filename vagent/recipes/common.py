@@ -310,22 +310,53 @@ def policy_forward(model: torch.nn.Module, mb: Any, chunk: int, with_entropy: bo
     """(logprobs [B, L], entropy [B, L] or None) of a micro-batch, aligned with its tokens.
 
     ``logprobs[:, t]`` is log pi of token t (from logits at t - 1); ``entropy[:, t]`` the entropy
-    of the distribution token t was drawn from. Position 0 holds 0. ``temperature`` divides the
+    of the distribution token t was drawn from. Only positions of ``mb.loss_mask`` are computed
+    (every caller masks with it); the others, and position 0, hold 0. ``temperature`` divides the
     logits first, so that RL's pi is the distribution the rollout sampled from (as verl does).
+
+    The LM head runs only on the hidden states that predict a loss token (see
+    :func:`head_only_logits`): with observations and prompts that make up most of every row, this
+    skips most of the [B, L, V] logits and their log-softmax, forward and backward.
     """
     from vagent.models.forward import forward_logits
     from vagent.rl.losses import entropy_from_logits, logprobs_from_logits
 
-    logits = forward_logits(model, mb.input_ids, mb.attention_mask, mb.pixel_values, mb.image_grid_thw)
+    B, L = mb.input_ids.shape
+    want = mb.loss_mask[:, 1:].bool()  # logits at t - 1 predict token t
+    logits = head_only_logits(model, mb, want)
+    if logits is None:  # a model whose logits are not lm_head(hidden): the full forward
+        logits = forward_logits(model, mb.input_ids, mb.attention_mask, mb.pixel_values, mb.image_grid_thw)
+        logits = logits[:, :-1][want]
     if temperature != 1.0:
         logits = logits / temperature
-    lp = torch.zeros(mb.input_ids.shape, dtype=torch.float32, device=logits.device)
-    lp[:, 1:] = logprobs_from_logits(logits[:, :-1], mb.input_ids[:, 1:], chunk)
+    labels = mb.input_ids[:, 1:][want]
+    zeros = torch.zeros((B, L - 1), dtype=torch.float32, device=logits.device)
+    pad = torch.zeros((B, 1), dtype=torch.float32, device=logits.device)
+    lp = torch.cat([pad, zeros.masked_scatter(want, logprobs_from_logits(logits, labels, chunk))], 1)
     ent = None
     if with_entropy:
-        ent = torch.zeros_like(lp)
-        ent[:, 1:] = entropy_from_logits(logits[:, :-1], chunk)
+        ent = torch.cat([pad, zeros.masked_scatter(want, entropy_from_logits(logits, chunk))], 1)
     return lp, ent
+
+
+#: config fields of models whose forward transforms ``lm_head(hidden)`` (soft-capping, scaling)
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+
+
+def head_only_logits(model: torch.nn.Module, mb: Any, want: Tensor) -> Tensor | None:
+    """Logits [N, V] of the positions ``want`` [B, L - 1] (row-major order): the backbone's last
+    hidden states there through the output embeddings, or None when the model's logits are not
+    plainly ``lm_head(hidden)`` (then the caller runs the full forward)."""
+    from vagent.models.forward import forward_hidden, unwrap
+
+    base = unwrap(model)
+    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    configs = [base.config, getattr(base.config, "text_config", None)]
+    if head is None or any(getattr(c, k, None) not in (None, 1.0) for c in configs if c is not None
+                           for k in _LOGIT_TRANSFORMS):
+        return None
+    hidden = forward_hidden(model, mb.input_ids, mb.attention_mask, mb.pixel_values, mb.image_grid_thw)
+    return head(hidden[:, :-1][want])
 
 
 def score_logprobs(model: torch.nn.Module, ref: Any, batch: Any, max_tokens: int, chunk: int,
