@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from vagent.models.engine import GenerationRequest, HFEngine, SamplingParams
-from vagent.models.forward import forward_logits
+from vagent.models.forward import forward_hidden, forward_logits
 from vagent.models.loading import LoraSettings, count_parameters, load_policy
 from vagent.models.value import ValueModel, build_critic, reference_model
 
@@ -94,6 +94,13 @@ def test_critic_sharing_the_policy_backbone(tiny_lm_dir, tmp_path):
     ids = torch.tensor([policy.encoder.encode_user("hello").input_ids])
     critic.train()
     critic(ids, torch.ones_like(ids)).sum().backward()  # works with gradient checkpointing on
+    # the value loss trains the head only: no graph (and no gradient) through the shared backbone
+    assert policy.model.model.layers[0].mlp.up_proj.weight.grad is None
+    head_grad = critic.value_head.weight.grad.clone()
+    hidden = forward_hidden(policy.model, ids, torch.ones_like(ids))  # the same loss with a full graph
+    critic.value_head.weight.grad = None
+    critic.value_head(hidden.float()).sum().backward()
+    torch.testing.assert_close(critic.value_head.weight.grad, head_grad)
     assert policy.model.model.layers[0].mlp.up_proj.weight.grad is not None
     critic.save_pretrained(tmp_path / "head")
     assert not (tmp_path / "head" / "config.json").exists()  # only the head is written

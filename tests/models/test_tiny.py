@@ -88,3 +88,35 @@ def test_missing_directory_error_suggests_init_tiny(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="not a model directory"):
         load_policy(tmp_path / "empty")
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen3_vl"])
+def test_rope_theta_reaches_the_saved_config_and_changes_the_forward(tmp_path, family, make_images):
+    """rope_theta=None keeps the real family's base; a given base is saved in config.json, loads
+    back through from_pretrained, and the same weights then give different logits (the rotary
+    base really is used by the forward pass)."""
+    from vagent.models.forward import forward_logits
+    from vagent.models.tiny import FAMILY_ROPE_THETA
+
+    default = load_policy(build_tiny_vlm(tmp_path / "default", family=family, hidden=32, layers=1))
+    small = load_policy(build_tiny_vlm(tmp_path / "small", family=family, hidden=32, layers=1, rope_theta=100))
+    theta = lambda m: m.model.config.get_text_config().rope_parameters["rope_theta"]  # noqa: E731
+    assert theta(default) == FAMILY_ROPE_THETA[family] and theta(small) == 100.0
+    for a, b in zip(default.model.state_dict().values(), small.model.state_dict().values()):
+        assert torch.equal(a, b)  # same seed, same weights: only the rotary base differs
+    seg = default.encoder.encode_user("look <image> at the board", make_images(1))
+    ids = torch.tensor([default.encoder.encode_system("S").input_ids + seg.input_ids])
+    attn = torch.ones_like(ids)
+    out = [forward_logits(m.model, ids, attn, seg.pixel_values, seg.image_grid_thw) for m in (default, small)]
+    assert not torch.allclose(out[0], out[1], atol=1e-5)
+
+
+def test_init_tiny_cli_takes_rope_theta(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "m"
+    subprocess.run([sys.executable, "-m", "vagent.cli", "model", "init-tiny", str(out), "--family", "qwen3_vl",
+                    "--hidden", "32", "--layers", "1", "--rope-theta", "250"], check=True, capture_output=True)
+    assert json.loads((out / "config.json").read_text())["text_config"]["rope_parameters"]["rope_theta"] == 250.0

@@ -56,6 +56,9 @@ def test_cache_key_depends_on_pretraining():
     shaped = tiny_model_dir(ModelConfig(cache_dir="/c", tiny_pretrain_steps=100),
                             [EnvEntry(config={"render": "vision", "description_style": "symbolic", "reward_progress": 0.5})])
     assert shaped == pre_other_env
+    # the rotary base changes the model: its own cache entry (0 = the family's base, the old names)
+    assert tiny_model_dir(ModelConfig(cache_dir="/c", tiny_rope_theta=100)) != plain
+    assert tiny_model_dir(ModelConfig(cache_dir="/c", tiny_rope_theta=0)) == plain
 
 
 def test_two_stage_pretraining_adds_relations_on_fresh_boards(tmp_path):
@@ -80,3 +83,12 @@ def test_two_stage_pretraining_adds_relations_on_fresh_boards(tmp_path):
         "tiny_family", "tiny_hidden", "tiny_layers", "tiny_image_size", "tiny_pretrain_steps", "tiny_pretrain_batch",
         "tiny_pretrain_relations")}), env)
     assert one_stage != out and prepare_model(m, env, say=lambda s: None) == out  # cached: built once
+
+
+def test_prepare_model_builds_with_the_configured_rope_theta(tmp_path):
+    from vagent.recipes.common import prepare_model
+
+    m = ModelConfig(cache_dir=str(tmp_path), tiny_family="qwen3_vl", tiny_hidden=32, tiny_layers=1, tiny_rope_theta=100)
+    out = prepare_model(m, say=lambda s: None)
+    assert out.name.endswith("-rope100")
+    assert json.loads((out / "config.json").read_text())["text_config"]["rope_parameters"]["rope_theta"] == 100.0

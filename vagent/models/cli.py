@@ -35,6 +35,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     init.add_argument("--vocab-size", type=int, default=4096, help="embedding rows / tokenizer size limit")
     init.add_argument("--image-size", type=int, default=96, help="image side giving 9 image tokens (max_pixels = side^2)")
     init.add_argument("--seed", type=int, default=0, help="weight-init seed")
+    init.add_argument("--rope-theta", type=float, default=None,
+                      help="language model rotary base of a VLM (default: the family's, 1e6 / 5e6)")
     info = sub.add_parser("info", help="print parameter count, vision support, image token counts")
     info.add_argument("model_dir")
     info.add_argument("--gguf-file", default=None, help="GGUF file inside model_dir (text-only models)")
@@ -61,7 +63,8 @@ def _init_tiny(args) -> int:
         out = build_tiny_lm(args.out_dir, family=args.family, **common)
     else:
         out = build_tiny_vlm(args.out_dir, family=args.family, vision_hidden=args.vision_hidden,
-                             vision_layers=args.vision_layers, image_size=args.image_size, **common)
+                             vision_layers=args.vision_layers, image_size=args.image_size,
+                             rope_theta=args.rope_theta, **common)
     print(f"wrote tiny {args.family} model to {out} in {time.perf_counter() - start:.1f}s")
     return 0
 

@@ -232,8 +232,12 @@ def _text_dims(hidden: int, heads: int, kv_heads: int, intermediate: int | None)
     return hidden // heads, intermediate or 4 * hidden
 
 
+#: the language model's rotary base per VLM family (the real checkpoints' values)
+FAMILY_ROPE_THETA = {"qwen2_5_vl": 1e6, "qwen2_vl": 1e6, "qwen3_vl": 5e6}
+
+
 def _vlm_config(family, tok, hidden, layers, heads, kv_heads, intermediate, vision_hidden,
-                vision_layers, vocab_size):
+                vision_layers, vocab_size, rope_theta=None):
     head_dim, intermediate = _text_dims(hidden, heads, kv_heads, intermediate)
     ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
     vision_heads = max(1, vision_hidden // 16)
@@ -249,24 +253,27 @@ def _vlm_config(family, tok, hidden, layers, heads, kv_heads, intermediate, visi
         vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
         tie_word_embeddings=True,
     )
-    rope = {"rope_type": "default", "mrope_section": mrope_sections(head_dim, family)}
+    if family not in FAMILY_ROPE_THETA:
+        raise ValueError(f"unknown VLM family {family!r}; choose one of {VLM_FAMILIES}")
+    theta = float(rope_theta) if rope_theta else FAMILY_ROPE_THETA[family]
+    rope = {"rope_type": "default", "mrope_section": mrope_sections(head_dim, family), "rope_theta": theta}
     if family == "qwen2_5_vl":
         from transformers import Qwen2_5_VLConfig
         vision = dict(depth=vision_layers, hidden_size=vision_hidden, intermediate_size=2 * vision_hidden,
                       num_heads=vision_heads, out_hidden_size=hidden, patch_size=14,
                       fullatt_block_indexes=[vision_layers - 1], window_size=112)
-        return Qwen2_5_VLConfig(text_config=dict(text, rope_parameters={**rope, "rope_theta": 1e6}),
+        return Qwen2_5_VLConfig(text_config=dict(text, rope_parameters=rope),
                                 vision_config=vision, **top)
     if family == "qwen2_vl":
         from transformers import Qwen2VLConfig
         vision = dict(depth=vision_layers, embed_dim=vision_hidden, hidden_size=hidden, mlp_ratio=2,
                       num_heads=vision_heads, patch_size=14)
-        return Qwen2VLConfig(text_config=dict(text, rope_parameters={**rope, "rope_theta": 1e6}),
+        return Qwen2VLConfig(text_config=dict(text, rope_parameters=rope),
                              vision_config=vision, **top)
     if family == "qwen3_vl":
         from transformers import Qwen3VLConfig
         text = dict(text, head_dim=head_dim,
-                    rope_parameters={**rope, "mrope_interleaved": True, "rope_theta": 5e6})
+                    rope_parameters={**rope, "mrope_interleaved": True})
         vision = dict(depth=vision_layers, hidden_size=vision_hidden, intermediate_size=2 * vision_hidden,
                       num_heads=vision_heads, out_hidden_size=hidden, patch_size=16,
                       num_position_embeddings=144, deepstack_visual_indexes=[vision_layers // 2])
@@ -298,6 +305,7 @@ def build_tiny_vlm(
     image_size: int = 96,
     seed: int = 0,
     extra_corpus: Sequence[str] = (),
+    rope_theta: float | None = None,
 ) -> Path:
     """Build a tiny random-weight VLM checkpoint in ``out_dir`` and return its path.
 
@@ -312,6 +320,12 @@ def build_tiny_vlm(
             at the default 96.
         seed: weight-init seed.
         extra_corpus: more tokenizer training text (e.g. your task's prompts).
+        rope_theta: the language model's rotary base; None = the family's (1e6 for Qwen2/2.5-VL,
+            5e6 for Qwen3-VL). Those bases are made for 32k+ contexts of 128-dim heads: with a
+            tiny model's 32-dim heads over a few hundred tokens only the 2-3 fastest of its 16
+            frequencies tell nearby positions apart. A small base (e.g. 100) gives every head
+            fine position resolution, and a tiny model learns to read a board off the image
+            tokens in fewer steps (docs/training.md).
     """
     import torch
     from transformers import AutoModelForImageTextToText
@@ -321,7 +335,7 @@ def build_tiny_vlm(
     out.mkdir(parents=True, exist_ok=True)
     tok = build_tokenizer(vocab_size, extra_corpus)
     config = _vlm_config(family, tok, hidden, layers, heads, kv_heads, intermediate, vision_hidden,
-                         vision_layers, vocab_size)
+                         vision_layers, vocab_size, rope_theta)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForImageTextToText.from_config(config)

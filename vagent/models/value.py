@@ -55,9 +55,20 @@ class ValueModel(nn.Module):
         position_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Values [B, L] float32; values[:, t] is V of the prefix ending at token t (pads: garbage,
-        mask them)."""
-        hidden = forward_hidden(self.backbone_model, input_ids, attention_mask, pixel_values,
-                                image_grid_thw, position_ids)  # [B, L, H]
+        mask them).
+
+        A critic that shares the policy's backbone reads its features without a graph: the value
+        loss trains the head only (the policy loss trains the backbone), so the backbone's
+        backward pass for the value loss, whose gradients would be thrown away, is never run."""
+        grad = torch.is_grad_enabled() and not self.shares_backbone
+        with torch.set_grad_enabled(grad):
+            hidden = forward_hidden(self.backbone_model, input_ids, attention_mask, pixel_values,
+                                    image_grid_thw, position_ids)  # [B, L, H]
+        return self.values_from_hidden(hidden)
+
+    def values_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Values [B, L] float32 from the backbone's last hidden states [B, L, H] (the head alone:
+        a shared-backbone critic reuses the policy's scoring pass this way)."""
         return self.value_head(hidden.float()).squeeze(-1)
 
     def save_pretrained(self, out_dir: str | Path) -> Path:

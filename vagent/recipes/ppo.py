@@ -23,7 +23,9 @@ How it departs from VAGEN / the paper:
 - Learning-rate schedules step once per RL step (VAGEN: per optimizer step); the actor's starts
   after the critic warm-up.
 - A shared critic backbone (``ppo.critic_backbone: shared``) is trained by the policy loss only;
-  the value loss trains the value head on its features (a detached-head variant).
+  the value loss trains the value head on its features (a detached-head variant). Its values come
+  from the policy's scoring pass and the head trains on that pass's features, so a shared critic
+  costs no backbone pass of its own.
 - Defaults are for the tiny CPU models (larger learning rates, fewer envs); the paper's are in
   REFERENCE.md section 6.
 """
@@ -38,7 +40,7 @@ from torch import Tensor
 
 from vagent.recipes.common import (
     critic_forward, make_optimizer, make_scheduler, per_row, reward_metrics, rl_temperature, score_logprobs,
-    shift_right, train_rollout, validate,
+    score_reference, score_shared, shift_right, train_rollout, validate,
 )
 from vagent.recipes.update import UpdateContext, actor_update, critic_update
 
@@ -132,10 +134,16 @@ def train_ppo(session: Any, start_step: int = 0, resume_from: str | None = None)
             M = batch.loss_mask
             t_update = time.perf_counter()
 
-            # 3. scoring passes (no grad): log pi_old, V_old, log pi_ref
+            # 3. scoring passes (no grad): log pi_old, V_old, log pi_ref (a shared-backbone critic
+            #    reads V_old off the policy's pass and keeps its features for the critic update)
             critic.eval()
-            old_logprobs, ref_logprobs = score_logprobs(model, ref, batch, T, chunk, tau)
-            raw_values = per_row(batch, T, lambda mb: critic_forward(critic, mb))
+            features = None
+            if critic.shares_backbone:
+                old_logprobs, raw_values, features = score_shared(model, critic, batch, T, chunk, tau)
+                ref_logprobs = score_reference(ref, batch, T, chunk, tau)
+            else:
+                old_logprobs, ref_logprobs = score_logprobs(model, ref, batch, T, chunk, tau)
+                raw_values = per_row(batch, T, lambda mb: critic_forward(critic, mb))
             values = shift_right(raw_values) * M  # V before each sampled token
             final_values = raw_values.gather(1, batch.bootstrap_index.clamp(min=0)[:, None])[:, 0]
             final_values = torch.where(batch.truncated, final_values, torch.zeros_like(final_values))
@@ -156,7 +164,8 @@ def train_ppo(session: Any, start_step: int = 0, resume_from: str | None = None)
             # 5. update: critic every step, actor after the critic warm-up
             ctx = UpdateContext(device, session.bf16, cfg.seed, step, session.last_checkpoint, tau)
             stats = critic_update(critic, critic_params, critic_opt, batch, values, returns, critic_mask, u,
-                                  p.value_clip, ctx)
+                                  p.value_clip, ctx, features)
+            del features
             if step >= p.critic_warmup_steps:
                 stats.update(actor_update(model, actor_params, actor_opt, batch, advantages, old_logprobs,
                                           ref_logprobs, u, ctx))

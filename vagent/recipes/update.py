@@ -145,11 +145,14 @@ def critic_update(
     u: UpdateConfig,
     value_clip: float,
     ctx: UpdateContext,
+    features: Tensor | None = None,
 ) -> dict[str, float]:
     """Clipped value regression on the positions of ``critic_mask`` [B, L]; returns mean stats.
 
     old_values, returns [B, L] are aligned with the tokens (shifted critic outputs, see
-    ``vagent.recipes.common``).
+    ``vagent.recipes.common``). ``features`` [B, L, H]: the backbone's hidden states from the
+    scoring pass (``score_shared``) of a critic that shares the policy's backbone; the head then
+    trains on them without a backbone forward (the same values: the backbone has not changed).
     """
     from vagent.rl.losses import value_loss
 
@@ -160,6 +163,7 @@ def critic_update(
             mini = batch.select(rows)
             L = mini.input_ids.shape[1]
             m_old, m_ret, m_mask = take(old_values, rows, L), take(returns, rows, L), take(critic_mask, rows, L)
+            m_feat = take(features, rows, L)
             critic.zero_grad(set_to_none=True)
             for sub in micro_batch_rows(mini, u.micro_batch_tokens):
                 mb = mini.select(sub)
@@ -167,7 +171,10 @@ def critic_update(
                 mask = take(m_mask, sub, ml)
                 w = accumulation_weight(mask, m_mask, u.loss_agg)
                 with autocast(ctx.device, ctx.bf16):
-                    v = shift_right(critic_forward(critic, mb))
+                    if m_feat is not None:
+                        v = shift_right(critic.values_from_hidden(take(m_feat, sub, ml)))
+                    else:
+                        v = shift_right(critic_forward(critic, mb))
                 vl = value_loss(v, take(m_old, sub, ml), take(m_ret, sub, ml), mask,
                                 clip=value_clip if value_clip > 0 else None, agg=u.loss_agg)
                 check_finite({"loss/value": vl.loss}, "rl", ctx.step, ctx.last_checkpoint)
