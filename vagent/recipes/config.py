@@ -185,7 +185,8 @@ class PPOConfig:
     value_coef: float = 0.5
     #: the first N steps update only the critic (the policy waits for useful values)
     critic_warmup_steps: int = 0
-    #: critic backbone: "separate" (a copy of the policy's backbone) or "shared" (one model)
+    #: critic backbone: "separate" (a copy of the policy's backbone) or "shared" (one model: the
+    #: value head reads the policy's scoring pass, about half the update time; the value loss trains the head only)
     critic_backbone: Literal["separate", "shared"] = "separate"
 
 
