@@ -42,6 +42,9 @@ def test_one_pass_scores_equal_two_passes(setup):
     torch.testing.assert_close(values[real], values_ref[real], atol=1e-5, rtol=1e-5)
     assert features.shape == (*batch.input_ids.shape, critic.value_head.in_features)
     assert values[real].abs().max() > 1e-3
+    # features too large to keep: the same scores, no features (the critic update runs the backbone)
+    old2, values2, none = score_shared(loaded.model, critic, batch, 300, 64, 0.7, max_feature_bytes=0)
+    assert none is None and torch.equal(old2, old) and torch.equal(values2, values)
 
 
 @pytest.mark.parametrize("mini_batches", [1, 2])

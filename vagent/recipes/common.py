@@ -383,23 +383,27 @@ def score_reference(ref: Any, batch: Any, max_tokens: int, chunk: int, temperatu
 
 @torch.no_grad()
 def score_shared(model: torch.nn.Module, critic: Any, batch: Any, max_tokens: int, chunk: int,
-                 temperature: float) -> tuple[Tensor, Tensor, Tensor]:
+                 temperature: float, max_feature_bytes: int = 2**31) -> tuple[Tensor, Tensor, Tensor | None]:
     """The scoring pass of a critic that shares the policy's backbone: ONE backbone forward per
-    micro-batch gives (log pi_old [B, L], raw critic outputs [B, L], features [B, L, H]).
+    micro-batch gives (log pi_old [B, L], raw critic outputs [B, L], features [B, L, H] or None).
 
     The same numbers as :func:`score_logprobs` (old) and ``per_row(critic_forward)``, for one
-    backbone pass instead of two. The features (float32, B * L * H values: 8 MB for the default
-    run, but 17 GB for 256 rows of 8k tokens of a 2048-wide model) let :func:`critic_update` train
-    the head without running the backbone again: the backbone does not change before the actor
-    update, which comes after the critic's.
+    backbone pass instead of two. The features let :func:`critic_update` train the head without
+    running the backbone again (the backbone does not change before the actor update, which comes
+    after the critic's). They are float32, B * L * H values: 10 MB for the default run, but 17 GB
+    for 256 rows of 8k tokens of a 2048-wide model, so above ``max_feature_bytes`` they are not
+    kept (None) and the critic update runs the backbone (without a graph) instead.
     """
     from vagent.models.forward import forward_hidden
 
     model.eval()
     B, L = batch.input_ids.shape
+    H = critic.value_head.in_features
     old = torch.zeros((B, L), dtype=torch.float32, device=batch.input_ids.device)
     values = torch.zeros_like(old)
-    features = torch.zeros((B, L, critic.value_head.in_features), dtype=torch.float32, device=old.device)
+    features = None
+    if B * L * H * 4 <= max_feature_bytes:
+        features = torch.zeros((B, L, H), dtype=torch.float32, device=old.device)
     for rows in micro_batch_rows(batch, max_tokens):
         mb = batch.select(rows)
         hidden = forward_hidden(model, mb.input_ids, mb.attention_mask, mb.pixel_values, mb.image_grid_thw)
@@ -407,7 +411,8 @@ def score_shared(model: torch.nn.Module, critic: Any, batch: Any, max_tokens: in
         idx, n = torch.as_tensor(rows, device=old.device), hidden.shape[1]
         old[idx, :n] = lp.float()
         values[idx, :n] = critic.values_from_hidden(hidden)
-        features[idx, :n] = hidden.float()
+        if features is not None:
+            features[idx, :n] = hidden.float()
     return old, values, features
 
 
