@@ -278,7 +278,6 @@ def _vlm_config(family, tok, hidden, layers, heads, kv_heads, intermediate, visi
                       num_heads=vision_heads, out_hidden_size=hidden, patch_size=16,
                       num_position_embeddings=144, deepstack_visual_indexes=[vision_layers // 2])
         return Qwen3VLConfig(text_config=text, vision_config=vision, **top)
-    raise ValueError(f"unknown VLM family {family!r}; choose one of {VLM_FAMILIES}")
 
 
 def _save_common(model, tok, out: Path, seed: int) -> None:

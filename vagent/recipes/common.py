@@ -390,7 +390,7 @@ def score_shared(model: torch.nn.Module, critic: Any, batch: Any, max_tokens: in
     The same numbers as :func:`score_logprobs` (old) and ``per_row(critic_forward)``, for one
     backbone pass instead of two. The features let :func:`critic_update` train the head without
     running the backbone again (the backbone does not change before the actor update, which comes
-    after the critic's). They are float32, B * L * H values: 10 MB for the default run, but 17 GB
+    after the critic's). They are float32, B * L * H values: 10 MB for a batch of the default run, but 17 GB
     for 256 rows of 8k tokens of a 2048-wide model, so above ``max_feature_bytes`` they are not
     kept (None) and the critic update runs the backbone (without a graph) instead.
     """
@@ -398,22 +398,15 @@ def score_shared(model: torch.nn.Module, critic: Any, batch: Any, max_tokens: in
 
     model.eval()
     B, L = batch.input_ids.shape
-    H = critic.value_head.in_features
-    old = torch.zeros((B, L), dtype=torch.float32, device=batch.input_ids.device)
-    values = torch.zeros_like(old)
-    features = None
-    if B * L * H * 4 <= max_feature_bytes:
-        features = torch.zeros((B, L, H), dtype=torch.float32, device=old.device)
-    for rows in micro_batch_rows(batch, max_tokens):
-        mb = batch.select(rows)
+    keep = B * L * critic.value_head.in_features * 4 <= max_feature_bytes
+
+    def one_pass(mb):
         hidden = forward_hidden(model, mb.input_ids, mb.attention_mask, mb.pixel_values, mb.image_grid_thw)
         lp, _ = policy_forward(model, mb, chunk, temperature=temperature, hidden=hidden)
-        idx, n = torch.as_tensor(rows, device=old.device), hidden.shape[1]
-        old[idx, :n] = lp.float()
-        values[idx, :n] = critic.values_from_hidden(hidden)
-        if features is not None:
-            features[idx, :n] = hidden.float()
-    return old, values, features
+        return (lp, critic.values_from_hidden(hidden)) + ((hidden,) if keep else ())
+
+    out = per_row(batch, max_tokens, one_pass)
+    return out[0], out[1], out[2] if keep else None
 
 
 def critic_forward(critic: torch.nn.Module, mb: Any) -> Tensor:
@@ -444,15 +437,22 @@ def micro_batch_rows(batch: Any, max_tokens: int) -> list[list[int]]:
 
 
 @torch.no_grad()
-def per_row(batch: Any, max_tokens: int, fn: Callable[[Any], Tensor]) -> Tensor:
-    """Apply ``fn(micro_batch) -> [b, l]`` over micro-batches and reassemble [B, L] (zero-padded)."""
-    out = torch.zeros(batch.input_ids.shape, dtype=torch.float32, device=batch.input_ids.device)
+def per_row(batch: Any, max_tokens: int, fn: Callable[[Any], Any]) -> Any:
+    """Apply ``fn(micro_batch)`` over micro-batches and reassemble, zero-padded and float32: a
+    [b, l, ...] result becomes [B, L, ...]; a tuple of them, a tuple of reassembled tensors."""
+    outs: list[Tensor] | None = None
+    single = False
     for rows in micro_batch_rows(batch, max_tokens):
-        mb = batch.select(rows)
-        val = fn(mb).float()
-        idx = torch.as_tensor(rows, device=out.device)
-        out[idx, : val.shape[1]] = val
-    return out
+        vals = fn(batch.select(rows))
+        single = isinstance(vals, Tensor)
+        vals = (vals,) if single else tuple(vals)
+        if outs is None:
+            outs = [torch.zeros((*batch.input_ids.shape, *v.shape[2:]), dtype=torch.float32,
+                                device=batch.input_ids.device) for v in vals]
+        idx = torch.as_tensor(rows, device=outs[0].device)
+        for out, v in zip(outs, vals):
+            out[idx, : v.shape[1]] = v.float()
+    return outs[0] if single else tuple(outs)
 
 
 def accumulation_weight(mb_mask: Tensor, total_mask: Tensor, agg: str) -> float:
