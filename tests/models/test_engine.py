@@ -57,9 +57,10 @@ def _requests(loaded, make_images, n=8):
     return out
 
 
-@pytest.fixture(scope="module")
-def vlm_engine(tiny_vlm):
-    return HFEngine(tiny_vlm.model, tiny_vlm.encoder)
+@pytest.fixture(scope="module", params=[True, False], ids=["prefix_cache", "hf_generate"])
+def vlm_engine(tiny_vlm, request):
+    """Both decoding paths must keep the engine's semantics (the module docstring of engine.py)."""
+    return HFEngine(tiny_vlm.model, tiny_vlm.encoder, prefix_cache=request.param)
 
 
 def test_batched_generation_mixed_image_counts(tiny_vlm, vlm_engine, make_images):

@@ -96,7 +96,7 @@ def train_grpo(session: Any, start_step: int = 0, resume_from: str | None = None
     modules, optimizers, schedulers = {"policy": model}, {"actor": opt}, {"actor": sched}
     if resume_from is not None:
         load_checkpoint(resume_from, modules, optimizers, schedulers)
-    policy = HFPolicy(loaded)
+    policy = HFPolicy(loaded, prefix_cache=cfg.rollout.prefix_cache)
     reasoning = session.reasoning_reward()
     bar = StepProgress(cfg.steps, cfg.recipe.upper(), session.console, cfg.log.progress, start=start_step)
     last_val: dict[str, float] = {}

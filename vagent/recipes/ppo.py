@@ -118,7 +118,7 @@ def train_ppo(session: Any, start_step: int = 0, resume_from: str | None = None)
         load_checkpoint(resume_from, modules, optimizers, schedulers)
     session.console.print(f"critic: {count_parameters(critic) / 1e6:.2f}M params ({p.critic_backbone} backbone); "
                           f"reference model: {'yes' if ref else 'no (kl_coef 0)'}")
-    policy = HFPolicy(loaded)
+    policy = HFPolicy(loaded, prefix_cache=cfg.rollout.prefix_cache)
     reasoning = session.reasoning_reward()
     bar = StepProgress(cfg.steps, cfg.recipe.upper(), session.console, cfg.log.progress, start=start_step)
     last_val: dict[str, float] = {}

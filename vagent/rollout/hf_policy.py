@@ -65,9 +65,12 @@ class HFPolicy:
         encoder: the ``ChatEncoder``; only needed when ``model`` is an engine without ``.encoder``.
         max_context_tokens: the most tokens one sample may hold (context + ``max_new_tokens``);
             None = unlimited. An episode that would exceed it is truncated before generating.
+        prefix_cache: for a ``LoadedModel``: the ``HFEngine`` keeps its KV cache between turns and
+            feeds only each turn's new tokens (see ``vagent.models.engine``).
     """
 
-    def __init__(self, model: Any, encoder: Any = None, *, max_context_tokens: int | None = None):
+    def __init__(self, model: Any, encoder: Any = None, *, max_context_tokens: int | None = None,
+                 prefix_cache: bool = True):
         import torch
 
         if isinstance(model, torch.nn.Module):
@@ -82,7 +85,7 @@ class HFPolicy:
             from vagent.models.engine import HFEngine
 
             self.encoder = encoder if encoder is not None else model.encoder
-            self.engine = HFEngine(model.model, self.encoder)
+            self.engine = HFEngine(model.model, self.encoder, prefix_cache=prefix_cache)
         else:
             raise TypeError(
                 f"HFPolicy expects a LoadedModel (vagent.models.load_policy) or an engine with "
