@@ -13,15 +13,17 @@ from vagent.recipes.run import train
 from vagent.runs import read_metrics
 
 CASES = {
-    "ppo-masked_gae": ["ppo.estimator=masked_gae"],
+    "ppo-masked_gae-separate_critic": ["ppo.estimator=masked_gae", "ppo.critic_backbone=separate"],
     "ppo-bi_level_gae-kl_reward": ["ppo.estimator=bi_level_gae", "update.kl_coef=0.05", "update.kl_kind=k1",
                                    "update.kl_in=reward"],
     "ppo-no_kl-whiten-reasoning_reward": ["update.kl_coef=0", "ppo.whiten_advantages=true",
                                           "reasoning_reward={judge: rule}"],
-    "ppo-turn_gae-window-kl_loss": ["ppo.estimator=turn_gae", "rollout.window=1", "update.kl_coef=0.05",
-                                    "update.kl_in=loss", "update.kl_kind=k2"],
+    "ppo-turn_gae-window-kl_loss-separate_critic": ["ppo.estimator=turn_gae", "rollout.window=1",
+                                                    "update.kl_coef=0.05", "update.kl_in=loss", "update.kl_kind=k2",
+                                                    "ppo.critic_backbone=separate"],
     "ppo-no_concat_gae": ["rollout.mode=no_concat", "ppo.estimator=no_concat_gae", "ppo.anchor=last"],
-    "ppo-shared_critic-2mini": ["ppo.critic_backbone=shared", "update.mini_batches=2", "update.micro_batch_tokens=300"],
+    "ppo-shared_critic-2mini": ["ppo.critic_backbone=shared", "update.mini_batches=2", "update.micro_batch_tokens=300",
+                                "rollout.prefix_cache=false"],
     "grpo-concat-filter-kl": ["recipe=grpo", "rollout.group_size=2", "grpo.filter=top_p", "grpo.filter_value=0.9",
                               "update.kl_coef=0.01", "update.kl_kind=k3", "update.kl_in=loss", "update.dual_clip=3",
                               "update.clip_high=0.28"],

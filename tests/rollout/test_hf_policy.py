@@ -186,3 +186,15 @@ def test_a_seed_determines_the_episode_in_another_process(loaded, tiny_vlm_dir):
     out = subprocess.run([sys.executable, "-c", _SUBPROCESS_ROLLOUT, str(tiny_vlm_dir)], capture_output=True,
                          text=True, timeout=300, check=True)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == here
+
+
+def test_concat_turns_reuse_the_kv_cache_and_play_the_same_episodes(loaded):
+    """HFEngine prefix reuse inside a real rollout: later turns take their history from the cache
+    (perf/prompt_cache_frac > 0) and greedy episodes equal those of HF generate's full prefills."""
+    specs3 = [EnvSpec("frozenlake", {"format": "free_think", "max_steps": 20}, seed) for seed in range(3)]
+    cached = rollout(specs3, HFPolicy(loaded), GREEDY, max_turns=3)
+    plain = rollout(specs3, HFPolicy(loaded, prefix_cache=False), GREEDY, max_turns=3)
+    assert [[t.sampled_token_ids for t in e.turns] for e in cached] == [[t.sampled_token_ids for t in e.turns] for e in plain]
+    assert any(len(e.turns) > 1 for e in cached)
+    assert cached.metrics["perf/prompt_cache_frac"] > 0.2
+    assert plain.metrics["perf/prompt_cache_frac"] == 0.0

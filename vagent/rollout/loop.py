@@ -336,6 +336,8 @@ def rollout(
     """
     window = _check_args(env_specs, group_size, max_turns, mode, window, policy)
     t_start = time.perf_counter()
+    engine_stats = getattr(getattr(policy, "engine", None), "stats", None)  # HFEngine's prefix-reuse counters
+    stats_before = dict(engine_stats) if isinstance(engine_stats, dict) else None
     lives, specs = [], []
     for gi, spec in enumerate(env_specs):
         for g in range(group_size):
@@ -402,6 +404,10 @@ def rollout(
         "perf/env_time_s": env_time,
         "perf/rollout_tokens_per_s": n_tokens / gen_time if gen_time > 0 else 0.0,
     })
+    if stats_before is not None:
+        prompt = engine_stats.get("prompt_tokens", 0) - stats_before.get("prompt_tokens", 0)
+        reused = engine_stats.get("reused_tokens", 0) - stats_before.get("reused_tokens", 0)
+        metrics["perf/prompt_cache_frac"] = reused / prompt if prompt > 0 else 0.0
     return RolloutResult(episodes, metrics)
 
 
