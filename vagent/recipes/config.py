@@ -572,7 +572,7 @@ update:
   warmup_steps: 2
   epochs: 2
   mini_batches: 2
-  micro_batch_tokens: 4096
+  micro_batch_tokens: 1024
   entropy_coef: 0.001
   kl_coef: 0.1
   kl_kind: k3
@@ -585,7 +585,7 @@ ppo:
   critic_warmup_steps: 2
   critic_backbone: shared
 sft:
-  steps: 220
+  steps: 300
   demos_per_env: 512
   random_action_frac: 0.5
   actions_per_turn: 2
