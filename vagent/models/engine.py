@@ -204,6 +204,20 @@ class _StopOnStrings(StoppingCriteria):
         return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
 
 
+def sampling_warpers(params: SamplingParams) -> list[LogitsProcessor]:
+    """HF's temperature / top-k / top-p warpers for ``params`` (none when greedy)."""
+    if not params.do_sample:
+        return []
+    warpers: list[LogitsProcessor] = []
+    if params.temperature != 1.0:
+        warpers.append(TemperatureLogitsWarper(params.temperature))
+    if params.top_k > 0:
+        warpers.append(TopKLogitsWarper(params.top_k))
+    if params.top_p < 1.0:
+        warpers.append(TopPLogitsWarper(params.top_p))
+    return warpers
+
+
 def placeholder_token_ids(encoder: ChatEncoder, config: Any) -> list[int]:
     """Ids of the image / video placeholder tokens a reply must never contain."""
     ids = {encoder.image_token_id, getattr(config, "image_token_id", None), getattr(config, "video_token_id", None)}
@@ -319,13 +333,7 @@ class HFEngine:
         processors = [recorder]  # sees the raw logits: HF's own warpers are all switched off below
         if self.suppress_token_ids:
             processors.append(_Suppress(self.suppress_token_ids))
-        if params.do_sample:
-            if params.temperature != 1.0:
-                processors.append(TemperatureLogitsWarper(params.temperature))
-            if params.top_k > 0:
-                processors.append(TopKLogitsWarper(params.top_k))
-            if params.top_p < 1.0:
-                processors.append(TopPLogitsWarper(params.top_p))
+        processors += sampling_warpers(params)
         stopping = [_StopOnStrings(prompt_len, params.stop_strings, self.decode)] if params.stop_strings else []
         # Explicit values override the checkpoint's generation_config (None would inherit it).
         # HF's own warpers are set to no-ops: ours above run after the recorder saw raw logits.
@@ -483,14 +491,7 @@ class HFEngine:
         self.stats["reused_tokens"] += sum(n_prefix)
 
         tau = params.temperature if params.do_sample else 1.0
-        warpers = []
-        if params.do_sample:
-            if params.temperature != 1.0:
-                warpers.append(TemperatureLogitsWarper(params.temperature))
-            if params.top_k > 0:
-                warpers.append(TopKLogitsWarper(params.top_k))
-            if params.top_p < 1.0:
-                warpers.append(TopPLogitsWarper(params.top_p))
+        warpers = sampling_warpers(params)
         eos = set(self.encoder.eos_token_ids)
         window = stop_window(params.stop_strings) if params.stop_strings else 0
         fed = [list(r.input_ids) for r in requests]  # what each cache row holds (unmasked positions)
