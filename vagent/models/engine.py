@@ -38,7 +38,7 @@ import torch
 from transformers import (GenerationConfig, LogitsProcessor, LogitsProcessorList, StoppingCriteria,
                           StoppingCriteriaList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
-from vagent.models.forward import backbone_of, unwrap
+from vagent.models.forward import explicit_position_ids, mrope_image_token_id, unwrap
 from vagent.models.processor import ChatEncoder
 
 FINISH_REASONS = ("stop", "eos", "length")
@@ -270,7 +270,7 @@ class HFEngine:
         self.encoder = encoder
         config = unwrap(model).config
         self._image_token_id = getattr(config, "image_token_id", None)
-        self._mrope = hasattr(backbone_of(model), "get_rope_index") and self._image_token_id is not None
+        self._mrope = mrope_image_token_id(model) is not None
         vision = getattr(config, "vision_config", None)
         self._merge = int(getattr(vision, "spatial_merge_size", 1) or 1) if vision is not None else 1
         if suppress_token_ids is None:
@@ -280,7 +280,7 @@ class HFEngine:
         self.prefix_cache = bool(prefix_cache)
         self._held: _HeldCache | None = None
         #: counters since construction: prompt tokens fed to the model vs. taken from the cache
-        self.stats = {"prompt_tokens": 0, "reused_tokens": 0, "calls": 0}
+        self.stats = {"prompt_tokens": 0, "reused_tokens": 0}
 
     def reset_cache(self) -> None:
         """Forget the held KV cache (the next call prefills every prompt whole)."""
@@ -295,20 +295,15 @@ class HFEngine:
 
     def _batch(self, requests: Sequence[GenerationRequest], device: torch.device) -> dict[str, Any]:
         """Left-pad the prompts: input_ids / attention_mask [B, L]; images concatenated in order."""
-        if not requests:
-            raise ValueError("generate() needs at least one request")
+        self._check(requests)
         length = max(len(r.input_ids) for r in requests)
         ids = torch.full((len(requests), length), self.encoder.pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(requests), length), dtype=torch.long)
         pixels, grids = [], []
         for i, r in enumerate(requests):
-            if not r.input_ids:
-                raise ValueError(f"request {i} has no input_ids")
             ids[i, length - len(r.input_ids):] = torch.tensor(r.input_ids, dtype=torch.long)
             mask[i, length - len(r.input_ids):] = 1
             if r.pixel_values is not None:
-                if not self.encoder.is_vision:
-                    raise ValueError(f"request {i} has images but model {self.encoder.name} has no image support")
                 pixels.append(r.pixel_values)
                 grids.append(r.image_grid_thw)
         batch: dict[str, Any] = dict(input_ids=ids.to(device), attention_mask=mask.to(device))
@@ -373,6 +368,7 @@ class HFEngine:
 
     # ------------------------------------------------------------------ prefix-reusing path
     def _check(self, requests: Sequence[GenerationRequest]) -> None:
+        """Errors for an empty batch, an empty prompt, or images for a model without image support."""
         if not requests:
             raise ValueError("generate() needs at least one request")
         for i, r in enumerate(requests):
@@ -418,28 +414,19 @@ class HFEngine:
 
     def _positions(self, requests: Sequence[GenerationRequest], n_prefix: list[int], width: int,
                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """Positions of the new (right-aligned, ``width`` wide) block and the next position per row.
-
-        mRoPE models: the model's ``get_rope_index`` on each whole sequence ([3, B, width]);
-        text models: ``arange`` ([B, width]). Pads get position 0 (masked anyway)."""
+        """Positions of the new (right-aligned, ``width`` wide) block and the next position per row:
+        each WHOLE sequence's positions (``explicit_position_ids``, as a training forward computes
+        them: [3, B, width] mRoPE, else [B, width]), sliced to its new tokens. Pads get 0 (masked)."""
         b = len(requests)
-        if self._mrope:
-            pos = torch.zeros((3, b, width), dtype=torch.long)
-            backbone = backbone_of(self.model)
-            nxt = []
-            for i, r in enumerate(requests):
-                ids = torch.tensor([r.input_ids], dtype=torch.long)
-                full, _ = backbone.get_rope_index(ids, mm_token_type_ids=(ids == self._image_token_id).int(),
-                                                  image_grid_thw=r.image_grid_thw)
-                n = len(r.input_ids) - n_prefix[i]
-                pos[:, i, width - n:] = full[:, 0, n_prefix[i]:].cpu()
-                nxt.append(int(full.max()) + 1)
-            return pos.to(device), torch.tensor(nxt, dtype=torch.long, device=device)
-        pos = torch.zeros((b, width), dtype=torch.long)
+        pos = torch.zeros((3, b, width) if self._mrope else (b, width), dtype=torch.long)
+        nxt = []
         for i, r in enumerate(requests):
+            ids = torch.tensor([r.input_ids], dtype=torch.long)
+            full = explicit_position_ids(self.model, ids, torch.ones_like(ids), r.image_grid_thw).cpu()
             n = len(r.input_ids) - n_prefix[i]
-            pos[i, width - n:] = torch.arange(n_prefix[i], len(r.input_ids))
-        return pos.to(device), torch.tensor([len(r.input_ids) for r in requests], dtype=torch.long, device=device)
+            pos[..., i, width - n:] = full[..., 0, n_prefix[i]:]
+            nxt.append(int(full.max()) + 1)
+        return pos.to(device), torch.tensor(nxt, dtype=torch.long, device=device)
 
     def _step_positions(self, nxt: torch.Tensor) -> torch.Tensor:
         pos = nxt.view(-1, 1)
@@ -486,7 +473,6 @@ class HFEngine:
             inputs.update(pixel_values=torch.cat(pixels).to(device), image_grid_thw=torch.cat(grids).to(device))
         if self._mrope:
             inputs["mm_token_type_ids"] = (ids == self._image_token_id).int()
-        self.stats["calls"] += 1
         self.stats["prompt_tokens"] += sum(len(r.input_ids) for r in requests)
         self.stats["reused_tokens"] += sum(n_prefix)
 

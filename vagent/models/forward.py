@@ -39,26 +39,42 @@ def model_inputs(
     [B, L] otherwise.
     """
     kwargs = dict(input_ids=input_ids, attention_mask=attention_mask)
-    config = unwrap(model).config
-    image_token_id = getattr(config, "image_token_id", None)
-    backbone = backbone_of(model)
-    mrope = hasattr(backbone, "get_rope_index") and image_token_id is not None
     if pixel_values is not None:
         if image_grid_thw is None:
             raise ValueError("pixel_values given without image_grid_thw")
         kwargs.update(pixel_values=pixel_values, image_grid_thw=image_grid_thw)
-    if mrope:
-        mm_token_type_ids = (input_ids == image_token_id).int()
-        kwargs["mm_token_type_ids"] = mm_token_type_ids
-        if position_ids is None:
-            position_ids, _ = backbone.get_rope_index(
-                input_ids, mm_token_type_ids=mm_token_type_ids, image_grid_thw=image_grid_thw,
-                attention_mask=attention_mask,
-            )
-    elif position_ids is None:
-        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    image_token_id = mrope_image_token_id(model)
+    if image_token_id is not None:
+        kwargs["mm_token_type_ids"] = (input_ids == image_token_id).int()
+    if position_ids is None:
+        position_ids = explicit_position_ids(model, input_ids, attention_mask, image_grid_thw)
     kwargs["position_ids"] = position_ids
     return kwargs
+
+
+def mrope_image_token_id(model: torch.nn.Module) -> int | None:
+    """The image placeholder id of a Qwen-VL (mRoPE) model; None for models with 1-D positions."""
+    image_token_id = getattr(unwrap(model).config, "image_token_id", None)
+    return image_token_id if hasattr(backbone_of(model), "get_rope_index") else None
+
+
+def explicit_position_ids(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    image_grid_thw: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Position ids of a padded batch: [3, B, L] mRoPE positions from the model's own
+    ``get_rope_index`` (pads skipped, images on their (t, h, w) grid), else [B, L]
+    ``cumsum(attention_mask) - 1``."""
+    image_token_id = mrope_image_token_id(model)
+    if image_token_id is not None:
+        position_ids, _ = backbone_of(model).get_rope_index(
+            input_ids, mm_token_type_ids=(input_ids == image_token_id).int(), image_grid_thw=image_grid_thw,
+            attention_mask=attention_mask,
+        )
+        return position_ids
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
 def forward_logits(

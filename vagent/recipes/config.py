@@ -120,7 +120,7 @@ class RolloutConfig:
     #: ``reply_stop``, e.g. vigorl_zoom adds "</tool_call>")
     stop: list[str] = field(default_factory=lambda: ["</answer>"])
     #: keep the KV cache between turns and feed only each turn's new tokens (HFEngine prefix reuse:
-    #: same replies, 1.5x faster concat rollouts); false = every turn prefills the whole context
+    #: same replies; 1.55x on bench/prefix_cache.py); false = every turn prefills the whole context
     prefix_cache: bool = True
 
 
