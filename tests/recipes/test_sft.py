@@ -98,3 +98,46 @@ def test_demo_reasoning_relation_and_plan_options():
     bare = parse_response(demo_reply(env, ["Up"], plan=False), "grounding_worldmodeling", ",", 5)
     assert bare.reasoning == "I move." and bare.format_ok
     assert env.state()["player"] == [0, 0]  # demo_reply steps a copy, never the env
+
+
+def test_answer_weight_puts_weight_on_the_answer_tokens_only(tmp_path, tiny_vlm):
+    """answer_weights: 1 on reply tokens before <answer>, w from <answer> to </answer>, 0 on prompts;
+    sft_loss with those weights is sum(w * nll) / sum(w) however the rows are micro-batched."""
+    from vagent.models import load_policy
+    from vagent.recipes.sft import answer_weights, sft_batch, sft_loss
+
+    settings = DemoSettings("frozenlake", {"format": "grounding_worldmodeling", "image_size": 64}, n=2,
+                            random_action_frac=0.5, actions_per_turn=2, max_turns=3)
+    write_demos(settings, tmp_path / "d.jsonl")
+    loaded = load_policy(tiny_vlm)
+    enc, tok = loaded.encoder, loaded.encoder.tokenizer
+    convs = [encode_chat(c, enc) for c in read_chats(tmp_path / "d.jsonl")]
+    batch = sft_batch(convs, enc.pad_token_id)
+    w = answer_weights(batch, tok.convert_tokens_to_ids("<answer>"), 4.0)
+    assert torch.all(w[~batch.loss_mask] == 0)
+    for b, conv in enumerate(convs):
+        pos = 0
+        for seg in conv.segments:
+            n = len(seg.input_ids)
+            if seg.sampled:
+                text = tok.decode(seg.input_ids)
+                start = text.index("<answer>")
+                n_before = len(tok(text[:start], add_special_tokens=False)["input_ids"])
+                assert torch.all(w[b, pos:pos + n_before] == 1.0), text
+                assert torch.all(w[b, pos + n_before:pos + n] == 4.0), text
+                assert tok.decode(seg.input_ids[n_before:]).startswith("<answer>")
+            pos += n
+    model = loaded.model.eval()
+    with torch.no_grad():
+        one = sft_loss(model, batch, 10**6, 1024, False, torch.device("cpu"), backward=False, weights=w)
+        split = sft_loss(model, batch, 1, 1024, False, torch.device("cpu"), backward=False, weights=w)
+        plain = sft_loss(model, batch, 10**6, 1024, False, torch.device("cpu"), backward=False)
+        from vagent.recipes.common import policy_forward
+
+        lp, _ = policy_forward(model, batch, 1024)
+    expected = float(-(lp * w).sum() / w.sum())
+    assert one["loss"] == pytest.approx(expected, rel=1e-5)
+    assert split["loss"] == pytest.approx(expected, rel=2e-5)  # one row per micro-batch
+    assert plain["loss"] == pytest.approx(float(-(lp * batch.loss_mask).sum() / batch.loss_mask.sum()), rel=1e-5)
+    assert abs(plain["loss"] - expected) > 1e-5 * expected  # the weights moved the loss
+    assert torch.equal(answer_weights(batch, tok.convert_tokens_to_ids("<answer>"), 1.0), batch.loss_mask.float())

@@ -234,6 +234,9 @@ class SFTConfig:
     #: demonstrations: end <reasoning> with the plan ("I move Down, Right."); false leaves the
     #: choice to the <answer> alone
     reasoning_plan: bool = True
+    #: weight of each reply's <answer>...</answer> tokens in the token-mean SFT loss (the rest
+    #: weigh 1); > 1 makes the answer learn sooner to copy the plan in <reasoning>
+    answer_weight: float = 1.0
 
 
 @dataclass
@@ -359,6 +362,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         need(cfg.sft.steps > 0, "recipe sft needs sft.steps > 0.")
     need(cfg.sft.batch_size >= 1, f"sft.batch_size must be >= 1, got {cfg.sft.batch_size}.")
     need(0 <= cfg.sft.random_action_frac <= 1, "sft.random_action_frac must be in [0, 1].")
+    need(cfg.sft.answer_weight > 0, f"sft.answer_weight must be > 0 (1 = plain token mean), got {cfg.sft.answer_weight}.")
     need(cfg.log.keep_last >= 1, f"log.keep_last must be >= 1, got {cfg.log.keep_last}.")
     return cfg
 

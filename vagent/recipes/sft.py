@@ -13,8 +13,9 @@ The loop, top to bottom (one optimizer step per iteration)::
     chats  = read_chats(path) -> Conversation segments via the RL encoder  (once)
     for step in range(start, sft.steps):
         rows  = the next batch_size chats of a per-epoch permutation seeded by (run seed, epoch)
-        loss  = token-mean of -log pi(token) over assistant tokens (loss mask), accumulated over
-                micro-batches of <= update.micro_batch_tokens
+        loss  = token-mean of -log pi(token) over assistant tokens (loss mask; the <answer> part
+                weighted by sft.answer_weight), accumulated over micro-batches of
+                <= update.micro_batch_tokens
         clip gradients, AdamW step, lr schedule step, log sft/*, checkpoint every K steps
 
 Prompts are identical to RL's (REFERENCE.md bug 9): a chat is turned into tokens by exactly the
@@ -186,12 +187,32 @@ def batch_rows(n_chats: int, batch_size: int, step: int, seed: int) -> tuple[lis
     return rows, epoch
 
 
+def answer_weights(batch: Any, answer_token_id: int, weight: float) -> torch.Tensor:
+    """Per-token loss weights [B, L]: 1 on loss tokens, ``weight`` on a reply's ``<answer>`` tag
+    and every loss token after it in that reply (the actions and ``</answer>``); 0 elsewhere."""
+    ids, mask = batch.input_ids.cpu(), batch.loss_mask.cpu()
+    out = mask.float()
+    for b in range(ids.shape[0]):
+        in_answer = False
+        for t in range(ids.shape[1]):
+            if not mask[b, t]:
+                in_answer = False
+                continue
+            in_answer = in_answer or int(ids[b, t]) == answer_token_id
+            if in_answer:
+                out[b, t] = weight
+    return out.to(batch.loss_mask.device)
+
+
 def sft_loss(model: torch.nn.Module, batch: Any, micro_tokens: int, chunk: int, bf16: bool,
-             device: torch.device, backward: bool = True) -> dict[str, float]:
-    """Token-mean NLL over the loss mask, accumulated over micro-batches; returns loss/accuracy."""
-    from vagent.recipes.common import accumulation_weight, autocast, micro_batch_rows, policy_forward
+             device: torch.device, backward: bool = True, weights: torch.Tensor | None = None) -> dict[str, float]:
+    """Token-mean NLL over the loss mask (weighted by ``weights`` [B, L] when given: sum(w * nll) /
+    sum(w)), accumulated over micro-batches; returns the loss and the (unweighted) accuracy."""
+    from vagent.recipes.common import autocast, micro_batch_rows, policy_forward
 
     total_mask = batch.loss_mask
+    weights = total_mask.float() if weights is None else weights
+    total_weight = float(weights.sum().clamp(min=1e-8))
     total_loss = 0.0
     correct = 0.0
     for rows in micro_batch_rows(batch, micro_tokens):
@@ -199,8 +220,9 @@ def sft_loss(model: torch.nn.Module, batch: Any, micro_tokens: int, chunk: int, 
         with autocast(device, bf16):
             lp, _ = policy_forward(model, mb, chunk)
         m = mb.loss_mask
-        nll = -(lp * m).sum() / m.sum().clamp(min=1)
-        w = accumulation_weight(m, total_mask, "token-mean")
+        mw = weights[list(rows)][:, :m.shape[1]]  # select() trims the rows to their longest
+        nll = -(lp * mw).sum() / mw.sum().clamp(min=1e-8)
+        w = float(mw.sum()) / total_weight
         if backward:
             (nll * w).backward()
         total_loss += float(nll.detach()) * w
@@ -251,6 +273,10 @@ def train_sft(session: Any, start_step: int = 0, resume_from: str | None = None)
     convs = [encode_chat(c, encoder) for c in chats]
     n_tokens = sum(sum(len(x.input_ids) for x in c.segments) for c in convs)
     session.console.print(f"SFT data: {len(convs)} chats, {n_tokens} tokens from {path}")
+    answer_id = encoder.tokenizer.convert_tokens_to_ids("<answer>")
+    if s.answer_weight != 1.0 and (answer_id is None or answer_id == encoder.tokenizer.unk_token_id):
+        raise ValueError(f"sft.answer_weight={s.answer_weight} needs '<answer>' to be one token of the "
+                         "model's tokenizer; it is not: set sft.answer_weight: 1.0")
     # 2. optimizer and schedule (resumed from an SFT checkpoint if any)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = make_optimizer(params, s.lr, cfg.update.weight_decay)
@@ -264,9 +290,10 @@ def train_sft(session: Any, start_step: int = 0, resume_from: str | None = None)
             t0 = time.perf_counter()
             rows, epoch = batch_rows(len(convs), s.batch_size, step, cfg.seed)
             batch = sft_batch([convs[r] for r in rows], encoder.pad_token_id).to(session.device)
+            weights = None if s.answer_weight == 1.0 else answer_weights(batch, answer_id, s.answer_weight)
             opt.zero_grad(set_to_none=True)
             stats = sft_loss(model, batch, cfg.update.micro_batch_tokens, cfg.update.logprob_chunk,
-                             session.bf16, session.device)
+                             session.bf16, session.device, weights=weights)
             grad_norm = clip_grads(params, cfg.update.grad_clip)
             check_finite({"sft/loss": stats["loss"], "sft/grad_norm": grad_norm}, "sft", step,
                          session.last_checkpoint)
