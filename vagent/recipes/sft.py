@@ -190,18 +190,14 @@ def batch_rows(n_chats: int, batch_size: int, step: int, seed: int) -> tuple[lis
 def answer_weights(batch: Any, answer_token_id: int, weight: float) -> torch.Tensor:
     """Per-token loss weights [B, L]: 1 on loss tokens, ``weight`` on a reply's ``<answer>`` tag
     and every loss token after it in that reply (the actions and ``</answer>``); 0 elsewhere."""
-    ids, mask = batch.input_ids.cpu(), batch.loss_mask.cpu()
-    out = mask.float()
-    for b in range(ids.shape[0]):
-        in_answer = False
-        for t in range(ids.shape[1]):
-            if not mask[b, t]:
-                in_answer = False
-                continue
-            in_answer = in_answer or int(ids[b, t]) == answer_token_id
-            if in_answer:
-                out[b, t] = weight
-    return out.to(batch.loss_mask.device)
+    rows = []
+    for ids, mask in zip(batch.input_ids.tolist(), batch.loss_mask.tolist()):
+        row, in_answer = [], False
+        for token, loss in zip(ids, mask):
+            in_answer = bool(loss) and (in_answer or token == answer_token_id)
+            row.append(weight if in_answer else float(loss))
+        rows.append(row)
+    return torch.tensor(rows, dtype=torch.float32, device=batch.loss_mask.device)
 
 
 def sft_loss(model: torch.nn.Module, batch: Any, micro_tokens: int, chunk: int, bf16: bool,
