@@ -11,8 +11,8 @@ descriptions) and reports:
 - per turn: ``observation_exact`` (the <observation> grid is the true grid),
   ``relation_right`` (the goal's direction in <reasoning> names the true one),
   ``plan_is_answer`` (the "I move ..." plan in <reasoning> equals the <answer>'s actions);
-- per executed move: ``closer`` (BFS distance to the goal drops), ``away``, ``wall`` (into the
-  edge: no move), ``hole``;
+- per executed move: ``closer`` (BFS distance to the goal drops), ``away`` (moved, but not
+  closer), ``wall`` (into the edge: no move), ``hole``;
 - with ``--answers``: the most common answers. One answer on most turns means the answer ignores
   the state and the plan (the collapse that 300 SFT steps left; see docs/training.md).
 

@@ -135,9 +135,13 @@ def test_answer_weight_puts_weight_on_the_answer_tokens_only(tmp_path, tiny_vlm)
         from vagent.recipes.common import policy_forward
 
         lp, _ = policy_forward(model, batch, 1024)
+        uneven = w.clone()
+        uneven[0] *= 10  # rows weigh very differently: the micro-batch shares must follow the weights
+        uneven_split = sft_loss(model, batch, 1, 1024, False, torch.device("cpu"), backward=False, weights=uneven)
     expected = float(-(lp * w).sum() / w.sum())
     assert one["loss"] == pytest.approx(expected, rel=1e-5)
     assert split["loss"] == pytest.approx(expected, rel=2e-5)  # one row per micro-batch
+    assert uneven_split["loss"] == pytest.approx(float(-(lp * uneven).sum() / uneven.sum()), rel=2e-5)
     assert plain["loss"] == pytest.approx(float(-(lp * batch.loss_mask).sum() / batch.loss_mask.sum()), rel=1e-5)
     assert abs(plain["loss"] - expected) > 1e-5 * expected  # the weights moved the loss
     assert torch.equal(answer_weights(batch, tok.convert_tokens_to_ids("<answer>"), 1.0), batch.loss_mask.float())

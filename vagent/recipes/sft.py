@@ -204,11 +204,10 @@ def sft_loss(model: torch.nn.Module, batch: Any, micro_tokens: int, chunk: int, 
              device: torch.device, backward: bool = True, weights: torch.Tensor | None = None) -> dict[str, float]:
     """Token-mean NLL over the loss mask (weighted by ``weights`` [B, L] when given: sum(w * nll) /
     sum(w)), accumulated over micro-batches; returns the loss and the (unweighted) accuracy."""
-    from vagent.recipes.common import autocast, micro_batch_rows, policy_forward
+    from vagent.recipes.common import accumulation_weight, autocast, micro_batch_rows, policy_forward
 
     total_mask = batch.loss_mask
     weights = total_mask.float() if weights is None else weights
-    total_weight = float(weights.sum().clamp(min=1e-8))
     total_loss = 0.0
     correct = 0.0
     for rows in micro_batch_rows(batch, micro_tokens):
@@ -218,7 +217,7 @@ def sft_loss(model: torch.nn.Module, batch: Any, micro_tokens: int, chunk: int, 
         m = mb.loss_mask
         mw = weights[list(rows)][:, :m.shape[1]]  # select() trims the rows to their longest
         nll = -(lp * mw).sum() / mw.sum().clamp(min=1e-8)
-        w = float(mw.sum()) / total_weight
+        w = accumulation_weight(mw, weights, "token-mean")  # this micro-batch's share of the weight
         if backward:
             (nll * w).backward()
         total_loss += float(nll.detach()) * w
