@@ -145,3 +145,74 @@ def test_answer_weight_puts_weight_on_the_answer_tokens_only(tmp_path, tiny_vlm)
     assert plain["loss"] == pytest.approx(float(-(lp * batch.loss_mask).sum() / batch.loss_mask.sum()), rel=1e-5)
     assert abs(plain["loss"] - expected) > 1e-5 * expected  # the weights moved the loss
     assert torch.equal(answer_weights(batch, tok.convert_tokens_to_ids("<answer>"), 1.0), batch.loss_mask.float())
+
+
+def test_shared_prefix_gives_the_full_forward_loss_and_stops_the_gradient_into_the_prompt(tmp_path, tiny_vlm):
+    """sft.shared_prefix: the system prompt every chat starts with runs once; the loss and the
+    per-token log-probs equal the full forward's (one row or several per micro-batch); the gradient,
+    accumulated one row per micro-batch, equals one backward through the whole batch's suffixes on
+    the detached prefix states, and differs from the exact gradient (the stop-gradient is real)."""
+    from vagent.models import load_policy
+    from vagent.models.forward import mrope_image_token_id
+    from vagent.recipes.common import common_prefix_length, hidden_after_prefix, policy_forward, shared_prefix
+    from vagent.recipes.sft import sft_batch, sft_loss
+
+    settings = DemoSettings("frozenlake", {"format": "grounding_worldmodeling", "image_size": 64}, n=3,
+                            random_action_frac=0.5, actions_per_turn=2, max_turns=3)
+    write_demos(settings, tmp_path / "d.jsonl")
+    loaded = load_policy(tiny_vlm)
+    convs = [encode_chat(c, loaded.encoder) for c in read_chats(tmp_path / "d.jsonl")]
+    batch = sft_batch(convs, loaded.encoder.pad_token_id)
+    model = loaded.model.eval()
+    n = common_prefix_length(batch, mrope_image_token_id(model))
+    system_len = len(convs[0].segments[0].input_ids)
+    assert 32 <= n <= system_len + 10  # the system prompt (+ the user turn's opening tokens), no image
+    assert not batch.loss_mask[:, :n + 1].any()
+    prefix = shared_prefix(model, batch)
+    assert prefix is not None and prefix.length == n
+    with torch.no_grad():
+        full_lp, _ = policy_forward(model, batch, 1024)
+        shared_lp, _ = policy_forward(model, batch, 1024, hidden=hidden_after_prefix(model, batch, prefix))
+        full = sft_loss(model, batch, 10**6, 1024, False, torch.device("cpu"), backward=False)
+        for micro in (10**6, 1):
+            shared = sft_loss(model, batch, micro, 1024, False, torch.device("cpu"), backward=False, shared=True)
+            assert shared["loss"] == pytest.approx(full["loss"], rel=1e-5)
+            assert shared["token_accuracy"] == full["token_accuracy"]
+    assert torch.allclose(shared_lp, full_lp, atol=1e-5)
+    assert full_lp[batch.loss_mask].abs().min() > 0  # loss positions were really computed
+
+    def grads(shared: bool) -> torch.Tensor:
+        model.zero_grad()
+        sft_loss(model, batch, 1, 1024, False, torch.device("cpu"), shared=shared)
+        return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+    def grads_detached_prefix() -> torch.Tensor:
+        # the reference: the whole batch in one pass on no-grad prefix states (the definition)
+        model.zero_grad()
+        with torch.no_grad():
+            pre = shared_prefix(model, batch)
+        lp, _ = policy_forward(model, batch, 1024, hidden=hidden_after_prefix(model, batch, pre))
+        (-(lp * batch.loss_mask).sum() / batch.loss_mask.sum()).backward()
+        return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+    g_shared, g_exact, g_ref = grads(True), grads(False), grads_detached_prefix()
+    assert torch.allclose(g_shared, g_ref, atol=1e-6)
+    assert (g_shared - g_exact).abs().max() > 1e-6  # the stop-gradient is a real departure
+
+
+def test_shared_prefix_is_off_when_rows_differ_from_the_start(tiny_vlm):
+    from vagent.models import load_policy
+    from vagent.recipes.common import shared_prefix
+    from vagent.recipes.sft import sft_batch
+    from vagent.rollout.policy import Conversation, Message
+    from vagent.rollout.encoding import append_reply, encode_pending
+
+    loaded = load_policy(tiny_vlm)
+    enc = loaded.encoder
+    convs = []
+    for system in ("You play FrozenLake.", "Something else entirely, different from the first word on."):
+        conv = Conversation(messages=[Message("system", system), Message("user", "go")])
+        ids = enc.tokenizer("<answer>Left</answer>", add_special_tokens=False)["input_ids"]
+        append_reply(conv, encode_pending(conv, enc), ids, [0.0] * len(ids), enc)
+        convs.append(conv)
+    assert shared_prefix(loaded.model, sft_batch(convs, enc.pad_token_id)) is None

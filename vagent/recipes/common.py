@@ -342,6 +342,74 @@ def policy_forward(model: torch.nn.Module, mb: Any, chunk: int, with_entropy: bo
     return lp, ent
 
 
+@dataclass
+class SharedPrefix:
+    """The key/value states of the first ``length`` tokens that every row of a batch shares (the
+    system prompt of SFT chats), computed once without a graph: see :func:`shared_prefix`."""
+
+    length: int
+    kv: list  # per layer (keys [1, heads, length, d], values [1, heads, length, d])
+
+
+def common_prefix_length(batch: Any, image_token_id: int | None) -> int:
+    """Tokens at the start of every row of ``batch`` that are identical, real (attention 1), not
+    an image placeholder and not needed to predict a loss token: the part whose states
+    :func:`shared_prefix` may compute once. 0 when the rows differ at once."""
+    ids, real = batch.input_ids, batch.attention_mask.bool()
+    same = (ids == ids[:1]).all(0) & real.all(0)
+    stops = [int(same.long().cumprod(0).sum())]
+    loss_cols = batch.loss_mask.any(0).nonzero()
+    if len(loss_cols):  # the token before the first loss token must be in the suffix
+        stops.append(int(loss_cols[0]) - 1)
+    if image_token_id is not None:
+        images = (ids[0] == image_token_id).nonzero()
+        if len(images):
+            stops.append(int(images[0]))
+    return max(0, min(stops))
+
+
+@torch.no_grad()
+def shared_prefix(model: torch.nn.Module, batch: Any, min_length: int = 32) -> SharedPrefix | None:
+    """The backbone's key/value states of the tokens all rows of ``batch`` share, from ONE forward of
+    one row, or None when fewer than ``min_length`` tokens are shared or the backbone returns no cache.
+
+    Used by SFT (``sft.shared_prefix``): every chat starts with the same system prompt (~40% of the
+    default run's SFT tokens), so :func:`hidden_after_prefix` runs only each row's suffix. The
+    forward values are the full forward's; the gradient does not flow into the prefix's states
+    (a stop-gradient on the shared context), which is the departure from the exact SFT gradient.
+    """
+    from vagent.models.forward import backbone_of, explicit_position_ids, model_inputs, mrope_image_token_id
+
+    n = common_prefix_length(batch, mrope_image_token_id(model))
+    if n < min_length:
+        return None
+    ids, mask = batch.input_ids[:1, :n], batch.attention_mask[:1, :n]
+    positions = explicit_position_ids(model, ids, mask)
+    out = backbone_of(model)(**model_inputs(model, ids, mask, position_ids=positions), use_cache=True)
+    cache = getattr(out, "past_key_values", None)
+    if cache is None or not hasattr(cache, "layers"):
+        return None
+    return SharedPrefix(n, [(layer.keys, layer.values) for layer in cache.layers])
+
+
+def hidden_after_prefix(model: torch.nn.Module, mb: Any, prefix: SharedPrefix) -> Tensor:
+    """Last hidden states [B, L, H] of micro-batch ``mb`` whose first ``prefix.length`` tokens are
+    the shared prefix: the backbone runs on the rest only, attending to the cached prefix states;
+    prefix positions hold zeros (no loss token is predicted from them, see
+    :func:`common_prefix_length`)."""
+    from transformers import DynamicCache
+
+    from vagent.models.forward import backbone_of, explicit_position_ids, model_inputs
+
+    n, B = prefix.length, mb.input_ids.shape[0]
+    positions = explicit_position_ids(model, mb.input_ids, mb.attention_mask, mb.image_grid_thw)
+    cache = DynamicCache(ddp_cache_data=[(k.expand(B, -1, -1, -1), v.expand(B, -1, -1, -1)) for k, v in prefix.kv])
+    kwargs = model_inputs(model, mb.input_ids[:, n:], mb.attention_mask, mb.pixel_values, mb.image_grid_thw,
+                          position_ids=positions[..., n:])
+    suffix = backbone_of(model)(**kwargs, past_key_values=cache, use_cache=True).last_hidden_state
+    return torch.cat([suffix.new_zeros((B, n, suffix.shape[-1])), suffix], 1)
+
+
 #: config fields of models whose forward transforms ``lm_head(hidden)`` (soft-capping, scaling)
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
 

@@ -237,6 +237,10 @@ class SFTConfig:
     #: weight of each reply's <answer>...</answer> tokens in the token-mean SFT loss (the rest
     #: weigh 1); > 1 makes the answer learn sooner to copy the plan in <reasoning>
     answer_weight: float = 1.0
+    #: run the tokens every chat of a step starts with (the system prompt) once, without a graph,
+    #: and each chat from there: the same loss, a stop-gradient into the shared prompt's states,
+    #: fewer tokens through the backbone (docs/training.md, "Shared system prompt in SFT")
+    shared_prefix: bool = False
 
 
 @dataclass

@@ -201,19 +201,27 @@ def answer_weights(batch: Any, answer_token_id: int, weight: float) -> torch.Ten
 
 
 def sft_loss(model: torch.nn.Module, batch: Any, micro_tokens: int, chunk: int, bf16: bool,
-             device: torch.device, backward: bool = True, weights: torch.Tensor | None = None) -> dict[str, float]:
+             device: torch.device, backward: bool = True, weights: torch.Tensor | None = None,
+             shared: bool = False) -> dict[str, float]:
     """Token-mean NLL over the loss mask (weighted by ``weights`` [B, L] when given: sum(w * nll) /
-    sum(w)), accumulated over micro-batches; returns the loss and the (unweighted) accuracy."""
-    from vagent.recipes.common import accumulation_weight, autocast, micro_batch_rows, policy_forward
+    sum(w)), accumulated over micro-batches; returns the loss and the (unweighted) accuracy.
+    ``shared``: the tokens every row starts with (the system prompt) run once, without a graph
+    (``sft.shared_prefix``; :func:`vagent.recipes.common.shared_prefix`)."""
+    from vagent.recipes.common import (
+        accumulation_weight, autocast, hidden_after_prefix, micro_batch_rows, policy_forward, shared_prefix,
+    )
 
     total_mask = batch.loss_mask
     weights = total_mask.float() if weights is None else weights
     total_loss = 0.0
     correct = 0.0
+    with autocast(device, bf16):
+        prefix = shared_prefix(model, batch) if shared else None
     for rows in micro_batch_rows(batch, micro_tokens):
         mb = batch.select(rows)
         with autocast(device, bf16):
-            lp, _ = policy_forward(model, mb, chunk)
+            hidden = hidden_after_prefix(model, mb, prefix) if prefix is not None else None
+            lp, _ = policy_forward(model, mb, chunk, hidden=hidden)
         m = mb.loss_mask
         mw = weights[list(rows)][:, :m.shape[1]]  # select() trims the rows to their longest
         nll = -(lp * mw).sum() / mw.sum().clamp(min=1e-8)
@@ -288,7 +296,7 @@ def train_sft(session: Any, start_step: int = 0, resume_from: str | None = None)
             weights = None if s.answer_weight == 1.0 else answer_weights(batch, answer_id, s.answer_weight)
             opt.zero_grad(set_to_none=True)
             stats = sft_loss(model, batch, cfg.update.micro_batch_tokens, cfg.update.logprob_chunk,
-                             session.bf16, session.device, weights=weights)
+                             session.bf16, session.device, weights=weights, shared=s.shared_prefix)
             grad_norm = clip_grads(params, cfg.update.grad_clip)
             check_finite({"sft/loss": stats["loss"], "sft/grad_norm": grad_norm}, "sft", step,
                          session.last_checkpoint)
