@@ -1,0 +1,89 @@
+"""SFT step time with and without ``sft.shared_prefix`` on the default run's demonstrations.
+
+    python bench/sft_step.py [--model MODEL_DIR] [--demos 128] [--steps 10] [--repeats 3] [--threads 2]
+
+Plays ``--demos`` solver demonstrations in the default run's env and SFT settings (FrozenLake,
+128 px images, grounding_worldmodeling, 2 actions a turn, half of them random, up to 4 turns),
+encodes them once, then times SFT steps of 8 chats (forward, backward, AdamW with lr 0, so the
+weights stay put and every variant sees the same model) over the same chats:
+
+- ``full``: every chat through the whole backbone (``sft.shared_prefix: false``);
+- ``shared``: the system prompt every chat starts with run once a step without a graph, each chat
+  from there (``sft.shared_prefix: true``).
+
+Each figure is the median over ``--repeats`` runs of ``--steps`` steps; the variants alternate
+within a repeat, so machine load hits both alike. MODEL_DIR defaults to the default run's tiny
+model (built and cached on first use: ~5 minutes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None, help="model directory (default: the default run's tiny model)")
+    ap.add_argument("--demos", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+
+    import torch
+
+    from vagent.models import load_policy
+    from vagent.recipes.common import prepare_model
+    from vagent.recipes.config import load_config
+    from vagent.recipes.demos import DemoSettings, write_demos
+    from vagent.recipes.sft import batch_rows, encode_chat, read_chats, sft_batch, sft_loss
+
+    torch.set_num_threads(args.threads)
+    cfg = load_config()
+    model_dir = args.model or prepare_model(cfg.model, cfg.envs, say=print)
+    loaded = load_policy(model_dir)
+    model, enc = loaded.model, loaded.encoder
+    entry, s = cfg.envs[0], cfg.sft
+    with tempfile.TemporaryDirectory() as tmp:
+        settings = DemoSettings(entry.name, dict(entry.config), n=args.demos, random_action_frac=s.random_action_frac,
+                                max_turns=s.max_turns, actions_per_turn=s.actions_per_turn,
+                                reasoning_objects=tuple(s.reasoning_objects))
+        write_demos(settings, Path(tmp) / "demos.jsonl")
+        convs = [encode_chat(c, enc) for c in read_chats(Path(tmp) / "demos.jsonl")]
+    n_tokens = sum(sum(len(x.input_ids) for x in c.segments) for c in convs)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.0)
+    model.train()
+    device = torch.device("cpu")
+
+    def run(shared: bool, first_step: int) -> float:
+        t0 = time.perf_counter()
+        for step in range(first_step, first_step + args.steps):
+            rows, _ = batch_rows(len(convs), s.batch_size, step, 0)
+            batch = sft_batch([convs[r] for r in rows], enc.pad_token_id)
+            opt.zero_grad(set_to_none=True)
+            sft_loss(model, batch, cfg.update.micro_batch_tokens, cfg.update.logprob_chunk, False, device,
+                     shared=shared)
+            opt.step()
+        return (time.perf_counter() - t0) / args.steps
+
+    run(False, 0), run(True, 0)  # warm-up
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for r in range(args.repeats):
+        for shared in (False, True):
+            times[shared].append(run(shared, args.steps * (r + 1)))
+    full, shared = statistics.median(times[False]), statistics.median(times[True])
+    print(f"torch threads {torch.get_num_threads()}; {len(convs)} chats, {n_tokens / len(convs):.0f} tokens a chat "
+          f"(system prompt {len(convs[0].segments[0].input_ids)}); {s.batch_size} chats a step, "
+          f"micro-batches of <= {cfg.update.micro_batch_tokens} tokens")
+    print(f"full    median {full:.3f} s a step   runs {[round(x, 3) for x in times[False]]}")
+    print(f"shared  median {shared:.3f} s a step   runs {[round(x, 3) for x in times[True]]}")
+    print(f"ratio full / shared: {full / shared:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
