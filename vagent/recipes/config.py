@@ -540,22 +540,19 @@ DEFAULT_PRESET_YAML = """\
 #      in two stages: read the board (image -> grid, 300 steps), then also say where the goal is
 #      from that grid (500 steps on fresh boards); cached under ~/.cache/vagent, so later runs
 #      skip it;
-#   2. SFT (450 steps x 8 chats) on demonstrations whose <observation>/<reasoning>/<prediction>
-#      come from the true state and half of whose actions are random (random_action_frac 0.5): SFT
-#      teaches the format, to describe the board and the goal's direction, and a noisy policy that
-#      RL sharpens; the shared system prompt runs once per step (shared_prefix), which pays for
-#      the steps past 300 that the <answer> needs to follow the plan in <reasoning>;
+#   2. SFT on demonstrations whose <observation>/<reasoning>/<prediction> come from the true state
+#      and half of whose actions are random (random_action_frac 0.5): SFT teaches the format, to
+#      describe the board and the goal's direction, and a noisy policy that RL sharpens;
 #   3. PPO with bi-level GAE, a value head on the policy's own backbone (critic_backbone: shared:
 #      one forward gives log-probs and values, the head trains on its features), KL (k3) to the
 #      SFT model in the loss, rollouts at temperature 0.7 (log-probs scored at the same
 #      temperature, turns after the first reuse the KV cache), and FrozenLake's optional progress
 #      shaping (reward_progress: 0.5 per move closer to the goal; success rates never include it)
-#      with a short turn horizon (gamma_turn 0.5); 10 steps of 32 episodes (the same rollouts as 20
-#      of 16, in less noisy updates). Greedy validation on 128 boards at steps 0/5/10.
+#      with a short turn horizon (gamma_turn 0.5). Greedy validation on 128 boards at steps 0/10/20.
 # Measured numbers and the learning curve: docs/training.md ("Measured").
 name: frozenlake-ppo
 recipe: ppo
-steps: 10
+steps: 20
 seed: 0
 model:
   path: tiny
@@ -571,7 +568,7 @@ envs:
   - name: frozenlake
     config: {format: grounding_worldmodeling, render: vision, image_size: 128, description_style: symbolic,
              reward_progress: 0.5}
-    n_train: 32
+    n_train: 16
     n_val: 128
 rollout:
   group_size: 1
@@ -596,8 +593,7 @@ ppo:
   critic_warmup_steps: 2
   critic_backbone: shared
 sft:
-  steps: 450
-  shared_prefix: true
+  steps: 300
   demos_per_env: 512
   random_action_frac: 0.5
   actions_per_turn: 2
@@ -605,9 +601,9 @@ sft:
   batch_size: 8
   lr: 1.0e-3
 val:
-  every: 5
+  every: 10
 log:
-  rollouts_every: 5
+  rollouts_every: 10
   checkpoint_every: 10
   plot_every: 5
 """
