@@ -39,20 +39,17 @@ def main() -> int:
     from vagent.models import load_policy
     from vagent.recipes.common import prepare_model
     from vagent.recipes.config import load_config
-    from vagent.recipes.demos import DemoSettings, write_demos
-    from vagent.recipes.sft import batch_rows, encode_chat, read_chats, sft_batch, sft_loss
+    from vagent.recipes.demos import write_demos
+    from vagent.recipes.sft import batch_rows, demo_settings, encode_chat, read_chats, sft_batch, sft_loss
 
     torch.set_num_threads(args.threads)
     cfg = load_config()
     model_dir = args.model or prepare_model(cfg.model, cfg.envs, say=print)
     loaded = load_policy(model_dir)
     model, enc = loaded.model, loaded.encoder
-    entry, s = cfg.envs[0], cfg.sft
+    s = cfg.sft
     with tempfile.TemporaryDirectory() as tmp:
-        settings = DemoSettings(entry.name, dict(entry.config), n=args.demos, random_action_frac=s.random_action_frac,
-                                max_turns=s.max_turns, actions_per_turn=s.actions_per_turn,
-                                reasoning_objects=tuple(s.reasoning_objects))
-        write_demos(settings, Path(tmp) / "demos.jsonl")
+        write_demos(demo_settings(cfg, cfg.envs[0], args.demos), Path(tmp) / "demos.jsonl")
         convs = [encode_chat(c, enc) for c in read_chats(Path(tmp) / "demos.jsonl")]
     n_tokens = sum(sum(len(x.input_ids) for x in c.segments) for c in convs)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=0.0)

@@ -233,9 +233,21 @@ def sft_loss(model: torch.nn.Module, batch: Any, micro_tokens: int, chunk: int, 
     return {"loss": total_loss, "token_accuracy": correct / max(1.0, float(total_mask.sum()))}
 
 
+def demo_settings(cfg: Any, entry: Any, n: int | None = None) -> Any:
+    """The :class:`~vagent.recipes.demos.DemoSettings` of a run's env entry: its env and config,
+    the run's ``sft.*`` demonstration fields, ``n`` episodes (default ``sft.demos_per_env``)."""
+    from vagent.recipes.demos import DemoSettings
+
+    s = cfg.sft
+    return DemoSettings(env=entry.name, env_config=dict(entry.config), n=s.demos_per_env if n is None else n,
+                        random_action_frac=s.random_action_frac, max_turns=s.max_turns,
+                        actions_per_turn=s.actions_per_turn or None, objects=tuple(s.describe_objects),
+                        reasoning_objects=tuple(s.reasoning_objects), reasoning_plan=s.reasoning_plan)
+
+
 def demo_chats_path(session: Any) -> Path:
     """Write solver demonstrations for every env entry into the run dir (once) and return the file."""
-    from vagent.recipes.demos import DemoSettings, play_demo
+    from vagent.recipes.demos import play_demo
 
     cfg = session.cfg
     out = session.run.root / "demos.jsonl"
@@ -245,12 +257,7 @@ def demo_chats_path(session: Any) -> Path:
     image_dir.mkdir(exist_ok=True)
     lines = []
     for i, e in enumerate(cfg.envs):
-        settings = DemoSettings(env=e.name, env_config=dict(e.config), n=cfg.sft.demos_per_env,
-                                random_action_frac=cfg.sft.random_action_frac, max_turns=cfg.sft.max_turns,
-                                actions_per_turn=cfg.sft.actions_per_turn or None,
-                                objects=tuple(cfg.sft.describe_objects),
-                                reasoning_objects=tuple(cfg.sft.reasoning_objects),
-                                reasoning_plan=cfg.sft.reasoning_plan)
+        settings = demo_settings(cfg, e)
         from vagent.seeds import split_seeds
 
         for seed in split_seeds("train", settings.n, offset=900_000 + i * 10_000):
