@@ -117,7 +117,7 @@ def pretrain_captions(model_dir: Path, env_entries: Sequence[Any], steps: int, *
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derive_seed(seed, "pretrain", *tag))
         loaded = load_policy(model_dir)
-        convs = [encode_caption(r, work, loaded.encoder) for r in records]
+        convs: dict[int, Any] = {}  # encoded when first drawn: a stage draws ~63% of its boards
         model = loaded.model
         model.train()
         params = [p for p in model.parameters() if p.requires_grad]
@@ -126,7 +126,10 @@ def pretrain_captions(model_dir: Path, env_entries: Sequence[Any], steps: int, *
         rng = np.random.default_rng(derive_seed(seed, "pretrain-order", *tag))
         t0, stats = time.perf_counter(), {}
         for step in range(steps):
-            rows = rng.choice(len(convs), size=min(batch_size, len(convs)), replace=False)
+            rows = rng.choice(len(records), size=min(batch_size, len(records)), replace=False)
+            for r in rows:
+                if r not in convs:
+                    convs[r] = encode_caption(records[r], work, loaded.encoder)
             batch = sft_batch([convs[r] for r in rows], loaded.encoder.pad_token_id)
             opt.zero_grad(set_to_none=True)
             stats = sft_loss(model, batch, micro_batch_tokens, 1024, False, torch.device("cpu"))
