@@ -1,6 +1,7 @@
 """SFT step time with and without ``sft.shared_prefix`` on the default run's demonstrations.
 
     python bench/sft_step.py [--model MODEL_DIR] [--demos 128] [--steps 10] [--repeats 3] [--threads 2]
+                             [--micro-batch-tokens 1024 4096 ...]
 
 Plays ``--demos`` solver demonstrations in the default run's env and SFT settings (FrozenLake,
 128 px images, grounding_worldmodeling, 2 actions a turn, half of them random, up to 4 turns),
@@ -11,8 +12,10 @@ weights stay put and every variant sees the same model) over the same chats:
 - ``shared``: the system prompt every chat starts with run once a step without a graph, each chat
   from there (``sft.shared_prefix: true``).
 
-Each figure is the median over ``--repeats`` runs of ``--steps`` steps; the variants alternate
-within a repeat, so machine load hits both alike. MODEL_DIR defaults to the default run's tiny
+With ``--micro-batch-tokens`` both variants run at each given micro-batch size (the token budget
+of one forward/backward; default: the run config's ``update.micro_batch_tokens``, 1024). Each
+figure is the median over ``--repeats`` runs of ``--steps`` steps; the variants alternate within a
+repeat, so machine load hits all alike; ratios are against ``full`` at the first size. MODEL_DIR defaults to the default run's tiny
 model (built and cached on first use: ~5 minutes).
 """
 
@@ -32,6 +35,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--micro-batch-tokens", type=int, nargs="+", default=None,
+                    help="micro-batch token budgets to time (default: the run config's)")
     args = ap.parse_args()
 
     import torch
@@ -56,29 +61,33 @@ def main() -> int:
     model.train()
     device = torch.device("cpu")
 
-    def run(shared: bool, first_step: int) -> float:
+    micros = args.micro_batch_tokens or [cfg.update.micro_batch_tokens]
+    variants = [(micro, shared) for micro in micros for shared in (False, True)]
+
+    def run(micro: int, shared: bool, first_step: int) -> float:
         t0 = time.perf_counter()
         for step in range(first_step, first_step + args.steps):
             rows, _ = batch_rows(len(convs), s.batch_size, step, 0)
             batch = sft_batch([convs[r] for r in rows], enc.pad_token_id)
             opt.zero_grad(set_to_none=True)
-            sft_loss(model, batch, cfg.update.micro_batch_tokens, cfg.update.logprob_chunk, False, device,
-                     shared=shared)
+            sft_loss(model, batch, micro, cfg.update.logprob_chunk, False, device, shared=shared)
             opt.step()
         return (time.perf_counter() - t0) / args.steps
 
-    run(False, 0), run(True, 0)  # warm-up
-    times: dict[bool, list[float]] = {False: [], True: []}
+    for micro, shared in variants:  # warm-up
+        run(micro, shared, 0)
+    times: dict[tuple[int, bool], list[float]] = {v: [] for v in variants}
     for r in range(args.repeats):
-        for shared in (False, True):
-            times[shared].append(run(shared, args.steps * (r + 1)))
-    full, shared = statistics.median(times[False]), statistics.median(times[True])
+        for micro, shared in variants:
+            times[(micro, shared)].append(run(micro, shared, args.steps * (r + 1)))
+    medians = {v: statistics.median(t) for v, t in times.items()}
+    base = medians[variants[0]]
     print(f"torch threads {torch.get_num_threads()}; {len(convs)} chats, {n_tokens / len(convs):.0f} tokens a chat "
-          f"(system prompt {len(convs[0].segments[0].input_ids)}); {s.batch_size} chats a step, "
-          f"micro-batches of <= {cfg.update.micro_batch_tokens} tokens")
-    print(f"full    median {full:.3f} s a step   runs {[round(x, 3) for x in times[False]]}")
-    print(f"shared  median {shared:.3f} s a step   runs {[round(x, 3) for x in times[True]]}")
-    print(f"ratio full / shared: {full / shared:.2f}x")
+          f"(system prompt {len(convs[0].segments[0].input_ids)}); {s.batch_size} chats a step")
+    for (micro, shared), med in medians.items():
+        name = "shared" if shared else "full"
+        print(f"{name:6}  micro-batches <= {micro:5d} tokens  median {med:.3f} s a step  "
+              f"({base / med:.2f}x full at {micros[0]})  runs {[round(x, 3) for x in times[(micro, shared)]]}")
     return 0
 
 
