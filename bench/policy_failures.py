@@ -25,8 +25,6 @@ import argparse
 import collections
 import re
 
-ENV = {"format": "grounding_worldmodeling", "render": "vision", "image_size": 128,
-       "description_style": "symbolic", "reward_progress": 0.5}
 
 
 def turn_checks(turn) -> dict[str, bool]:
@@ -77,12 +75,14 @@ def main() -> int:
     import torch
 
     from vagent.models import load_policy
+    from vagent.recipes.config import load_config
     from vagent.rollout import EnvSpec, HFPolicy, SamplingConfig, rollout
     from vagent.seeds import split_seeds
 
     torch.set_num_threads(args.threads)
     policy = HFPolicy(load_policy(args.policy_dir))
-    specs = [EnvSpec("frozenlake", ENV, seed) for seed in split_seeds("val", args.n)]
+    env = load_config().envs[0]  # the default run's env entry
+    specs = [EnvSpec(env.name, env.config, seed) for seed in split_seeds("val", args.n)]
     episodes = rollout(specs, policy, SamplingConfig(temperature=0.0, max_new_tokens=96, stop=["</answer>"]),
                        max_turns=args.max_turns)
 

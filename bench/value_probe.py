@@ -2,8 +2,9 @@
 
     python bench/value_probe.py POLICY_DIR [--n 256] [--seed 0] [--threads 2] [--gamma-turn 0.5]
 
-Plays ``--n`` train-split boards with POLICY_DIR at temperature 0.7 (the default run's env:
-128 px images, grounding_worldmodeling, symbolic descriptions, ``reward_progress`` 0.5),
+Plays ``--n`` train-split boards with POLICY_DIR in the default run's env and rollout settings
+(``configs/frozenlake_ppo.yaml``: 128 px images, grounding_worldmodeling, symbolic descriptions,
+``reward_progress`` 0.5; temperature 0.7, 96 tokens a turn, 4 turns),
 computes the bi-level GAE returns with V = 0 (gamma_token 1, lam 1: Monte Carlo turn returns
 discounted by ``--gamma-turn``; truncated episodes bootstrap 0) on every sampled token, and
 fits ridge regressions on the first half of the episodes, reporting the explained variance on
@@ -27,8 +28,6 @@ import collections
 
 import numpy as np
 
-ENV = {"format": "grounding_worldmodeling", "render": "vision", "image_size": 128,
-       "description_style": "symbolic", "reward_progress": 0.5}
 MAX_DISTANCE = 9  # distances >= 9 (and no path) share one bin
 
 
@@ -53,7 +52,7 @@ def state_features(turn, index: int) -> list[float]:
     """(BFS distance to the goal, turn index, holes) of the board before ``turn`` (turn ``index``)."""
     from vagent.envs.frozenlake import goal_distance
 
-    s = turn.state_before
+    s = turn.state_before  # a FrozenLake state: grid, holes, player, goal
     holes = frozenset(map(tuple, s["holes"]))
     d = goal_distance(len(s["grid"]), holes, tuple(s["player"]), tuple(s["goal"]))
     return [min(d, MAX_DISTANCE) if d is not None else MAX_DISTANCE, index, len(holes)]
@@ -74,6 +73,7 @@ def main() -> int:
 
     from vagent.models import load_policy
     from vagent.models.forward import forward_hidden
+    from vagent.recipes.config import load_config
     from vagent.rl.advantages import bi_level_gae
     from vagent.rollout import EnvSpec, HFPolicy, SamplingConfig, rollout
     from vagent.rollout.batch import build_token_batch
@@ -81,10 +81,13 @@ def main() -> int:
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
+    cfg = load_config()  # the default run: its env entry and rollout settings
+    env, ro = cfg.envs[0], cfg.rollout
     loaded = load_policy(args.policy_dir)
-    specs = [EnvSpec("frozenlake", ENV, seed) for seed in split_seeds("train", args.n)]
-    episodes = rollout(specs, HFPolicy(loaded), SamplingConfig(temperature=0.7, max_new_tokens=96,
-                                                               stop=["</answer>"], seed=args.seed), max_turns=4)
+    specs = [EnvSpec(env.name, env.config, seed) for seed in split_seeds("train", args.n)]
+    sampling = SamplingConfig(temperature=ro.temperature, max_new_tokens=ro.max_new_tokens, stop=tuple(ro.stop),
+                              seed=args.seed)
+    episodes = rollout(specs, HFPolicy(loaded), sampling, max_turns=ro.max_turns)
     episodes = [e for e in episodes if e.error is None and e.turns]
     batch = build_token_batch(episodes, pad_token_id=loaded.encoder.pad_token_id)
     zeros = torch.zeros(batch.loss_mask.shape)
@@ -106,14 +109,15 @@ def main() -> int:
             ys.append(returns[b][:length][mask].numpy())
             rows.append(np.full(len(pos), b))
             turn = batch.turn_index[b][:length][mask].numpy()
-            state.append(np.array([state_features(ep.turns[k], k) for k in turn], dtype=float))
+            per_turn = np.array([state_features(t, k) for k, t in enumerate(ep.turns)], dtype=float)
+            state.append(per_turn[turn])  # one BFS per turn, spread over its tokens
             first.append(np.concatenate([[True], turn[1:] != turn[:-1]]))
     x, y, r, s, f = (np.concatenate(v) for v in (feats, ys, rows, state, first))
     fit, test = r < len(episodes) // 2, r >= len(episodes) // 2
     s_x = np.hstack([s, np.eye(MAX_DISTANCE + 1)[s[:, 0].astype(int)], np.eye(4)[s[:, 1].astype(int)]])
 
     success = np.mean([bool(e.turns[-1].info.get("success")) for e in episodes])
-    print(f"{args.policy_dir}: {len(episodes)} train boards at T 0.7, success {success:.3f}; "
+    print(f"{args.policy_dir}: {len(episodes)} train boards at T {ro.temperature}, success {success:.3f}; "
           f"{len(y)} sampled tokens, return mean {y.mean():.3f} std {y.std():.3f} (gamma_turn {args.gamma_turn})")
     by_distance = collections.defaultdict(list)
     for d, ret in zip(s[f][:, 0], y[f]):
