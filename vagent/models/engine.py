@@ -30,6 +30,7 @@ The vLLM backend lives in ``vagent.models.vllm_engine`` (lazy import, GPU only).
 
 from __future__ import annotations
 
+import dataclasses
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
@@ -91,16 +92,25 @@ class GenerationRequest:
     pixel_values: torch.Tensor | None = None
     image_grid_thw: torch.Tensor | None = None
     images: tuple = field(default=())
+    #: per-request sampling seed: this request's draws depend only on it (not on the batch it is
+    #: in), so replies are the same however requests are batched or routed. All requests of a
+    #: call carry one or none; None = the batch is seeded by ``SamplingParams.seed``
+    seed: int | None = None
+    #: routing key (e.g. the trajectory id): engines with replicas send equal keys to one replica
+    #: (its prefix cache); engines without replicas ignore it
+    key: Any = None
 
 
 @dataclass
 class GenerationOutput:
-    """One reply: the sampled ids, their log-probs (see the module docstring), why it ended, its text."""
+    """One reply: the sampled ids, their log-probs (see the module docstring), why it ended, its text,
+    and (engines whose weights are pushed to them) the weights version that produced it."""
 
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str
     text: str
+    weights_version: int | None = None
 
 
 class Engine(Protocol):
@@ -226,6 +236,24 @@ def placeholder_token_ids(encoder: ChatEncoder, config: Any) -> list[int]:
     return sorted(i for i in ids if i is not None)
 
 
+def request_seeds(requests: Sequence[GenerationRequest]) -> list[int] | None:
+    """The requests' own seeds (all set), None (none set); a mix is an error."""
+    seeds = [r.seed for r in requests]
+    if all(s is None for s in seeds):
+        return None
+    if any(s is None for s in seeds):
+        raise ValueError("either every request of a generate() call carries a seed or none does "
+                         f"(got seeds {seeds}); set GenerationRequest.seed on all of them")
+    return [int(s) for s in seeds]  # type: ignore[arg-type]
+
+
+def _row_generators(seeds: list[int] | None, device: torch.device) -> list[torch.Generator] | None:
+    """One generator per request seed (its draws depend on nothing else), or None."""
+    if seeds is None:
+        return None
+    return [torch.Generator(device=device).manual_seed(s % (2**63)) for s in seeds]
+
+
 @contextmanager
 def _seeded(seed: int | None, device: torch.device):
     if seed is None:
@@ -315,6 +343,9 @@ class HFEngine:
         return batch
 
     def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[GenerationOutput]:
+        if request_seeds(requests) is not None and params.do_sample and not self.prefix_cache:
+            # HF generate draws from one RNG for the batch: a seeded request runs alone, seeded
+            return [self._generate_hf([r], dataclasses.replace(params, seed=r.seed))[0] for r in requests]
         if self.prefix_cache:
             return self._generate_cached(requests, params)
         return self._generate_hf(requests, params)
@@ -477,6 +508,7 @@ class HFEngine:
         self.stats["reused_tokens"] += sum(n_prefix)
 
         tau = params.temperature if params.do_sample else 1.0
+        rows_rng = _row_generators(request_seeds(requests), device) if params.do_sample else None
         warpers = sampling_warpers(params)
         eos = set(self.encoder.eos_token_ids)
         window = stop_window(params.stop_strings) if params.stop_strings else 0
@@ -496,7 +528,11 @@ class HFEngine:
                         logits[:, self.suppress_token_ids] = float("-inf")
                     for warp in warpers:
                         logits = warp(ids, logits)
-                    if params.do_sample:
+                    if params.do_sample and rows_rng is not None:  # per-request seeds: row i draws from its own RNG
+                        probs = torch.softmax(logits, dim=-1)
+                        token = torch.cat([torch.multinomial(probs[i:i + 1], 1, generator=g)
+                                           for i, g in enumerate(rows_rng)]).squeeze(1)
+                    elif params.do_sample:
                         token = torch.multinomial(torch.softmax(logits, dim=-1), 1).squeeze(1)
                     else:
                         token = logits.argmax(-1)

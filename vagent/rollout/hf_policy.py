@@ -15,6 +15,12 @@ For a batch of conversations, :meth:`HFPolicy.act`
 The training sequence is therefore exactly the sampled ids: no decode/re-encode (REFERENCE.md
 bug 6); ``Reply.text`` (decoded, special tokens skipped) is only what the env reads.
 
+Threads: ``act`` may run in many threads at once (the asynchronous rollout) when the engine is
+thread-safe (``BatchingEngine``, ``RemoteEngine``: ``engine.thread_safe``); encoding and appending
+are serialized by a lock, the engine call is not. Each request carries ``key =
+Conversation.key`` (the trajectory) for replica routing, and each ``Reply`` the output's
+``weights_version``.
+
 A reply containing an image/video placeholder token (``<|image_pad|>``; a random-weight model
 can sample it) cannot be trained on -- the forward would look for pixels for it -- so it becomes
 ``Reply(error=...)`` and the rollout marks the episode as an error (counted, excluded), never a
@@ -22,7 +28,11 @@ silent repair.
 
 Sampling: ``SamplingConfig.temperature == 0`` is greedy; otherwise temperature / top-p / top-k
 sampling seeded with ``SamplingConfig.seed`` (the engine forks the torch RNG, so the draws are
-reproducible for the same batch and never touch the caller's RNG). ``stop`` strings end a reply
+reproducible for the same batch and never touch the caller's RNG). With
+``per_request_seeds=True`` each request gets its own seed, ``request_seed(SamplingConfig.seed,
+Conversation.key)``, so a reply no longer depends on the batch it was sampled in: what engine
+replicas and the asynchronous rollout need to reproduce the same tokens (the default keeps the
+batch-seeded draws). ``stop`` strings end a reply
 right after the string (the engine cuts the ids there); ``max_new_tokens`` is the per-turn budget.
 ``Reply.logprobs`` are the engine's: the log-softmax of logits / temperature (before top-k/top-p
 truncation) of each sampled token; greedy replies use temperature 1. The RL recipes score with
@@ -31,6 +41,7 @@ the same temperature (``policy_forward(..., temperature=)``), so old and new log
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -56,6 +67,14 @@ def sampling_params(sampling: SamplingConfig) -> Any:
     )
 
 
+def request_seed(seed: int, key: int | None) -> int:
+    """A request's own sampling seed from the turn's seed and the trajectory key (splitmix64 mix)."""
+    x = (int(seed) * 0x9E3779B97F4A7C15 + (0 if key is None else int(key) + 1)) % 2**64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) % 2**64
+    return (x ^ (x >> 31)) % 2**63
+
+
 class HFPolicy:
     """A local model as a token-level policy (see the module docstring).
 
@@ -67,10 +86,14 @@ class HFPolicy:
             None = unlimited. An episode that would exceed it is truncated before generating.
         prefix_cache: for a ``LoadedModel``: the ``HFEngine`` keeps its KV cache between turns and
             feeds only each turn's new tokens (see ``vagent.models.engine``).
+        per_request_seeds: give every request its own seed (``request_seed``) instead of seeding
+            the batch; needed for the same sampled tokens across replicas or with the async rollout.
+        batching: for a ``LoadedModel``: put a ``BatchingEngine`` in front of the ``HFEngine``, so
+            that ``act`` may be called from many threads (the asynchronous rollout).
     """
 
     def __init__(self, model: Any, encoder: Any = None, *, max_context_tokens: int | None = None,
-                 prefix_cache: bool = True):
+                 prefix_cache: bool = True, per_request_seeds: bool = False, batching: bool = False):
         import torch
 
         if isinstance(model, torch.nn.Module):
@@ -86,6 +109,10 @@ class HFPolicy:
 
             self.encoder = encoder if encoder is not None else model.encoder
             self.engine = HFEngine(model.model, self.encoder, prefix_cache=prefix_cache)
+            if batching:
+                from vagent.models.batching import BatchingEngine
+
+                self.engine = BatchingEngine(self.engine)
         else:
             raise TypeError(
                 f"HFPolicy expects a LoadedModel (vagent.models.load_policy) or an engine with "
@@ -94,6 +121,8 @@ class HFPolicy:
         if max_context_tokens is not None and max_context_tokens < 1:
             raise ValueError(f"max_context_tokens must be >= 1 or None, got {max_context_tokens}")
         self.max_context_tokens = max_context_tokens
+        self.per_request_seeds = bool(per_request_seeds)
+        self._lock = threading.Lock()  # encoding / appending (act may run in several threads)
         vocab = self.encoder.tokenizer.get_vocab()
         #: ids the training forward treats as image/video slots; a reply must not contain them
         self.placeholder_ids = {i for i in (getattr(self.encoder, "image_token_id", None), vocab.get("<|video_pad|>"))
@@ -107,6 +136,11 @@ class HFPolicy:
         return cls(load_policy(path, **load_kwargs), max_context_tokens=max_context_tokens)
 
     @property
+    def thread_safe(self) -> bool:
+        """Whether ``act`` may run in many threads at once (the engine merges or routes the calls)."""
+        return bool(getattr(self.engine, "thread_safe", False))
+
+    @property
     def pad_token_id(self) -> int:
         return int(self.encoder.pad_token_id)
 
@@ -117,9 +151,11 @@ class HFPolicy:
     def act(self, conversations: Sequence[Conversation], sampling: SamplingConfig) -> list[Reply]:
         from vagent.models.engine import GenerationRequest
 
-        pending = [encode_pending(conv, self.encoder) for conv in conversations]
+        with self._lock:
+            pending = [encode_pending(conv, self.encoder) for conv in conversations]
         replies: list[Reply | None] = [None] * len(conversations)
         requests, rows = [], []
+        greedy = sampling.temperature <= 0
         for i, (conv, new) in enumerate(zip(conversations, pending)):
             n_ctx = context_tokens(conv.segments, new)
             if exceeds_context(n_ctx, sampling.max_new_tokens, self.max_context_tokens):
@@ -127,7 +163,8 @@ class HFPolicy:
                 continue
             segments = conv.segments + new
             pixel_values, grid = flat_pixels(segments)
-            requests.append(GenerationRequest(flat_ids(segments), pixel_values, grid))
+            seed = request_seed(sampling.seed, conv.key) if self.per_request_seeds and not greedy else None
+            requests.append(GenerationRequest(flat_ids(segments), pixel_values, grid, seed=seed, key=conv.key))
             rows.append(i)
         outputs = self.engine.generate(requests, sampling_params(sampling)) if requests else []
         if len(outputs) != len(requests):
@@ -142,13 +179,15 @@ class HFPolicy:
                            "suppress placeholder tokens)"),
                 )
                 continue
-            append_reply(conversations[i], pending[i], out.token_ids, out.logprobs, self.encoder)
+            with self._lock:
+                append_reply(conversations[i], pending[i], out.token_ids, out.logprobs, self.encoder)
             replies[i] = Reply(
                 text=out.text, token_ids=list(out.token_ids), logprobs=list(out.logprobs),
                 finish_reason=out.finish_reason,
                 usage={"prompt_tokens": len(req.input_ids), "completion_tokens": len(out.token_ids)},
+                weights_version=getattr(out, "weights_version", None),
             )
         return replies  # type: ignore[return-value]
 
 
-__all__ = ["HFPolicy", "sampling_params"]
+__all__ = ["HFPolicy", "sampling_params", "request_seed"]

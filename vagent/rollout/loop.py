@@ -72,6 +72,7 @@ from vagent.rollout.records import Episode, Turn
 logger = logging.getLogger(__name__)
 
 MODES = ("concat", "no_concat")
+SCHEDULES = ("lockstep", "async")
 
 
 @dataclass(frozen=True)
@@ -219,7 +220,7 @@ def _next_conversation(live: _Live, window: int | None) -> None:
     user = Message("user", live.obs.text, live.obs.images)
     if window is None:  # concat: one growing conversation
         if live.conv is None:
-            live.conv = Conversation(messages=[live.system])
+            live.conv = Conversation(messages=[live.system], key=live.episode.traj_id)
             live.episode.samples.append(live.conv)
         live.conv.messages.append(user)
     else:
@@ -229,7 +230,8 @@ def _next_conversation(live: _Live, window: int | None) -> None:
             messages += [b.user, b.assistant]
             segments += b.user_segments + [context_copy(s) for s in b.reply_segments]
         messages.append(user)
-        live.conv = Conversation(messages, segments, n_encoded=len(messages) - 1 if segments else 0)
+        live.conv = Conversation(messages, segments, n_encoded=len(messages) - 1 if segments else 0,
+                                 key=live.episode.traj_id)
         live.episode.samples.append(live.conv)
     live.n_pending = len(live.conv.messages) - live.conv.n_encoded
     live.n_segments_before = len(live.conv.segments)
@@ -272,6 +274,7 @@ def _record(live: _Live, t: int, reply: Reply, stepped, max_turns: int, window: 
         info=info, state_before=before, state_after=after, prompt_token_ids=prompt_ids,
         sampled_token_ids=list(reply.token_ids or []), sampled_logprobs=list(reply.logprobs or []),
         n_images=len(obs.images), finish_reason=reply.finish_reason, usage=dict(reply.usage),
+        weights_version=getattr(reply, "weights_version", None),
     ))
     assistant = live.conv.messages[-1]
     live.blocks.append(_Block(live.conv.messages[-2], assistant, user_segs[-1:], reply_segs))
@@ -317,6 +320,7 @@ def rollout(
     reasoning_reward: Callable[[list[Episode]], Mapping[str, float]] | None = None,
     max_workers: int = 16,
     env_factory: Callable[[EnvSpec], Any] | None = None,
+    schedule: str = "lockstep",
 ) -> RolloutResult:
     """Roll out ``len(env_specs) * group_size`` episodes (see the module docstring).
 
@@ -331,9 +335,18 @@ def rollout(
         reasoning_reward: optional ``(episodes) -> metrics`` applied after the rollout.
         max_workers: threads stepping envs concurrently.
         env_factory: optional ``(spec) -> Env`` used for specs without their own ``factory``.
+        schedule: ``"lockstep"`` (one batched policy call per turn) or ``"async"`` (each
+            trajectory advances on its own; see *Asynchronous schedule*).
     Returns:
         :class:`RolloutResult`: the episodes in (spec, group member) order, with ``.metrics``.
     """
+    if schedule == "async":
+        from vagent.rollout.async_loop import rollout_async
+
+        return rollout_async(env_specs, policy, sampling, group_size=group_size, max_turns=max_turns, mode=mode,
+                              window=window, reasoning_reward=reasoning_reward, env_factory=env_factory)
+    if schedule != "lockstep":
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
     window = _check_args(env_specs, group_size, max_turns, mode, window, policy)
     t_start = time.perf_counter()
     engine_stats = getattr(getattr(policy, "engine", None), "stats", None)  # HFEngine's prefix-reuse counters
@@ -404,11 +417,27 @@ def rollout(
         "perf/env_time_s": env_time,
         "perf/rollout_tokens_per_s": n_tokens / gen_time if gen_time > 0 else 0.0,
     })
-    if stats_before is not None:
+    metrics.update(_engine_metrics(engine_stats, stats_before))
+    return RolloutResult(episodes, metrics)
+
+
+def _engine_metrics(engine_stats: Any, stats_before: dict | None) -> dict[str, float]:
+    """``perf/prompt_cache_frac`` (HFEngine prefix reuse) and ``rollout/engine_retries`` (requests
+    sent again after their engine replica died) over this rollout, where the engine counts them."""
+    if stats_before is None:
+        return {}
+    out = {}
+    if "retried_requests" in engine_stats:
+        out["rollout/engine_retries"] = float(engine_stats["retried_requests"] - stats_before.get("retried_requests", 0))
+        dead = engine_stats.get("dead_replicas", 0) - stats_before.get("dead_replicas", 0)
+        if dead:
+            logger.warning("%d engine replica(s) died during this rollout; %d request(s) finished on the "
+                           "others (rollout/engine_retries)", dead, int(out["rollout/engine_retries"]))
+    if "retried_requests" not in engine_stats or "prompt_tokens" in engine_stats:
         prompt = engine_stats.get("prompt_tokens", 0) - stats_before.get("prompt_tokens", 0)
         reused = engine_stats.get("reused_tokens", 0) - stats_before.get("reused_tokens", 0)
-        metrics["perf/prompt_cache_frac"] = reused / prompt if prompt > 0 else 0.0
-    return RolloutResult(episodes, metrics)
+        out["perf/prompt_cache_frac"] = reused / prompt if prompt > 0 else 0.0
+    return out
 
 
 def _encode_final_observations(episodes: list[Episode], policy: Any) -> None:
@@ -455,4 +484,4 @@ def rollout_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
     }
 
 
-__all__ = ["EnvSpec", "RolloutResult", "rollout", "rollout_metrics", "MODES"]
+__all__ = ["EnvSpec", "RolloutResult", "rollout", "rollout_metrics", "MODES", "SCHEDULES"]

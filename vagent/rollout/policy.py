@@ -53,6 +53,9 @@ class Conversation:
     messages: list[Message] = field(default_factory=list)
     segments: list[Segment] = field(default_factory=list)
     n_encoded: int = 0
+    #: the trajectory this sample belongs to (the rollout sets ``Episode.traj_id``): engines with
+    #: replicas route a trajectory's turns to one replica; per-request seeds derive from it
+    key: int | None = None
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,8 @@ class Reply:
     finish_reason: str = "stop"
     usage: dict[str, int] = field(default_factory=dict)  # prompt_tokens, completion_tokens
     error: str | None = None
+    #: the weights version of the engine that sampled it (engines with pushed weights; else None)
+    weights_version: int | None = None
 
 
 @runtime_checkable

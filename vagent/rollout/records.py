@@ -47,6 +47,9 @@ class Turn:
     n_images: int = 0
     finish_reason: str = "stop"
     usage: dict[str, int] = field(default_factory=dict)
+    #: the weights version that sampled the reply (engines with pushed weights, e.g. RemoteEngine;
+    #: None for an in-process engine, which always has the trainer's current weights)
+    weights_version: int | None = None
 
 
 @dataclass

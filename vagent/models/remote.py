@@ -1,0 +1,305 @@
+"""``RemoteEngine``: engine replicas as Ray actors, behind the ``Engine`` protocol.
+
+Each replica is a Ray actor holding its own copy of the policy and a ``BatchingEngine`` over an
+``HFEngine`` (on CPU here; the vLLM replica is ``vagent.models.vllm_engine``). ``RemoteEngine``
+is what the rollout's ``HFPolicy`` calls instead of an in-process engine: the process boundary
+sits at the engine (token ids and pixels in, ``GenerationOutput`` out), because the policy keeps
+and mutates the conversations.
+
+Routing (``generate``):
+
+- a request with a ``key`` (the rollout sets the trajectory id) goes to the replica that served
+  that key before, so a trajectory's turns meet their own KV cache (prefix reuse);
+- a new key, or no key, goes to the live replica with the fewest outstanding requests (counted
+  over all threads calling ``generate``, so concurrent asynchronous trajectories spread out);
+- when a replica dies (its actor process exits; ``ray.kill`` in the tests) its requests are sent
+  again to the other replicas, its keys move with them, a warning is logged, and
+  ``stats["retried_requests"]`` / ``stats["dead_replicas"]`` count it (the rollout reports them as
+  ``rollout/engine_retries``). Only when every replica is dead does ``generate`` raise.
+
+Weights: ``update_weights(model)`` sends the trainer's ``state_dict`` (once, through the object
+store) to every live replica and waits for all of them; each replica loads it between batches and
+stamps every later output with the new ``weights_version`` (``GenerationOutput.weights_version``,
+recorded on each ``Turn``). Replicas start at version 0 with the weights they were built with.
+
+Exactness: a replica's greedy replies equal the in-process engine's, and so do sampled ones when
+every request carries its own seed (``GenerationRequest.seed``, set by
+``HFPolicy(per_request_seeds=True)``): batch-seeded sampling depends on which requests share a
+batch, which routing changes.
+
+Ray is an optional extra: ``pip install 'vagent[ray]'``. ``import vagent`` never imports it; this
+module imports it when a ``RemoteEngine`` is built. ``start_ray`` starts a small local cluster
+with the settings measured to work on a 2-core machine (256 MB object store, no dashboard, token
+auth off for a loopback cluster).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any, Sequence
+
+from vagent.models.engine import GenerationOutput, GenerationRequest, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+RAY_HINT = "pip install 'vagent[ray]'"
+
+
+def import_ray() -> Any:
+    """``import ray``, or an ImportError naming the pip install that fixes it."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise ImportError(f"engine replicas run as Ray actors, and Ray is not installed: {RAY_HINT} "
+                          "(or set rollout.replicas: 0 to generate in the training process)") from exc
+    return ray
+
+
+def start_ray(num_cpus: int | None = None, object_store_mb: int = 256, **kwargs: Any) -> Any:
+    """Start (or join, when already started) a local Ray cluster; returns the ``ray`` module.
+
+    Token auth is turned off (``RAY_AUTH_MODE=disabled``) unless the caller set it: the cluster
+    listens on loopback only and Ray 2.60 would otherwise write a token file. Call
+    ``ray.shutdown()`` when done (``RemoteEngine.close(shutdown=True)`` does).
+    """
+    ray = import_ray()
+    if ray.is_initialized():
+        return ray
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    ray.init(num_cpus=num_cpus, include_dashboard=False, object_store_memory=object_store_mb * 2**20,
+             log_to_driver=False, configure_logging=False, **kwargs)
+    return ray
+
+
+class EngineReplica:
+    """One replica (the body of the Ray actor): a model copy, its HFEngine, a batching front."""
+
+    def __init__(self, model: Any, encoder: Any, prefix_cache: bool = True, threads: int = 1,
+                 max_batch: int = 64) -> None:
+        import torch
+
+        from vagent.models.batching import BatchingEngine
+        from vagent.models.engine import HFEngine
+
+        if threads > 0:
+            torch.set_num_threads(threads)
+        self.model = model
+        self.model.requires_grad_(False)
+        self.engine = BatchingEngine(HFEngine(model, encoder, prefix_cache=prefix_cache), max_batch=max_batch)
+        self.version = 0
+
+    def ready(self) -> int:
+        return os.getpid()
+
+    def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[GenerationOutput]:
+        version = self.version  # a weight update waits for running batches, so this is their version
+        outputs = self.engine.generate(requests, params)
+        for out in outputs:
+            out.weights_version = version
+        return outputs
+
+    def load_weights(self, state_dict: dict, version: int) -> int:
+        """Load the trainer's weights between batches; later outputs carry ``version``."""
+        with self.engine.exclusive():
+            self.model.load_state_dict(state_dict, strict=True)  # bumps the parameters' versions: cache dropped
+            self.version = int(version)
+        return self.version
+
+    def logprobs(self, input_ids: list[int], n_prompt: int, temperature: float = 1.0) -> list[float]:
+        """``token_logprobs`` of this replica's model (weight checks)."""
+        with self.engine.exclusive():
+            return token_logprobs(self.model, input_ids, n_prompt, temperature)
+
+    def stats(self) -> dict:
+        return {**self.engine.stats, **self.engine.engine.stats, "version": self.version}
+
+
+def token_logprobs(model: Any, input_ids: Sequence[int], n_prompt: int, temperature: float = 1.0) -> list[float]:
+    """log pi(token_t | tokens before t) / temperature-softmax of ``input_ids[n_prompt:]``: one
+    text-only forward in eval mode without grad (the trainer-vs-replica weight check)."""
+    import torch
+
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            ids = torch.tensor([list(input_ids)], device=next(model.parameters()).device)
+            logits = model(input_ids=ids).logits[0, n_prompt - 1:-1].float() / temperature
+            return torch.log_softmax(logits, -1).gather(-1, ids[0, n_prompt:, None])[:, 0].tolist()
+    finally:
+        model.train(was_training)
+
+
+def _dead_errors(ray: Any) -> tuple[type, ...]:
+    errs = [ray.exceptions.RayActorError]
+    if hasattr(ray.exceptions, "ActorUnavailableError"):
+        errs.append(ray.exceptions.ActorUnavailableError)
+    return tuple(errs)
+
+
+class RemoteEngine:
+    """``Engine`` over ``replicas`` Ray actors (see the module docstring).
+
+    Args:
+        model: the policy module to copy into each replica (moved to CPU for the copy).
+        encoder: its ``ChatEncoder``.
+        replicas: number of actors.
+        prefix_cache: each replica's HFEngine keeps its KV cache between calls.
+        threads: torch threads per replica.
+        num_cpus: Ray CPUs reserved per replica (0 lets replicas share the cluster's CPUs).
+        max_concurrency: calls one replica accepts at once (its batching front merges them).
+    """
+
+    #: ``generate`` may be called from many threads at once
+    thread_safe = True
+
+    def __init__(self, model: Any, encoder: Any, *, replicas: int = 2, prefix_cache: bool = True,
+                 threads: int = 1, num_cpus: float = 0, max_concurrency: int = 64):
+        if replicas < 1:
+            raise ValueError(f"RemoteEngine needs replicas >= 1, got {replicas}")
+        ray = import_ray()
+        if not ray.is_initialized():
+            raise RuntimeError("RemoteEngine needs a running Ray cluster: call "
+                               "vagent.models.remote.start_ray() (or ray.init(...)) first")
+        self._ray = ray
+        self.encoder = encoder
+        actor = ray.remote(EngineReplica)
+        model_ref = ray.put(_cpu_copy(model))
+        self.replicas = [actor.options(num_cpus=num_cpus, max_concurrency=max_concurrency).remote(
+            model_ref, encoder, prefix_cache, threads) for _ in range(replicas)]
+        self.pids = ray.get([r.ready.remote() for r in self.replicas])
+        self._lock = threading.Lock()
+        self._alive = [True] * replicas
+        self._outstanding = [0] * replicas
+        self._home: dict[Any, int] = {}
+        #: trainer-side weights version: the number of ``update_weights`` pushes
+        self.weights_version = 0
+        #: counters since construction (``retried_requests``: sent again after their replica died)
+        self.stats = {"requests": 0, "retried_requests": 0, "dead_replicas": 0}
+
+    # ------------------------------------------------------------------ routing
+    def _route(self, requests: Sequence[GenerationRequest]) -> list[int]:
+        """A live replica per request (key affinity, else fewest outstanding); counts them outstanding."""
+        with self._lock:
+            live = [i for i, ok in enumerate(self._alive) if ok]
+            if not live:
+                raise RuntimeError("every engine replica is dead; the rollout cannot continue")
+            chosen = []
+            for r in requests:
+                home = self._home.get(r.key) if r.key is not None else None
+                if home is None or not self._alive[home]:
+                    home = min(live, key=lambda i: (self._outstanding[i], i))
+                    if r.key is not None:
+                        self._home[r.key] = home
+                self._outstanding[home] += 1
+                chosen.append(home)
+            return chosen
+
+    def _release(self, replica: int, n: int) -> None:
+        with self._lock:
+            self._outstanding[replica] -= n
+
+    def _mark_dead(self, replica: int, exc: BaseException, n_requests: int) -> None:
+        with self._lock:
+            if self._alive[replica]:
+                self._alive[replica] = False
+                self.stats["dead_replicas"] += 1
+            self.stats["retried_requests"] += n_requests
+        logger.warning("engine replica %d (pid %s) died (%s); sending its %d request(s) to the other replicas",
+                       replica, self.pids[replica], type(exc).__name__, n_requests)
+
+    def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[GenerationOutput]:
+        """Route, run on the replicas in parallel, retry a dead replica's requests elsewhere."""
+        ray = self._ray
+        results: list[GenerationOutput | None] = [None] * len(requests)
+        todo = list(range(len(requests)))
+        self.stats["requests"] += len(requests)
+        while todo:
+            homes = self._route([requests[i] for i in todo])
+            groups: dict[int, list[int]] = {}
+            for i, h in zip(todo, homes):
+                groups.setdefault(h, []).append(i)
+            calls = {h: self.replicas[h].generate.remote([requests[i] for i in idx], params)
+                     for h, idx in groups.items()}
+            todo = []
+            for h, ref in calls.items():
+                try:
+                    outs = ray.get(ref)
+                except _dead_errors(ray) as exc:
+                    self._mark_dead(h, exc, len(groups[h]))
+                    todo += groups[h]
+                    continue
+                finally:
+                    self._release(h, len(groups[h]))
+                for i, out in zip(groups[h], outs):
+                    results[i] = out
+            todo.sort()
+        return results  # type: ignore[return-value]
+
+    # ------------------------------------------------------------------ weights
+    def update_weights(self, model: Any, version: int | None = None) -> int:
+        """Push ``model``'s weights to every live replica and wait; returns the new version."""
+        ray = self._ray
+        version = self.weights_version + 1 if version is None else int(version)
+        state_ref = ray.put({k: v.detach().to("cpu") for k, v in _unwrap(model).state_dict().items()})
+        live = [i for i, ok in enumerate(self._alive) if ok]
+        refs = {i: self.replicas[i].load_weights.remote(state_ref, version) for i in live}
+        for i, ref in refs.items():
+            try:
+                ray.get(ref)
+            except _dead_errors(ray) as exc:
+                self._mark_dead(i, exc, 0)
+        if not any(self._alive):
+            raise RuntimeError("every engine replica died during the weight update")
+        self.weights_version = version
+        return version
+
+    def replica_logprobs(self, replica: int, input_ids: list[int], n_prompt: int,
+                         temperature: float = 1.0) -> list[float]:
+        """A replica's log-probs of ``input_ids[n_prompt:]`` given the rest (weight checks)."""
+        return self._ray.get(self.replicas[replica].logprobs.remote(list(input_ids), n_prompt, temperature))
+
+    def replica_stats(self) -> list[dict | None]:
+        """Each replica's counters (None for a dead one)."""
+        out = []
+        for i, r in enumerate(self.replicas):
+            out.append(self._ray.get(r.stats.remote()) if self._alive[i] else None)
+        return out
+
+    @property
+    def alive(self) -> list[bool]:
+        return list(self._alive)
+
+    def kill_replica(self, replica: int) -> None:
+        """Kill a replica's actor (failure drills and tests); routing notices on its next call."""
+        self._ray.kill(self.replicas[replica], no_restart=True)
+
+    def close(self, shutdown: bool = False) -> None:
+        """Kill the replicas (and ``ray.shutdown()`` when ``shutdown``)."""
+        for i, r in enumerate(self.replicas):
+            if self._alive[i]:
+                try:
+                    self._ray.kill(r, no_restart=True)
+                except Exception as exc:  # noqa: BLE001 -- closing must go on; logged
+                    logger.warning("killing engine replica %d failed: %s", i, exc)
+            self._alive[i] = False
+        if shutdown:
+            self._ray.shutdown()
+
+
+def _unwrap(model: Any) -> Any:
+    from vagent.models.forward import unwrap
+
+    return unwrap(model)
+
+
+def _cpu_copy(model: Any) -> Any:
+    """A CPU copy of the (unwrapped) model in eval mode, in the trainer's dtype."""
+    import copy
+
+    return copy.deepcopy(_unwrap(model)).to("cpu").eval()
+
+
+__all__ = ["RemoteEngine", "EngineReplica", "start_ray", "import_ray", "token_logprobs", "RAY_HINT"]
