@@ -50,9 +50,10 @@ from vagent.config import ConfigError
 from vagent.envs.base import JudgeSpec, Observation, StepResult
 from vagent.envs.formats import FormatExample, format_instruction, format_reward
 from vagent.envs.grid import (
-    MOVES, Cell, EpisodeClock, ParsedActions, check_common_config, describe_relations, feedback_line, fill, inset,
+    MOVES, Cell, EpisodeClock, ParsedActions, check_cells_fit, check_common_config, describe_relations, feedback_line, fill, inset,
     observation, parse_actions, relations, reminder_for, render_tiles, resolve_rewards, step_info,
 )
+from vagent.envs.limits import Items
 from vagent.envs.registry import EnvConfig
 
 ACTIONS = ("Left", "Down", "Right", "Up")
@@ -278,6 +279,8 @@ class FrozenLakeEnv:
     )
     action_names = ACTIONS
     action_sep = ","
+    #: upper bounds checked by make() and the env server (vagent/envs/limits.py; docs/envs.md)
+    config_bounds = {"size": (2, 32), "image_size": (8, 1024), "fixed_map": Items(32, 32)}
 
     def __init__(self, config: FrozenLakeConfig | None = None) -> None:
         cfg = config if config is not None else FrozenLakeConfig()
@@ -289,6 +292,7 @@ class FrozenLakeEnv:
         self._fixed = parse_fixed_map(cfg.fixed_map) if cfg.fixed_map else None
         if self._fixed is not None:
             cfg = dataclasses.replace(cfg, size=len(cfg.fixed_map))
+        check_cells_fit(cfg, "frozenlake", cfg.size, "fixed_map" if self._fixed is not None else "size")
         self.config = cfg
         self.rewards = resolve_rewards(cfg, REWARD_PRESETS, "frozenlake")
         self._clock = EpisodeClock("frozenlake", cfg.max_steps)

@@ -128,6 +128,19 @@ def check_common_config(cfg: Any, where: str) -> None:
         raise ConfigError(f"{where}.image_size: expected >= 8 pixels, got {cfg.image_size}.")
 
 
+#: the smallest tile (pixels) a grid image can draw: smaller cells cannot hold the tile's inset shapes
+MIN_CELL_PX = 3
+
+
+def check_cells_fit(cfg: Any, where: str, cells: int, field: str) -> None:
+    """With ``render="vision"``, ``cells`` grid cells per side must get >= MIN_CELL_PX pixels each
+    of ``cfg.image_size``; raise ConfigError naming both fields and the fix otherwise."""
+    if cfg.render == "vision" and cfg.image_size // max(1, cells) < MIN_CELL_PX:
+        raise ConfigError(f"{where}.{field}: {cells} cells per side do not fit image_size={cfg.image_size} "
+                          f"(each cell needs >= {MIN_CELL_PX} pixels): use image_size >= {MIN_CELL_PX * cells}, "
+                          f"a smaller {field}, or render='text'.")
+
+
 def resolve_rewards(cfg: Any, presets: Mapping[str, Mapping[str, float]], where: str) -> dict[str, float]:
     """Reward terms: the preset ``cfg.rewards`` overridden by every ``reward_<term>`` field not None.
 

@@ -33,6 +33,7 @@ Version:
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import string
@@ -50,6 +51,7 @@ from vagent.envs.grid import (
     EpisodeClock, check_common_config, feedback_line, observation, parse_actions, reminder_for, resolve_rewards,
     step_info,
 )
+from vagent.envs.limits import Items
 from vagent.envs.registry import EnvConfig
 
 import gymnasium
@@ -118,6 +120,27 @@ class GymConfig(EnvConfig):
     image_size: int = 96
     #: format bonus per turn (correct format and >= 1 valid action); None = preset (lite 0.1, paper 0.5)
     reward_format: float | None = None
+    #: accept gymnasium's "module:EnvName-v0" ids, which import ``module`` first (False: only ids
+    #: already in gymnasium's registry; on an env server only the operator may set it)
+    allow_module_ids: bool = False
+
+
+def check_env_id(env_id: str, allow_module_ids: bool) -> None:
+    """Raise ConfigError unless ``env_id`` is in gymnasium's registry (or, with
+    ``allow_module_ids``, a ``module:Name`` id): no unregistered string reaches ``importlib``."""
+    if env_id in gymnasium.registry:
+        return
+    if ":" in env_id:
+        if allow_module_ids:
+            return
+        raise ConfigError(f"gym.env_id: {env_id!r} names a module to import (gymnasium's 'module:Name' form), "
+                          "which is off by default; register the env with gymnasium in your own code, or set "
+                          "allow_module_ids=True (on an env server: the operator, `vagent serve-env --env-config "
+                          "gym.allow_module_ids=true`).")
+    close = difflib.get_close_matches(env_id, list(gymnasium.registry), n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise ConfigError(f"gym.env_id: {env_id[:100]!r} is not a registered gymnasium id.{hint} See "
+                      "`gymnasium.pprint_registry()` for the registered ids.")
 
 
 class FromGymnasium:
@@ -132,6 +155,12 @@ class FromGymnasium:
     Config = GymConfig
     judge_spec = None
     action_sep = ","
+    #: upper bounds checked by make() and the env server (vagent/envs/limits.py; docs/envs.md)
+    config_bounds = {"image_size": (8, 1024), "action_names": Items(64, 64)}
+    #: reward_scale multiplies rewards: |value| <= limits.REWARD_LIMIT like the reward_* fields
+    reward_fields = ("reward_scale",)
+    #: only the operator of an env server sets these (arbitrary constructor arguments; module imports)
+    server_only = ("env_kwargs", "allow_module_ids")
 
     def __init__(self, env: GymConfig | gymnasium.Env | str | None = None, action_names: Sequence[str] | None = None,
                  **config: Any) -> None:
@@ -158,10 +187,12 @@ class FromGymnasium:
         want = "rgb_array" if cfg.render == "vision" else "ansi"
         _import_pygame_quietly()
         if gym_env is None:
+            check_env_id(cfg.env_id, cfg.allow_module_ids)
             try:
                 gym_env = gymnasium.make(cfg.env_id, render_mode=want, **cfg.env_kwargs)
-            except gymnasium.error.Error as exc:
-                raise ConfigError(f"gym.env_id: gymnasium.make({cfg.env_id!r}, render_mode={want!r}) failed: {exc}") from exc
+            except (gymnasium.error.Error, TypeError, ValueError, ImportError, AssertionError) as exc:
+                raise ConfigError(f"gym.env_id: gymnasium.make({cfg.env_id!r}, render_mode={want!r}, **env_kwargs) "
+                                  f"failed: {type(exc).__name__}: {str(exc)[:300]}") from exc
         elif gym_env.render_mode != want:
             raise ConfigError(f"gym: render={cfg.render!r} needs a gymnasium env made with render_mode={want!r}, "
                               f"got {gym_env.render_mode!r}; make it with gymnasium.make(..., render_mode={want!r}).")

@@ -12,7 +12,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from vagent.config import ConfigError, from_mapping
+from vagent.config import from_mapping
 
 _REGISTRY: dict[str, str | type] = {}
 
@@ -55,12 +55,14 @@ def env_class(name: str) -> type:
 
 
 def make_config(name: str, **config: Any) -> Any:
-    """Validate ``config`` against env ``name``'s declared Config (unknown keys raise)."""
+    """Validate ``config`` against env ``name``'s declared Config (unknown keys raise) and its
+    limits (:func:`vagent.envs.limits.check_limits`: bounds on memory/CPU, finite numbers)."""
+    from vagent.envs.limits import check_limits
+
     cls = env_class(name)
-    try:
-        return from_mapping(cls.Config, config, where=f"env '{name}' config")
-    except ConfigError:
-        raise
+    cfg = from_mapping(cls.Config, config, where=f"env '{name}' config")
+    check_limits(name, cfg, cls)
+    return cfg
 
 
 def make(name: str, **config: Any) -> Any:

@@ -10,7 +10,15 @@ An operation returns ``("ok", payload)`` or ``("err", status, ErrorBody-dict)``;
 JSON-able except that observation images are ``bytes`` (PNG) in ``{"images": [...]}``, which the
 front turns into binary frame parts. Env exceptions never become rewards: ``reset``/``step``
 that raise close the session (its state is unknown) and answer 500 with the error text; the
-read-only operations answer 500 and keep it.
+read-only operations answer 500 and keep it. A ``ConfigError`` (at creation, or at a reset that
+cannot build an episode from the config) answers 422.
+
+Policy on env configs (vagent/envs/limits.py): a client may not set an env's server-only fields
+(files, modules, simulator processes, sandbox limits; 422 naming the operator's flag); the
+operator's ``--env-config`` values are merged under every client config; every config passes the
+env's bounds in ``make``. Nothing the operator configured leaves the server: server-only fields
+are left out of the session spec, and error texts have the operator's values and absolute paths
+replaced (:meth:`SessionHost.redact`).
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import importlib
 import importlib.util
 import math
 import pickle
+import re
 import sys
 import traceback
 from dataclasses import dataclass, field
@@ -67,13 +76,15 @@ def to_jsonable(x: Any) -> Any:
     return str(x)
 
 
-def env_spec(env: Any) -> dict[str, Any]:
-    """What a client needs to mirror a local env: its resolved config, action names and
-    separator, and its judge spec (the checker and the reasoning judges read these)."""
+def env_spec(env: Any, hidden: tuple[str, ...] = ()) -> dict[str, Any]:
+    """What a client needs to mirror a local env: its resolved config (without the ``hidden``
+    server-only fields), action names and separator, and its judge spec (the checker and the
+    reasoning judges read these)."""
     cfg = getattr(env, "config", None)
     judge = getattr(env, "judge_spec", None)
+    config = to_jsonable(to_dict(cfg)) if dataclasses.is_dataclass(cfg) else {}
     return {
-        "config": to_jsonable(to_dict(cfg)) if dataclasses.is_dataclass(cfg) else {},
+        "config": {k: v for k, v in config.items() if k not in hidden},
         "action_names": [str(a) for a in (getattr(env, "action_names", ()) or ())],
         "action_sep": str(getattr(env, "action_sep", ",")),
         "judge_spec": to_jsonable(dataclasses.asdict(judge)) if dataclasses.is_dataclass(judge) else None,
@@ -82,6 +93,9 @@ def env_spec(env: Any) -> dict[str, Any]:
 
 def _err(status: int, kind: str, detail: str, closed: bool = False) -> Result:
     return ("err", status, {"error": kind, "detail": detail, "session_closed": closed})
+
+
+_ABS_PATH = re.compile(r"(?<![\w.:/])/(?:[^\s'\"()<>,;:]+/)+[^\s'\"()<>,;:]*")
 
 
 def _exc_text(exc: BaseException) -> str:
@@ -105,12 +119,26 @@ class SessionHost:
 
     ``allowed``: env names that may be created (empty: every registered env).
     ``png_level``: zlib level of the PNG encoder (lossless at any level).
+    ``env_config``: the operator's config per env name (``--env-config``), merged under every
+    client config; the only way server-only fields are set.
     """
 
-    def __init__(self, allowed: tuple[str, ...] = (), png_level: int = 1) -> None:
+    def __init__(self, allowed: tuple[str, ...] = (), png_level: int = 1,
+                 env_config: dict[str, dict[str, Any]] | None = None) -> None:
         self.allowed = tuple(allowed)
         self.png_level = png_level
+        self.env_config = {k: dict(v) for k, v in (env_config or {}).items()}
         self.sessions: dict[str, _Session] = {}
+        # path- or module-like operator values (svg_dir, data, env_kwargs' files...) are redacted from errors
+        secrets = {s for cfg in self.env_config.values() for s in _strings(cfg) if len(s) >= 3 and any(c in s for c in "/.:\\")}
+        self._secrets = sorted(secrets, key=len, reverse=True)
+
+    def redact(self, text: str) -> str:
+        """``text`` with the operator's config values and absolute paths replaced: error texts go
+        to clients, and server paths never leave the server."""
+        for s in self._secrets:
+            text = text.replace(s, "<server-config>")
+        return _ABS_PATH.sub("<server-path>", text)
 
     # -- encoding
     def _obs(self, obs: Observation) -> dict:
@@ -148,20 +176,23 @@ class SessionHost:
         try:
             return fn(sid, *args)
         except EpisodeOverError as exc:
-            return _err(409, "EpisodeOverError", str(exc))
+            return _err(409, "EpisodeOverError", self.redact(str(exc)))
         except EnvError as exc:
-            return _err(409, "EnvError", str(exc))
+            return _err(409, "EnvError", self.redact(str(exc)))
         except Exception as exc:  # noqa: BLE001 - an env bug: reported, never a reward
             closed = name in ("reset", "step", "create")
             if closed and sid in self.sessions:
                 self._close(sid)
-            return _err(500, "EnvException", f"env raised in {name}: {_exc_text(exc)}", closed)
+            if isinstance(exc, ConfigError):  # e.g. no episode can be generated from this config
+                return _err(422, "ConfigError", self.redact(str(exc)), closed)
+            return _err(500, "EnvException", self.redact(f"env raised in {name}: {_exc_text(exc)}"), closed)
 
     def run_many(self, ops: list[tuple]) -> list[Result]:
         return [self.run(op) for op in ops]
 
     # -- operations
     def _op_create(self, sid: str, env_name: str, config: dict, seed: int | None, replay: list[str]) -> Result:
+        from vagent.envs.limits import server_only_fields
         from vagent.envs.registry import env_class, list_envs, make
 
         if self.allowed and env_name not in self.allowed:
@@ -172,14 +203,21 @@ class SessionHost:
             return _err(422, "UnknownEnv", str(exc.args[0]) if exc.args else f"unknown env {env_name!r}; {list_envs()}")
         if replay and seed is None:
             return _err(422, "ValidationError", "'replay' needs a 'seed': replies are replayed after a reset.")
+        hidden = server_only_fields(env_class(env_name))
+        forbidden = [k for k in config if k in hidden]
+        if forbidden:
+            k = forbidden[0]
+            return _err(422, "ConfigError", f"env '{env_name}' config.{k}: only the server's operator sets this field "
+                        "(it names files, modules, simulator processes or sandbox limits); remove it from the config. "
+                        f"The operator sets it with `vagent serve-env --env-config {env_name}.{k}=VALUE`.")
         try:
-            env = make(env_name, **config)
+            env = make(env_name, **{**self.env_config.get(env_name, {}), **config})
         except ConfigError as exc:
-            return _err(422, "ConfigError", str(exc))
+            return _err(422, "ConfigError", self.redact(str(exc)))
         sess = _Session(env=env, name=env_name)
         self.sessions[sid] = sess
         out: dict[str, Any] = {"session_id": sid, "env": env_name, "solvable": callable(getattr(env, "optimal_actions", None)),
-                               "spec": env_spec(env)}
+                               "spec": env_spec(env, hidden)}
         if seed is not None:
             try:
                 reset = self._reset_payload(env.reset(seed=seed))
@@ -243,13 +281,24 @@ class SessionHost:
             self._close(sid)
 
 
+def _strings(x: Any) -> list[str]:
+    """Every string in a config value (nested lists and dicts included)."""
+    if isinstance(x, str):
+        return [x]
+    if isinstance(x, dict):
+        return [s for v in x.values() for s in _strings(v)]
+    if isinstance(x, (list, tuple)):
+        return [s for v in x for s in _strings(v)]
+    return []
+
+
 def _unknown(sid: str) -> str:
     return (f"unknown session '{sid[:80]}': it expired (idle TTL), was closed, or the server restarted. "
             "Create a new session (RemoteEnv does this and replays the episode by itself).")
 
 
 def worker_main(conn_in: Any, conn_out: Any, imports: tuple[str, ...], allowed: tuple[str, ...], png_level: int,
-                index: int = 0) -> None:
+                env_config: dict[str, dict[str, Any]], index: int = 0) -> None:
     """Entry point of a worker process: run pickled ``(request_id, ops)`` messages from ``conn_in``
     in order and answer ``(request_id, results)`` on ``conn_out`` (``None`` stops the worker).
 
@@ -262,7 +311,7 @@ def worker_main(conn_in: Any, conn_out: Any, imports: tuple[str, ...], allowed: 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front process decides when we stop
     os.environ["VAGENT_WORKER_INDEX"] = str(index)
     import_plugins(imports)
-    host = SessionHost(allowed, png_level)
+    host = SessionHost(allowed, png_level, env_config)
     while True:
         try:
             msg = pickle.loads(conn_in.recv_bytes())

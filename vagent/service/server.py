@@ -17,6 +17,11 @@ Design (docs/service.md has the full story):
   500 with the error text (``reset``/``step`` then close the session; it is never a reward).
 - A bearer token (``--token`` or ``VAGENT_SERVICE_TOKEN``) guards every route but ``/health``;
   it is compared in constant time and required whenever the host is not loopback.
+- What clients may configure: env configs pass the env's bounds (vagent/envs/limits.py; 422
+  naming the bound); server-only fields (files, modules, simulator processes, sandbox limits)
+  come only from the operator's ``--env-config ENV.FIELD=VALUE`` (vagent/service/host.py).
+- Slow clients: header and body read timeouts and a cap on connections per client address
+  (vagent/service/connections.py) drop half-open requests with 408.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from vagent import __version__
 from vagent.service import protocol as P
+from vagent.service.connections import ConnectionLimits, guarded_protocol
 from vagent.service.host import SessionHost, import_plugins
 from vagent.service.metrics import Metrics, rss_bytes
 from vagent.service.workers import LocalExecutor, ProcessExecutor, WorkerLost
@@ -73,6 +79,17 @@ class ServerConfig:
     imports: tuple[str, ...] = ()
     #: uvicorn log level (critical, error, warning, info, debug)
     log_level: str = "warning"
+    #: the operator's env config per env name ({"svg": {"svg_dir": "/data/svg"}}): merged under every
+    #: client config; the only way to set server-only fields (--env-config svg.svg_dir=/data/svg)
+    env_config: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: seconds a request's headers may take to arrive (from its first byte); 408 and close beyond
+    header_timeout: float = 10.0
+    #: seconds a request's body may take to arrive after its headers; 408 and close beyond
+    read_timeout: float = 30.0
+    #: seconds an idle keep-alive connection stays open between requests
+    keep_alive_timeout: float = 30.0
+    #: open connections one client address may hold (one more is answered 503 and closed)
+    max_connections_per_client: int = 128
 
 
 class StartupError(RuntimeError):
@@ -100,11 +117,14 @@ def validate_config(cfg: ServerConfig) -> None:
     if cfg.token is not None and len(cfg.token) < 8:
         raise StartupError("--token must be at least 8 characters (use e.g. `python -c 'import secrets; print(secrets.token_urlsafe())'`).")
     for name, value, low in (("max_sessions", cfg.max_sessions, 1), ("workers", cfg.workers, 1),
-                             ("max_body_bytes", cfg.max_body_bytes, 1024)):
+                             ("max_body_bytes", cfg.max_body_bytes, 1024),
+                             ("max_connections_per_client", cfg.max_connections_per_client, 1)):
         if value < low:
             raise StartupError(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
-    if not cfg.session_ttl > 0:
-        raise StartupError(f"--session-ttl must be > 0 seconds, got {cfg.session_ttl}")
+    for name in ("session_ttl", "header_timeout", "read_timeout", "keep_alive_timeout"):
+        value = getattr(cfg, name)
+        if not (value > 0 and value < float("inf")):
+            raise StartupError(f"--{name.replace('_', '-')} must be a finite number of seconds > 0, got {value}")
     if not 0 <= cfg.png_level <= 9:
         raise StartupError(f"--png-level must be in 0..9, got {cfg.png_level}")
 
@@ -160,9 +180,10 @@ class Front:
         self.cfg = cfg
         allowed = tuple(cfg.envs)
         if cfg.workers == 1:
-            self.executor: Any = LocalExecutor(SessionHost(allowed, cfg.png_level))
+            self.executor: Any = LocalExecutor(SessionHost(allowed, cfg.png_level, cfg.env_config))
         else:
-            self.executor = ProcessExecutor(cfg.workers, tuple(cfg.imports), allowed, cfg.png_level)
+            self.executor = ProcessExecutor(cfg.workers, tuple(cfg.imports), allowed, cfg.png_level, cfg.env_config)
+        self.connections = ConnectionLimits(cfg.header_timeout, cfg.read_timeout, cfg.max_connections_per_client)
         self.table: dict[str, _Entry] = {}
         self.reserved = 0
         self.metrics = Metrics()
@@ -352,6 +373,7 @@ class Front:
         pids = self.executor.pids()
         if pids:
             out["service/worker_rss_bytes"] = [rss_bytes(p) for p in pids]
+        out.update(self.connections.snapshot())
         return out
 
 
@@ -584,6 +606,25 @@ def _add_service_routes(app: FastAPI, front: Front, cfg: ServerConfig) -> None:
         return JSONResponse(front.metrics.snapshot(front.extra_metrics()))
 
 
+def check_env_config(cfg: ServerConfig) -> None:
+    """Every ``--env-config`` env exists (and is served) and makes an env with the operator's values
+    (so a wrong path or field fails at start-up, not at a client's first session)."""
+    from vagent.config import ConfigError
+    from vagent.envs import env_class, make
+
+    for name, values in cfg.env_config.items():
+        try:
+            env_class(name)
+        except KeyError as exc:
+            raise StartupError(f"--env-config {name}.*: {exc.args[0]}") from exc
+        if cfg.envs and name not in cfg.envs:
+            raise StartupError(f"--env-config {name}.*: env '{name}' is not served (--envs {','.join(cfg.envs)}).")
+        try:
+            make(name, **values).close()
+        except ConfigError as exc:
+            raise StartupError(f"--env-config {name}.*: {exc}") from exc
+
+
 def serve(cfg: ServerConfig) -> None:
     """Validate ``cfg``, import plugin envs, check every served env exists, and run uvicorn."""
     import uvicorn
@@ -599,6 +640,7 @@ def serve(cfg: ServerConfig) -> None:
             env_class(name)
         except KeyError as exc:
             raise StartupError(f"--envs: {exc.args[0]}") from exc
+    check_env_config(cfg)
     app = create_app(cfg)
     served = ", ".join(cfg.envs or list_envs())
     speed = [m for m in ("uvloop", "httptools") if importlib.util.find_spec(m) is not None]
@@ -606,8 +648,9 @@ def serve(cfg: ServerConfig) -> None:
           f"max_sessions={cfg.max_sessions} session_ttl={cfg.session_ttl}s max_body={cfg.max_body_bytes}B "
           f"auth={'bearer token' if cfg.token else 'off (loopback only)'} "
           f"fast-path={'+'.join(speed) or 'none (pip install uvloop httptools for faster HTTP; docs/service.md)'}", flush=True)
+    front: Front = app.front  # type: ignore[attr-defined]
     uvicorn.run(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, access_log=False,
-                timeout_keep_alive=30, lifespan="on")
+                timeout_keep_alive=cfg.keep_alive_timeout, lifespan="on", http=guarded_protocol(front.connections))
 
 
 def main(argv: list[str] | None = None) -> int:

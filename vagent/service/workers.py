@@ -71,9 +71,10 @@ class ProcessExecutor:
     ``on_lost``.
     """
 
-    def __init__(self, n: int, imports: tuple[str, ...], allowed: tuple[str, ...], png_level: int) -> None:
+    def __init__(self, n: int, imports: tuple[str, ...], allowed: tuple[str, ...], png_level: int,
+                 env_config: dict[str, dict[str, Any]] | None = None) -> None:
         self.n = n
-        self.args = (imports, allowed, png_level)
+        self.args = (imports, allowed, png_level, dict(env_config or {}))
         self.ctx = mp.get_context("spawn")
         self.workers: list[_Worker] = []
         self.ids = itertools.count()

@@ -240,12 +240,19 @@ def _step_info(parsed: GroundedReply, valid: bool, accuracy: float, **extra: Any
     return info
 
 
+#: upper bounds checked by make() and the env server (vagent/envs/limits.py; docs/envs.md)
+SEARCH_BOUNDS = {"canvas_size": (64, 2048), "image_size": (16, 1024)}
+
+
 class VigorlSearchEnv:
     """One question, one grounded answer (see the module docstring)."""
 
     Config = VigorlSearchConfig
     action_names: tuple[str, ...] = ()
     action_sep = ""
+    config_bounds = SEARCH_BOUNDS
+    #: only the operator of an env server sets this (a dataset file on the server)
+    server_only = ("data",)
 
     def __init__(self, config: VigorlSearchConfig | None = None) -> None:
         cfg = config if config is not None else VigorlSearchConfig()
@@ -317,6 +324,8 @@ class VigorlZoomEnv:
     Config = VigorlZoomConfig
     action_names: tuple[str, ...] = ()
     action_sep = ""
+    config_bounds = {**SEARCH_BOUNDS, "max_zooms": (1, 16), "max_steps": (1, 64), "zoom_half_size": (4, 2048)}
+    server_only = ("data",)
     #: a reply ends after either closing tag: generation stops there (vagent.recipes adds these
     #: to ``rollout.stop``), so no tokens after a tool call are sampled or trained on
     reply_stop: tuple[str, ...] = ("</answer>", "</tool_call>")

@@ -279,6 +279,10 @@ class NavigationEnv:
     )
     action_names = ACTIONS
     action_sep = ACTION_SEP
+    #: upper bounds checked by make() and the env server (vagent/envs/limits.py; docs/envs.md)
+    config_bounds = {"image_size": (16, 512)}
+    #: only the operator of an env server sets these (the simulator process and its scenes)
+    server_only = ("backend", "ai2thor_scenes")
 
     def __init__(self, config: NavigationConfig | None = None) -> None:
         cfg = config if config is not None else NavigationConfig()

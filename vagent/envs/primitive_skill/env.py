@@ -319,6 +319,10 @@ class PrimitiveSkillEnv:
     )
     action_names = ACTIONS
     action_sep = ACTION_SEP
+    #: upper bounds checked by make() and the env server (vagent/envs/limits.py; docs/envs.md)
+    config_bounds = {"image_size": (16, 512), **{f"{k}_tolerance": (0, 1000) for k in ("grasp", "push", "stack", "place_z", "align")}}
+    #: only the operator of an env server sets this (the maniskill backend starts a GPU simulator)
+    server_only = ("backend",)
 
     def __init__(self, config: PrimitiveSkillConfig | None = None) -> None:
         cfg = config if config is not None else PrimitiveSkillConfig()

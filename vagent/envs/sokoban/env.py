@@ -49,9 +49,10 @@ from vagent.config import ConfigError
 from vagent.envs.base import EnvError, JudgeSpec, Observation, StepResult
 from vagent.envs.formats import FormatExample, format_instruction, format_reward
 from vagent.envs.grid import (
-    EpisodeClock, ParsedActions, check_common_config, describe_relations, feedback_line, fill, inset, observation,
+    EpisodeClock, ParsedActions, check_cells_fit, check_common_config, describe_relations, feedback_line, fill, inset, observation,
     parse_actions, relations, reminder_for, render_tiles, resolve_rewards, step_info,
 )
+from vagent.envs.limits import Items
 from vagent.envs.registry import EnvConfig
 from vagent.envs.sokoban.generator import GenerationError, generate_level
 from vagent.envs.sokoban.solver import MOVE_NAMES, Board, SolverLimitError, solve
@@ -240,6 +241,11 @@ class SokobanEnv:
     )
     action_names = ACTIONS
     action_sep = ","
+    #: upper bounds checked by make() and the env server (vagent/envs/limits.py; docs/envs.md): level
+    #: generation costs up to 2000 reverse-play attempts, each growing with the room, boxes and lengths
+    config_bounds = {"dim_room": (4, 24), "num_boxes": (1, 6), "min_solution_length": (1, 100),
+                     "max_solution_length": (1, 100), "solver_max_nodes": (1, 500_000), "image_size": (8, 1024),
+                     "fixed_level": Items(24, 24)}
 
     def __init__(self, config: SokobanConfig | None = None) -> None:
         cfg = config if config is not None else SokobanConfig()
@@ -260,6 +266,7 @@ class SokobanEnv:
             cfg = dataclasses.replace(cfg, dim_room=(board.height, board.width), num_boxes=len(boxes))
         else:
             _check_generation_config(cfg)
+        check_cells_fit(cfg, "sokoban", max(cfg.dim_room), "fixed_level" if self._fixed is not None else "dim_room")
         self.config = cfg
         self.rewards = resolve_rewards(cfg, REWARD_PRESETS, "sokoban")
         self._clock = EpisodeClock("sokoban", cfg.max_steps)

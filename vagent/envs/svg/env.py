@@ -217,6 +217,11 @@ class SVGEnv:
     )
     action_names: tuple[str, ...] = ()
     action_sep = ""
+    #: upper bounds checked by make() and the env server (vagent/envs/limits.py; docs/envs.md): the
+    #: similarity and the pil renderer cost grow with image_size squared
+    config_bounds = {"canvas_size": (16, 1024), "image_size": (16, 512), "max_turns": (1, 20)}
+    #: only the operator of an env server sets these (files read, the renderer and its sandbox limits)
+    server_only = ("svg_dir", "renderer", "render_timeout_s", "max_svg_chars", "max_svg_elements")
 
     def __init__(self, config: SVGConfig | None = None) -> None:
         cfg = config if config is not None else SVGConfig()
@@ -415,11 +420,11 @@ class SVGEnv:
         try:
             svg = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
-            raise EnvError(f"svg: cannot read target file {str(path)!r}: {exc}") from exc
+            raise EnvError(f"svg: cannot read target file {path.name!r} of svg_dir: {type(exc).__name__}") from exc
         root, error, _ = check_svg(svg, self.limits)
         if root is None:
-            raise EnvError(f"svg: target file {str(path)!r} is not a usable SVG: {error}.")
-        return target_from_svg(svg, root, str(path))
+            raise EnvError(f"svg: target file {path.name!r} of svg_dir is not a usable SVG: {error}.")
+        return target_from_svg(svg, root, path.name)  # the name in svg_dir: no server path in reset info
 
     def _make_reminder(self) -> str:
         cfg = self.config

@@ -15,7 +15,9 @@ Model-written SVG is untrusted input. :func:`render_svg` never raises on any tex
    (one per Python process, shared by all envs, behind a lock; ``vagent.envs.svg.render_worker``)
    limited to ``max_memory_mb`` of address space; a render that exceeds the timeout kills the
    worker (it is restarted on the next render) and fails with "render timed out". A forked child
-   starts its own worker. With ``timeout_s == 0`` cairosvg runs in this process (no timeout, for
+   starts its own worker. The worker dies with this process (``PR_SET_PDEATHSIG`` and a parent
+   watchdog) and enforces the timeout itself too (a watchdog and ``RLIMIT_CPU``), so a SIGKILLed
+   server or trainer leaves no render running. The pil renderer checks the timeout per element. With ``timeout_s == 0`` cairosvg runs in this process (no timeout, for
    trusted input; about as fast: the worker adds ~0.1 ms per render).
 
 Renderers: ``cairosvg`` (needs the system cairo library: ``apt-get install -y libcairo2``) or
@@ -30,9 +32,11 @@ Output: an RGB image of ``width`` x ``height``; transparent areas are white.
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
 import io
 import json
 import os
+import queue
 import re
 import select
 import struct
@@ -222,6 +226,43 @@ class RendererUnavailable(EnvError):
     """The renderer itself cannot run (the worker does not start): an environment error, not the SVG's fault."""
 
 
+class _Spawner:
+    """Starts render workers from one long-lived daemon thread.
+
+    The worker asks the kernel for SIGKILL when its parent dies (``PR_SET_PDEATHSIG``), and Linux
+    counts the *thread* that forked it as the parent: a worker started from a pool thread (the
+    env server runs envs in anyio's threads, which exit when idle) would be killed when that
+    thread exits. Forking from this thread, which lives as long as the process, ties the
+    worker's life to the process.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.jobs: queue.SimpleQueue | None = None
+
+    def popen(self, cmd: list[str], **kwargs: Any) -> subprocess.Popen:
+        with self.lock:
+            if self.jobs is None:
+                self.jobs = queue.SimpleQueue()
+                threading.Thread(target=self._serve, args=(self.jobs,), name="svg-render-spawner", daemon=True).start()
+            jobs = self.jobs
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        jobs.put((done, cmd, kwargs))
+        return done.result()
+
+    @staticmethod
+    def _serve(jobs: queue.SimpleQueue) -> None:
+        while True:
+            done, cmd, kwargs = jobs.get()
+            try:
+                done.set_result(subprocess.Popen(cmd, **kwargs))
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                done.set_exception(exc)
+
+
+_SPAWNER = _Spawner()
+
+
 class _Worker:
     """A persistent ``render_worker`` subprocess speaking length-prefixed frames on stdin/stdout.
 
@@ -238,12 +279,13 @@ class _Worker:
     def _start(self, memory_mb: int) -> subprocess.Popen:
         """Start the worker and wait for its ready frame (it imports cairosvg first); raises
         RendererUnavailable if it cannot start."""
-        cmd = [sys.executable, "-m", "vagent.envs.svg.render_worker", "--max-memory-mb", str(memory_mb)]
+        cmd = [sys.executable, "-m", "vagent.envs.svg.render_worker", "--max-memory-mb", str(memory_mb),
+               "--parent-pid", str(os.getpid())]
         env = dict(os.environ)  # the worker imports this very vagent, however this process found it
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     env=env)
+        self.proc = _SPAWNER.popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                   env=env)
         self.memory_mb = memory_mb
         self.starts += 1
         try:
@@ -308,7 +350,7 @@ class _Worker:
             if self.proc is None or self.proc.poll() is not None or self.memory_mb != memory_mb:
                 self.kill()
                 self._start(memory_mb)
-            header = json.dumps({"w": width, "h": height}).encode()
+            header = json.dumps({"w": width, "h": height, "timeout_s": timeout_s}).encode()
             try:
                 self.proc.stdin.write(struct.pack(">II", len(header), len(svg)) + header + svg)
                 self.proc.stdin.flush()
@@ -333,6 +375,8 @@ def _forget_worker_after_fork() -> None:
     drops the handle (without killing the parent's worker) and starts its own on first use."""
     _WORKER.lock = threading.Lock()
     _WORKER.proc = None
+    _SPAWNER.lock = threading.Lock()
+    _SPAWNER.jobs = None  # the spawner thread does not exist in the child
 
 
 if hasattr(os, "register_at_fork"):
@@ -439,10 +483,13 @@ def _shape_geometry(name: str, el: ET.Element) -> tuple[str, Any] | None:
     return ("polygon" if name == "polygon" else "line"), pts
 
 
-def pil_render(root: ET.Element, width: int, height: int) -> tuple[Image.Image, tuple[str, ...]]:
+def pil_render(root: ET.Element, width: int, height: int, timeout_s: float = 0.0) -> tuple[Image.Image, tuple[str, ...]]:
     """Rasterise the simple subset of an already checked SVG tree (see the module docstring).
 
-    Returns (RGB image on white, notes about skipped elements/attributes)."""
+    ``timeout_s > 0``: raise TimeoutError once drawing has taken longer (checked per element; each
+    element composites a full supersampled layer). Returns (RGB image on white, notes about
+    skipped elements/attributes)."""
+    deadline = time.monotonic() + timeout_s if timeout_s > 0 else None
     s = _SUPERSAMPLE
     min_x, min_y, vw, vh = svg_canvas(root, width, height)
     sx, sy = width * s / vw, height * s / vh
@@ -454,6 +501,8 @@ def pil_render(root: ET.Element, width: int, height: int) -> tuple[Image.Image, 
 
     def paint(el: ET.Element, inherited: dict[str, str]) -> None:
         nonlocal layer
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError
         name = local_name(el.tag)
         props = element_style(el, inherited)
         if "transform" in el.attrib:
@@ -516,7 +565,10 @@ def render_svg(svg: str, width: int, height: int, renderer: str = "cairosvg",
         return RenderResult(None, error, renderer)
     if renderer == "pil":
         try:
-            image, notes = pil_render(root, width, height)
+            image, notes = pil_render(root, width, height, limits.timeout_s)
+        except TimeoutError:
+            return RenderResult(None, f"render timed out after {limits.timeout_s:g} s; draw fewer or simpler shapes",
+                                renderer, refused)
         except (ValueError, TypeError, OverflowError, MemoryError, ZeroDivisionError) as exc:
             return RenderResult(None, f"the SVG could not be rendered ({_describe_exception(exc)})", renderer, refused)
         return RenderResult(image, None, renderer, refused, notes)
