@@ -3,6 +3,8 @@
     vagent train [--config FILE] [key=value section.key=value envs.0.config.render=text ...]
     vagent train --resume RUN_DIR
     vagent train --describe                     # every config field with its default and doc
+    vagent train --nproc 2 [key=value ...]      # a torchrun job of 2 processes (docs/distributed.md)
+    vagent train --nproc 8 --nnodes 2 --node-rank R --rdzv-endpoint HOST:PORT [key=value ...]
     vagent demos ENV --format F --n N OUT [--random-action-frac 0.1] [--split train]
                  [--actions-per-turn K] [--objects goal hole] [--max-turns T] [--env key=value ...]
 
@@ -29,6 +31,13 @@ def add_parser(subparsers) -> None:
     train.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue a run from its newest checkpoint")
     train.add_argument("--describe", action="store_true", help="list every config field and exit")
     train.add_argument("--quiet", action="store_true", help="print nothing (train.log still gets everything)")
+    dist = train.add_argument_group("several processes (torchrun; docs/distributed.md)")
+    dist.add_argument("--nproc", type=int, default=None, metavar="N",
+                      help="processes on this host (GPUs: one per GPU); starts torchrun itself")
+    dist.add_argument("--nnodes", type=int, default=1, metavar="N", help="hosts in the job (with --rdzv-endpoint)")
+    dist.add_argument("--node-rank", type=int, default=None, metavar="R", help="this host's rank among the nodes")
+    dist.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
+                      help="c10d rendezvous address, the same on every host (e.g. the first node and a free port)")
     train.set_defaults(func=run_train)
 
     demos = subparsers.add_parser(
@@ -71,6 +80,10 @@ def run_train(args: argparse.Namespace) -> int:
 
         print(describe_all())
         return 0
+    if args.nproc is not None or args.nnodes > 1:
+        return launch_job(args)
+    from vagent.distributed import shutdown_world, world
+
     try:
         from vagent.runs import TrainingError
 
@@ -87,6 +100,30 @@ def run_train(args: argparse.Namespace) -> int:
         train(cfg, quiet=args.quiet)
         return 0
     except (ConfigError, DataError, TrainingError, FileNotFoundError) as exc:
+        return _error(f"{world().tag()}: {exc}" if world().distributed else str(exc))
+    finally:
+        shutdown_world()  # every exit path (a gloo job that skips it aborts about 1 exit in 3)
+
+
+def launch_job(args: argparse.Namespace) -> int:
+    """``vagent train --nproc N ...``: the same command as a torchrun job (vagent.distributed.launch)."""
+    from vagent.distributed import launched_by_torchrun
+    from vagent.distributed.launch import launch
+
+    if launched_by_torchrun():
+        return _error("--nproc/--nnodes start a torchrun job; this process already is a worker of one "
+                      "(drop them when you run torchrun yourself).")
+    train_args = list(args.overrides)
+    if args.config:
+        train_args += ["--config", args.config]
+    if args.resume:
+        train_args += ["--resume", args.resume]
+    if args.quiet:
+        train_args.append("--quiet")
+    try:
+        return launch(args.nproc or 1, train_args, nnodes=args.nnodes, node_rank=args.node_rank,
+                      rdzv_endpoint=args.rdzv_endpoint)
+    except ValueError as exc:
         return _error(str(exc))
 
 

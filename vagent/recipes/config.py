@@ -280,6 +280,18 @@ class LogConfig:
 
 
 @dataclass
+class DistConfig:
+    """Runs of several processes (torchrun; docs/distributed.md); ignored by a single process."""
+
+    #: seconds a collective waits for the other ranks before the job fails with the collective's name
+    timeout_s: float = 600.0
+    #: FSDP2 CPU offload: parameter shards, gradients and optimizer state in CPU memory (saves GPU memory, slower)
+    cpu_offload: bool = False
+    #: FSDP2 frees each layer's gathered weights after its forward and gathers them again for the backward (false: keep them, more memory, fewer all-gathers)
+    reshard_after_forward: bool = True
+
+
+@dataclass
 class RunConfig:
     """A training run: recipe, model, environments, rollout, update, logging."""
 
@@ -317,6 +329,8 @@ class RunConfig:
     val: ValConfig = field(default_factory=ValConfig)
     #: logging, checkpoints and plots
     log: LogConfig = field(default_factory=LogConfig)
+    #: several processes (torchrun): collective timeout, FSDP2 memory options
+    dist: DistConfig = field(default_factory=DistConfig)
     #: reasoning-reward judges (vagent.rewards.ReasoningReward config), null = env rewards only
     reasoning_reward: dict | None = None
 

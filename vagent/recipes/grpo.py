@@ -20,6 +20,9 @@ How it departs from GRPO (DeepSeekMath) / ViGoRL:
   dual-clip 3, k3 KL 0.01 (configs/frozenlake_grpo.yaml uses them).
 - Groups whose rewards are all equal get advantage 0 and still count in the token mean (as
   verl); use ``grpo.filter`` to drop them.
+- Several processes (torchrun): a group is rolled out whole on one rank (a rank plays a block of
+  env specs, one group each) and the episodes are gathered, so group statistics, the filter and
+  the token mean are the single-process ones (``vagent.recipes.rollouts``).
 """
 
 from __future__ import annotations
@@ -30,10 +33,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from vagent.recipes.common import (
-    make_optimizer, make_scheduler, reward_metrics, rl_temperature, score_logprobs, train_rollout,
-)
+from vagent.recipes.common import make_optimizer, make_scheduler
 from vagent.recipes.ppo import after_step, batch_mode, log_validation
+from vagent.recipes.rollouts import reward_metrics, train_rollout
+from vagent.recipes.scoring import rl_temperature, score_logprobs
+from vagent.recipes.session import Session
+from vagent.recipes.sharding import policy_to_copy, shard_for_training
 from vagent.recipes.update import UpdateContext, actor_update
 
 
@@ -72,7 +77,7 @@ def filter_groups(cfg, batch) -> tuple[Any, float, dict[str, float]]:
     return batch.select(rows), result.scale, result.metrics
 
 
-def train_grpo(session: Any, start_step: int = 0, resume_from: str | None = None) -> dict[str, float]:
+def train_grpo(session: Session, start_step: int = 0, resume_from: str | None = None) -> dict[str, float]:
     """Run GRPO steps ``start_step .. steps - 1`` (see the module docstring); returns the last
     validation metrics."""
     from vagent.models.value import reference_model
@@ -88,8 +93,9 @@ def train_grpo(session: Any, start_step: int = 0, resume_from: str | None = None
     T, chunk = u.micro_batch_tokens, u.logprob_chunk
     tau = rl_temperature(cfg)  # log-probs at the rollout's sampling temperature
 
-    # --- set-up: reference model (only with a KL term), optimizer, schedule
-    ref = reference_model(loaded) if u.kl_coef > 0 else None
+    # --- set-up: reference model (only with a KL term), sharding (several processes), optimizer, schedule
+    ref = reference_model(policy_to_copy(session)) if u.kl_coef > 0 else None
+    shard_for_training(session, ref=ref)
     params = [q for q in model.parameters() if q.requires_grad]
     opt = make_optimizer(params, u.actor_lr, u.weight_decay)
     sched = make_scheduler(opt, u.warmup_steps, cfg.steps, u.lr_schedule)

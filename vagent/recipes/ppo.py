@@ -28,6 +28,11 @@ How it departs from VAGEN / the paper:
   costs no backbone pass of its own.
 - Defaults are for the tiny CPU models (larger learning rates, fewer envs); the paper's are in
   REFERENCE.md section 6.
+
+With several processes (``vagent train --nproc N``, or torchrun) the loop reads the same: each
+rank rolls out its block of the envs and gets everyone's episodes, so steps 2-4 and 6 see the
+global batch; the scoring passes and the update split the rows over the ranks (balanced by
+tokens) with FSDP2-sharded models (``vagent.recipes.sharding``, docs/distributed.md).
 """
 
 from __future__ import annotations
@@ -38,10 +43,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from vagent.recipes.common import (
-    critic_forward, make_optimizer, make_scheduler, per_row, reward_metrics, rl_temperature, score_logprobs,
-    score_reference, score_shared, shift_right, train_rollout, validate,
+from vagent.distributed import generation_mode
+from vagent.recipes.batching import per_row
+from vagent.recipes.common import make_optimizer, make_scheduler
+from vagent.recipes.rollouts import reward_metrics, train_rollout, validate
+from vagent.recipes.scoring import (
+    critic_forward, rl_temperature, score_logprobs, score_reference, score_shared, shift_right,
 )
+from vagent.recipes.session import Session
+from vagent.recipes.sharding import policy_export, policy_to_copy, shard_for_training
 from vagent.recipes.update import UpdateContext, actor_update, critic_update
 
 
@@ -85,7 +95,7 @@ def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:
     return float(1.0 - (R - V).var(unbiased=False) / R.var(unbiased=False))
 
 
-def train_ppo(session: Any, start_step: int = 0, resume_from: str | None = None) -> dict[str, float]:
+def train_ppo(session: Session, start_step: int = 0, resume_from: str | None = None) -> dict[str, float]:
     """Run PPO steps ``start_step .. steps - 1`` (see the module docstring); returns the last
     validation metrics."""
     from vagent.models.loading import count_parameters
@@ -102,9 +112,13 @@ def train_ppo(session: Any, start_step: int = 0, resume_from: str | None = None)
     T, chunk = u.micro_batch_tokens, u.logprob_chunk
     tau = rl_temperature(cfg)  # log-probs at the rollout's sampling temperature
 
-    # --- set-up: critic (from the policy's backbone), reference model, optimizers, schedules
-    critic = build_critic(loaded, share_backbone=p.critic_backbone == "shared", device=device)
-    ref = reference_model(loaded) if u.kl_coef > 0 else None
+    # --- set-up: critic (from the policy's backbone), reference model, sharding (several
+    #     processes), optimizers, schedules
+    source = policy_to_copy(session)  # one process: `loaded` itself
+    critic = build_critic(source, share_backbone=p.critic_backbone == "shared", device=device)
+    ref = reference_model(source) if u.kl_coef > 0 else None
+    del source
+    shard_for_training(session, critic, ref)
     actor_params = [q for q in model.parameters() if q.requires_grad]
     critic_params = (list(critic.value_head.parameters()) if p.critic_backbone == "shared"
                      else [q for q in critic.parameters() if q.requires_grad])
@@ -207,9 +221,10 @@ def train_ppo(session: Any, start_step: int = 0, resume_from: str | None = None)
     return last_val
 
 
-def log_validation(session: Any, policy: Any, step: int) -> dict[str, float]:
+def log_validation(session: Session, policy: Any, step: int) -> dict[str, float]:
     """Validate (greedy, val split) and log ``val/*`` at ``step`` (= RL steps completed)."""
-    metrics = validate(policy, session.cfg)
+    with generation_mode(session.loaded.model):
+        metrics = validate(policy, session.cfg)
     session.logger.log(step, metrics, phase="rl")
     session.console.print(
         f"validation @ step {step}: success {metrics.get('val/success_rate', 0):.3f}, "
@@ -219,10 +234,9 @@ def log_validation(session: Any, policy: Any, step: int) -> dict[str, float]:
     return metrics
 
 
-def after_step(session: Any, step: int, metrics: dict, episodes: Any, modules: dict, optimizers: dict,
+def after_step(session: Session, step: int, metrics: dict, episodes: Any, modules: dict, optimizers: dict,
                schedulers: dict, bar: Any) -> None:
     """Log a step's metrics, save samples, checkpoint and redraw plots on their schedules."""
-    from vagent.recipes.common import export_policy
     from vagent.runs import plot_run, save_checkpoint, save_rollouts
 
     cfg, log = session.cfg, session.cfg.log
@@ -241,7 +255,7 @@ def after_step(session: Any, step: int, metrics: dict, episodes: Any, modules: d
         ck = save_checkpoint(
             session.run.checkpoints, "rl", done, modules, optimizers, schedulers,
             data_position={"rl_step": done}, keep_last=log.keep_last,
-            export=lambda out: export_policy(modules["policy"], session.model_dir, out),
+            export=policy_export(session, modules["policy"]),
         )
         session.last_checkpoint = str(ck)
     if log.plot_every and (done % log.plot_every == 0 or done == cfg.steps):

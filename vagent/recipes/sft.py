@@ -207,9 +207,10 @@ def sft_loss(model: torch.nn.Module, batch: Any, micro_tokens: int, chunk: int, 
     sum(w)), accumulated over micro-batches; returns the loss and the (unweighted) accuracy.
     ``shared``: the tokens every row starts with (the system prompt) run once, without a graph
     (``sft.shared_prefix``; :func:`vagent.recipes.common.shared_prefix`)."""
-    from vagent.recipes.common import (
-        accumulation_weight, autocast, hidden_after_prefix, micro_batch_rows, policy_forward, shared_prefix,
-    )
+    from vagent.distributed import Padding, all_reduce_sum, rank_micro_batches
+    from vagent.recipes.batching import accumulation_weight
+    from vagent.recipes.common import autocast
+    from vagent.recipes.scoring import hidden_after_prefix, policy_forward, shared_prefix
 
     total_mask = batch.loss_mask
     weights = total_mask.float() if weights is None else weights
@@ -217,7 +218,7 @@ def sft_loss(model: torch.nn.Module, batch: Any, micro_tokens: int, chunk: int, 
     correct = 0.0
     with autocast(device, bf16):
         prefix = shared_prefix(model, batch) if shared else None
-    for rows in micro_batch_rows(batch, micro_tokens):
+    for rows in rank_micro_batches(batch, micro_tokens):  # several processes: this rank's share
         mb = batch.select(rows)
         with autocast(device, bf16):
             hidden = hidden_after_prefix(model, mb, prefix) if prefix is not None else None
@@ -226,10 +227,14 @@ def sft_loss(model: torch.nn.Module, batch: Any, micro_tokens: int, chunk: int, 
         mw = weights[list(rows)][:, :m.shape[1]]  # select() trims the rows to their longest
         nll = -(lp * mw).sum() / mw.sum().clamp(min=1e-8)
         w = accumulation_weight(mw, weights, "token-mean")  # this micro-batch's share of the weight
+        if isinstance(rows, Padding):  # a rank without rows left joins the collectives with weight 0
+            w = 0.0
         if backward:
             (nll * w).backward()
         total_loss += float(nll.detach()) * w
-        correct += float(((lp.detach() > np.log(0.5)) & m).sum())  # the target had p > 0.5
+        if not isinstance(rows, Padding):
+            correct += float(((lp.detach() > np.log(0.5)) & m).sum())  # the target had p > 0.5
+    total_loss, correct = all_reduce_sum([total_loss, correct], "sft loss")  # one process: unchanged
     return {"loss": total_loss, "token_accuracy": correct / max(1.0, float(total_mask.sum()))}
 
 
@@ -246,12 +251,18 @@ def demo_settings(cfg: Any, entry: Any, n: int | None = None) -> Any:
 
 
 def demo_chats_path(session: Any) -> Path:
-    """Write solver demonstrations for every env entry into the run dir (once) and return the file."""
+    """Write solver demonstrations for every env entry into the run dir (once) and return the file
+    (several processes: rank 0 writes them, the others wait and read the same file)."""
+    from vagent.distributed import barrier, world
     from vagent.recipes.demos import play_demo
 
     cfg = session.cfg
     out = session.run.root / "demos.jsonl"
+    if not world().is_main:
+        barrier("demonstrations written")
+        return out
     if out.is_file():
+        barrier("demonstrations written")
         return out
     image_dir = session.run.root / "demos_images"
     image_dir.mkdir(exist_ok=True)
@@ -266,12 +277,14 @@ def demo_chats_path(session: Any) -> Path:
     tmp = out.with_suffix(".tmp")
     tmp.write_text("\n".join(lines) + "\n")
     tmp.replace(out)
+    barrier("demonstrations written")
     return out
 
 
 def train_sft(session: Any, start_step: int = 0, resume_from: str | None = None) -> None:
     """Run SFT steps ``start_step .. sft.steps - 1`` on the session's policy (see module doc)."""
-    from vagent.recipes.common import clip_grads, export_policy, make_optimizer, make_scheduler
+    from vagent.recipes.common import clip_grads, make_optimizer, make_scheduler
+    from vagent.recipes.sharding import policy_export, shard_for_training
     from vagent.runs import StepProgress, check_finite, load_checkpoint, save_checkpoint
     from vagent.runs.errors import check_module_finite
 
@@ -287,7 +300,8 @@ def train_sft(session: Any, start_step: int = 0, resume_from: str | None = None)
     if s.answer_weight != 1.0 and (answer_id is None or answer_id == encoder.tokenizer.unk_token_id):
         raise ValueError(f"sft.answer_weight={s.answer_weight} needs '<answer>' to be one token of the "
                          "model's tokenizer; it is not: set sft.answer_weight: 1.0")
-    # 2. optimizer and schedule (resumed from an SFT checkpoint if any)
+    # 2. sharding (several processes), optimizer and schedule (resumed from an SFT checkpoint if any)
+    shard_for_training(session)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = make_optimizer(params, s.lr, cfg.update.weight_decay)
     sched = make_scheduler(opt, cfg.update.warmup_steps, s.steps, cfg.update.lr_schedule)
@@ -322,7 +336,7 @@ def train_sft(session: Any, start_step: int = 0, resume_from: str | None = None)
                 ck = save_checkpoint(session.run.checkpoints, "sft", done, {"policy": model}, {"sft": opt},
                                      {"sft": sched}, data_position={"sft_step": done},
                                      keep_last=cfg.log.keep_last,
-                                     export=lambda out: export_policy(model, session.model_dir, out))
+                                     export=policy_export(session, model))
                 session.last_checkpoint = str(ck)
     finally:
         bar.close()

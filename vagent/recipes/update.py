@@ -11,6 +11,12 @@ Two functions, each a loop over PPO epochs x mini-batches x micro-batches::
                     accumulated gradient equals the gradient of the loss over the whole mini-batch
             clip the gradient norm, check everything is finite, optimizer step
 
+In a job of several ranks (torchrun), each rank runs the micro-batches of ITS share of each
+mini-batch's rows (balanced by tokens), ``w`` stays the share of the whole mini-batch (a global
+token mean), FSDP sums the gradients over ranks, and a rank with fewer micro-batches runs
+zero-weight padding ones so that every rank joins every collective
+(:func:`vagent.distributed.rank_micro_batches`).
+
 Actor loss per micro-batch (REFERENCE.md section 6)::
 
     loss = ppo_policy_loss(logp, old_logp, A, M, clip_low, clip_high, dual_clip, agg)
@@ -32,10 +38,10 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
-from vagent.recipes.common import (
-    accumulation_weight, autocast, clip_grads, critic_forward, derive_seed, micro_batch_rows, mini_batches,
-    policy_forward, shift_right,
-)
+from vagent.distributed import Padding, gather_metrics, rank_micro_batches
+from vagent.recipes.batching import accumulation_weight, mini_batches
+from vagent.recipes.common import autocast, clip_grads, derive_seed
+from vagent.recipes.scoring import critic_forward, policy_forward, shift_right
 from vagent.recipes.config import UpdateConfig
 from vagent.runs.errors import check_finite, check_module_finite
 
@@ -74,7 +80,8 @@ class _Mean:
             self.weights[k] = self.weights.get(k, 0.0) + w
 
     def result(self) -> dict[str, float]:
-        return {k: self.sums[k] / self.weights[k] for k in self.sums if self.weights[k] > 0}
+        """The means (over all ranks of a job: each rank added its micro-batches' global shares)."""
+        return gather_metrics(self.sums, self.weights, "update stats")
 
 
 def actor_update(
@@ -103,11 +110,11 @@ def actor_update(
             L = mini.input_ids.shape[1]
             m_adv, m_old, m_ref = take(advantages, rows, L), take(old_logprobs, rows, L), take(ref_logprobs, rows, L)
             model.zero_grad(set_to_none=True)
-            for sub in micro_batch_rows(mini, u.micro_batch_tokens):
+            for sub in rank_micro_batches(mini, u.micro_batch_tokens):  # one process: all micro-batches
                 mb = mini.select(sub)
                 ml = mb.input_ids.shape[1]
                 M = mb.loss_mask
-                w = accumulation_weight(M, mini.loss_mask, u.loss_agg)
+                w = 0.0 if isinstance(sub, Padding) else accumulation_weight(M, mini.loss_mask, u.loss_agg)
                 with autocast(ctx.device, ctx.bf16):
                     logp, ent = policy_forward(model, mb, u.logprob_chunk, with_entropy=True,
                                               temperature=ctx.temperature)
@@ -165,11 +172,11 @@ def critic_update(
             m_old, m_ret, m_mask = take(old_values, rows, L), take(returns, rows, L), take(critic_mask, rows, L)
             m_feat = take(features, rows, L)
             critic.zero_grad(set_to_none=True)
-            for sub in micro_batch_rows(mini, u.micro_batch_tokens):
+            for sub in rank_micro_batches(mini, u.micro_batch_tokens):  # one process: all micro-batches
                 mb = mini.select(sub)
                 ml = mb.input_ids.shape[1]
                 mask = take(m_mask, sub, ml)
-                w = accumulation_weight(mask, m_mask, u.loss_agg)
+                w = 0.0 if isinstance(sub, Padding) else accumulation_weight(mask, m_mask, u.loss_agg)
                 with autocast(ctx.device, ctx.bf16):
                     if m_feat is not None:
                         v = shift_right(critic.values_from_hidden(take(m_feat, sub, ml)))

@@ -1,0 +1,102 @@
+"""The job's collectives, each in one named helper (a recipe never calls torch.distributed).
+
+Every helper returns at once in a single process (no process group, no collective). In a job,
+a collective that fails -- usually because another rank died first, or is stuck past the process
+group's timeout -- raises :class:`DistributedError` naming this rank and the collective.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+
+from vagent.distributed.world import world
+
+
+class DistributedError(RuntimeError):
+    """A collective failed or timed out; the message names the rank and the collective."""
+
+
+def collective(name: str, fn: Callable[[], Any]) -> Any:
+    """Run ``fn`` (one torch.distributed call) and turn its failure into a message that says which
+    rank, which collective, and what usually causes it."""
+    try:
+        return fn()
+    except (RuntimeError, ValueError) as exc:  # gloo/nccl errors and timeouts are RuntimeErrors
+        w = world()
+        raise DistributedError(
+            f"{w.tag()}: collective '{name}' failed ({type(exc).__name__}: {str(exc).strip()[:400]}). "
+            f"Usually another rank failed first (see its error above) or is stuck; collectives wait at "
+            f"most dist.timeout_s={w.timeout_s:g}s.") from exc
+
+
+def barrier(name: str) -> None:
+    """Wait until every rank reaches this point (``name`` says which point in an error)."""
+    if world().distributed:
+        import torch.distributed as dist
+
+        collective(f"barrier:{name}", dist.barrier)
+
+
+def all_reduce_sum(values: Sequence[float], name: str = "sum") -> list[float]:
+    """Element-wise sums over ranks of a few float64 numbers (the same list length on every rank)."""
+    if not world().distributed:
+        return [float(v) for v in values]
+    import torch.distributed as dist
+
+    t = torch.tensor([float(v) for v in values], dtype=torch.float64)
+    collective(f"all_reduce:{name}", lambda: dist.all_reduce(t, op=dist.ReduceOp.SUM))
+    return t.tolist()
+
+
+def global_max(value: int, name: str = "max") -> int:
+    """The largest ``value`` over ranks (e.g. micro-batch counts, so every rank runs as many)."""
+    if not world().distributed:
+        return int(value)
+    import torch.distributed as dist
+
+    t = torch.tensor([int(value)], dtype=torch.long)
+    collective(f"all_reduce_max:{name}", lambda: dist.all_reduce(t, op=dist.ReduceOp.MAX))
+    return int(t.item())
+
+
+def global_token_count(mask: torch.Tensor, name: str = "tokens") -> float:
+    """The number of True/1 entries of ``mask`` summed over ranks (the denominator of a global
+    token mean when each rank holds a different part of the batch)."""
+    return all_reduce_sum([float(mask.sum())], name)[0]
+
+
+def gather_objects(obj: Any, name: str = "objects") -> list:
+    """Every rank's ``obj`` (picklable), in rank order; ``[obj]`` in a single process. Tensors
+    should be on the CPU."""
+    w = world()
+    if not w.distributed:
+        return [obj]
+    import torch.distributed as dist
+
+    out: list = [None] * w.size
+    collective(f"all_gather_object:{name}", lambda: dist.all_gather_object(out, obj))
+    return out
+
+
+def broadcast_object(obj: Any, name: str = "broadcast") -> Any:
+    """Rank 0's ``obj`` on every rank."""
+    if not world().distributed:
+        return obj
+    import torch.distributed as dist
+
+    box = [obj]
+    collective(f"broadcast_object:{name}", lambda: dist.broadcast_object_list(box, src=0))
+    return box[0]
+
+
+def gather_metrics(sums: dict[str, float], weights: dict[str, float], name: str = "metrics") -> dict[str, float]:
+    """Weighted means over ranks: ``sum_r sums[k] / sum_r weights[k]`` for every key any rank has
+    (a key a rank lacks counts 0 there); keys with total weight 0 are left out."""
+    if not world().distributed:
+        return {k: sums[k] / weights[k] for k in sums if weights[k] > 0}
+    keys = sorted(set().union(*gather_objects(sorted(sums), f"{name}:keys")))
+    totals = all_reduce_sum([sums.get(k, 0.0) for k in keys] + [weights.get(k, 0.0) for k in keys], name)
+    n = len(keys)
+    return {k: totals[i] / totals[n + i] for i, k in enumerate(keys) if totals[n + i] > 0}

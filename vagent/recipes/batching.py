@@ -1,0 +1,76 @@
+"""Cutting a TokenBatch into mini- and micro-batches, and the weights that make accumulation exact.
+
+In a job of several ranks, :func:`per_row` scores each rank's share of the rows and gathers the
+results, so every rank ends with the whole [B, L] tensor (the split is declared in
+:mod:`vagent.distributed.split`); the update loops take their micro-batches from
+:func:`vagent.distributed.rank_micro_batches`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+
+from vagent.distributed import per_row_split, world
+
+
+def micro_batch_rows(batch: Any, max_tokens: int) -> list[list[int]]:
+    """Row groups of ``batch`` with rows x longest row <= ``max_tokens`` (a longer row alone).
+
+    Rows are taken longest first so that rows of similar length share a micro-batch and little
+    compute goes to padding; accumulation makes the order irrelevant to the gradient.
+    """
+    groups: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    lengths = batch.lengths.tolist()
+    for r in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        n = lengths[r]
+        if current and (len(current) + 1) * max(longest, n) > max_tokens:
+            groups.append(current)
+            current, longest = [], 0
+        current.append(r)
+        longest = max(longest, n)
+    if current:
+        groups.append(current)
+    return groups
+
+
+@torch.no_grad()
+def per_row(batch: Any, max_tokens: int, fn: Callable[[Any], Any]) -> Any:
+    """Apply ``fn(micro_batch)`` over micro-batches and reassemble, zero-padded and float32: a
+    [b, l, ...] result becomes [B, L, ...]; a tuple of them, a tuple of reassembled tensors."""
+    if world().distributed:  # each rank scores its share of the rows; all get the whole result
+        return per_row_split(batch, max_tokens, fn)
+    outs: list[Tensor] | None = None
+    single = False
+    for rows in micro_batch_rows(batch, max_tokens):
+        vals = fn(batch.select(rows))
+        single = isinstance(vals, Tensor)
+        vals = (vals,) if single else tuple(vals)
+        if outs is None:
+            outs = [torch.zeros((*batch.input_ids.shape, *v.shape[2:]), dtype=torch.float32,
+                                device=batch.input_ids.device) for v in vals]
+        idx = torch.as_tensor(rows, device=outs[0].device)
+        for out, v in zip(outs, vals):
+            out[idx, : v.shape[1]] = v.float()
+    return outs[0] if single else tuple(outs)
+
+
+def accumulation_weight(mb_mask: Tensor, total_mask: Tensor, agg: str) -> float:
+    """Weight of a micro-batch's aggregated loss so that the weighted sum over micro-batches equals
+    the loss aggregated over the whole mini-batch: token-mean -> its share of loss tokens;
+    sequence means -> its share of non-empty rows."""
+    if agg == "token-mean":
+        return float(mb_mask.sum()) / max(1.0, float(total_mask.sum()))
+    return float((mb_mask.sum(-1) > 0).sum()) / max(1.0, float((total_mask.sum(-1) > 0).sum()))
+
+
+def mini_batches(n_rows: int, n_mini: int, seed: int) -> list[list[int]]:
+    """A shuffled split of ``range(n_rows)`` into ``n_mini`` near-equal parts (seeded generator)."""
+    g = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(n_rows, generator=g).tolist()
+    n_mini = max(1, min(n_mini, n_rows))
+    return [sorted(perm[i::n_mini]) for i in range(n_mini)]

@@ -1,0 +1,145 @@
+"""The training rollout of an RL step, validation, and their summary metrics.
+
+In a job of several ranks, :func:`rollout_on_ranks` gives rank r a contiguous block of the env
+specs (a spec is one GRPO/GiGPO group, so a group stays whole on one rank and its statistics need
+no gathering), samples with a rank-derived seed, and gathers every rank's episodes, renumbered to
+the single-process group/trajectory ids and in spec order. Every rank then holds the whole batch:
+advantages, whitening, filters and ``reward/*``, ``rollout/*`` and ``val/*`` metrics are computed
+over the global batch exactly as in one process. The policy is unsharded once for the whole
+rollout (:func:`vagent.distributed.generation_mode`), so decoding does not all-gather per token.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Sequence
+
+import torch
+
+from vagent.distributed import gather_objects, generation_mode, world
+from vagent.recipes.common import derive_seed, sampling_for, train_env_specs, val_env_specs
+from vagent.recipes.session import Session
+
+
+def spec_blocks(n_specs: int, n_ranks: int) -> list[tuple[int, int]]:
+    """[lo, hi) of the specs each rank plays: contiguous, sizes differing by at most one."""
+    base, extra = divmod(n_specs, n_ranks)
+    out, lo = [], 0
+    for r in range(n_ranks):
+        hi = lo + base + (1 if r < extra else 0)
+        out.append((lo, hi))
+        lo = hi
+    return out
+
+
+def rollout_on_ranks(specs: Sequence[Any], policy: Any, sampling: Any, *, group_size: int = 1, **kw) -> Any:
+    """``vagent.rollout.loop.rollout`` of ``specs``, shared between the ranks of a job (see the
+    module docstring); one process: exactly ``rollout(specs, ...)``."""
+    from vagent.rollout.loop import RolloutResult, rollout, rollout_metrics
+
+    w = world()
+    if not w.distributed:
+        return rollout(specs, policy, sampling, group_size=group_size, **kw)
+    lo, hi = spec_blocks(len(specs), w.size)[w.rank]
+    mine = RolloutResult([], {})
+    if hi > lo:  # ranks draw from different streams (the same seed would reuse one rank's noise)
+        sampling = dataclasses.replace(sampling, seed=derive_seed(sampling.seed, "rank", w.rank))
+        mine = rollout(list(specs[lo:hi]), policy, sampling, group_size=group_size, **kw)
+    for ep in mine:  # the single-process ids: group = spec index, trajectory = group * size + member
+        member = ep.traj_id - ep.group_id * group_size
+        ep.group_id += lo
+        ep.traj_id = ep.group_id * group_size + member
+    parts = gather_objects((list(mine), mine.metrics), "rollout episodes")
+    episodes = [ep for eps, _ in parts for ep in eps]
+    metrics = rollout_metrics(episodes)
+    n = [len(eps) for eps, _ in parts]
+    for key in sorted({k for _, m in parts for k in m} - set(metrics)):
+        vals = [(m[key], k) for (_, m), k in zip(parts, n) if key in m]
+        if key.endswith("_time_s"):  # ranks roll out at the same time: the step waits for the slowest
+            metrics[key] = max(v for v, _ in vals)
+        else:  # episode-weighted mean (reasoning judges' means, prompt-cache fraction)
+            metrics[key] = sum(v * k for v, k in vals) / max(1, sum(k for _, k in vals))
+    if "perf/generate_time_s" in metrics:
+        tokens = sum(len(t.sampled_token_ids) for e in episodes for t in e.turns)
+        metrics["perf/rollout_tokens_per_s"] = tokens / max(1e-9, metrics["perf/generate_time_s"])
+    return RolloutResult(episodes, metrics)
+
+
+def validate(policy: Any, cfg: Any) -> dict[str, float]:
+    """Greedy episodes on the ``val`` split of every env entry.
+
+    Metrics per env ``val/<env>/{success_rate, return, turns, format_accuracy}`` and over all
+    val episodes ``val/{success_rate, return, turns, format_accuracy, time_s}``.
+    """
+    t0 = time.perf_counter()
+    greedy = sampling_for(cfg, 0, greedy=True)
+    max_turns = cfg.val.max_turns or cfg.rollout.max_turns
+    out: dict[str, float] = {}
+    all_eps = []
+    names = [e.name for e in cfg.envs]
+    for e in cfg.envs:
+        if e.n_val <= 0:
+            continue
+        eps = rollout_on_ranks(val_env_specs(e), policy, greedy, group_size=1, max_turns=max_turns,
+                               mode=cfg.rollout.mode, window=cfg.rollout.window)
+        eps = [x for x in eps if x.error is None]
+        all_eps += eps
+        key = e.name if names.count(e.name) == 1 else f"{e.name}{names.index(e.name)}"
+        out.update({f"val/{key}/{k}": v for k, v in episode_summary(eps).items()})
+    if all_eps:
+        out.update({f"val/{k}": v for k, v in episode_summary(all_eps).items()})
+    out["val/time_s"] = time.perf_counter() - t0
+    return out
+
+
+def episode_summary(eps: Sequence[Any]) -> dict[str, float]:
+    n = max(1, len(eps))
+    turns = [t for e in eps for t in e.turns]
+    return {
+        "success_rate": sum(e.success for e in eps) / n,
+        "return": sum(e.total_reward for e in eps) / n,
+        "turns": sum(len(e.turns) for e in eps) / n,
+        "format_accuracy": sum(t.parsed.format_ok for t in turns) / max(1, len(turns)),
+    }
+
+
+def reward_metrics(episodes: Sequence[Any]) -> dict[str, float]:
+    """``reward/*``: episode reward statistics of the training rollout (errored episodes left out)."""
+    eps = [e for e in episodes if e.error is None]
+    if not eps:
+        return {}
+    scores = torch.tensor([e.total_reward for e in eps])
+    turn_r = [t.reward for e in eps for t in e.turns]
+    reasoning = [sum(t.reasoning_rewards.values()) for e in eps for t in e.turns]
+    return {
+        "reward/mean": float(scores.mean()),
+        "reward/std": float(scores.std(unbiased=False)),
+        "reward/max": float(scores.max()),
+        "reward/min": float(scores.min()),
+        "reward/turn_mean": sum(turn_r) / max(1, len(turn_r)),
+        "reward/reasoning_mean": sum(reasoning) / max(1, len(reasoning)),
+    }
+
+
+def train_rollout(session: Session, policy: Any, step: int, reasoning: Any) -> Any:
+    """The training rollout of RL ``step`` (sampled, train-split seeds of the step). If generation
+    fails because the policy's weights hold NaN/inf, say so (NonFiniteError) instead of a sampler
+    error."""
+    from vagent.runs.errors import check_module_finite
+
+    cfg = session.cfg
+    try:
+        with generation_mode(session.loaded.model):
+            return rollout_on_ranks(train_env_specs(cfg, step), policy, sampling_for(cfg, step),
+                                    group_size=cfg.rollout.group_size, max_turns=cfg.rollout.max_turns,
+                                    mode=cfg.rollout.mode, window=cfg.rollout.window, reasoning_reward=reasoning)
+    except RuntimeError as exc:
+        check_module_finite(session.loaded.model, "policy weights", "rl", step, session.last_checkpoint)
+        if "inf" in str(exc).lower() or "nan" in str(exc).lower():
+            from vagent.runs.errors import NonFiniteError
+
+            raise NonFiniteError("the policy's next-token probabilities during the rollout (the weights are "
+                                 "finite but the forward pass overflowed)", float("nan"), "rl", step,
+                                 session.last_checkpoint) from exc
+        raise
