@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from vagent.numerics import pin_cpu_kernels
+
+    pin_cpu_kernels()  # before anything imports torch: the same CPU kernels on every AVX2 machine
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

@@ -12,9 +12,11 @@ module for older imports.
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import math
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -142,18 +144,52 @@ _RELATION_BOARDS_FROM = 10_000
 def prepare_model(m: ModelConfig, envs: Sequence[EnvEntry] = (),
                   say: Callable[[str], None] = print) -> Path:
     """The model directory to load: ``path``, or the tiny model (built, and caption-pretrained when
-    ``tiny_pretrain_steps > 0``, once; then reused from ``cache_dir``)."""
+    ``tiny_pretrain_steps > 0``, once; then reused from ``cache_dir``).
+
+    Safe for runs sharing one cache: the build runs under an exclusive file lock
+    (``<name>.lock`` beside the model) in a private temporary directory that is renamed into place
+    when complete, so a model directory with ``config.json`` is always whole and never changes
+    afterwards. A run that finds the lock taken waits for the other build and reuses it; a build
+    that raises removes its temporary directory, and one that was killed leaves it for the next
+    builder (who holds the lock, so no one else is writing it) to delete."""
     if m.path != "tiny":
         return Path(m.path).expanduser()
-    from vagent.models.tiny import build_tiny_vlm
+    from filelock import FileLock, Timeout
 
     out = tiny_model_dir(m, envs)
     if (out / "config.json").is_file():
         return out
-    say(f"building tiny model {out.name} (first run only) ...")
-    tmp = out.with_name(out.name + f".tmp-{derive_seed(str(out), id(m)) % 10**6}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(out) + ".lock")
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        say(f"waiting for another process that is building {out.name} (lock {lock.lock_file}) ...")
+        lock.acquire()
+    try:
+        if (out / "config.json").is_file():
+            say(f"reusing {out.name}, built by another process")
+            return out
+        for stale in out.parent.glob(glob.escape(out.name) + ".tmp-*"):  # left by a killed build
+            say(f"removing {stale.name}, left by an interrupted build")
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=out.name + ".tmp-", dir=out.parent))
+        try:
+            _build_tiny(m, envs, tmp, out.name, say)
+            tmp.rename(out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)  # gone already after a successful rename
+    finally:
+        lock.release()
+    return out
+
+
+def _build_tiny(m: ModelConfig, envs: Sequence[EnvEntry], tmp: Path, name: str,
+                say: Callable[[str], None]) -> None:
+    """Build the tiny model into ``tmp`` and caption-pretrain it (one or two stages)."""
+    from vagent.models.tiny import build_tiny_vlm
+
+    say(f"building tiny model {name} (first run only) ...")
     build_tiny_vlm(tmp, family=m.tiny_family, hidden=m.tiny_hidden, layers=m.tiny_layers,
                    image_size=m.tiny_image_size, seed=m.tiny_seed, rope_theta=m.tiny_rope_theta or None)
     if m.tiny_pretrain_steps > 0:
@@ -171,11 +207,6 @@ def prepare_model(m: ModelConfig, envs: Sequence[EnvEntry] = (),
                               lr=m.tiny_pretrain_lr, seed=m.tiny_seed + 1, relations=tuple(m.tiny_pretrain_relations),
                               n_per_env=m.tiny_pretrain_relation_steps * m.tiny_pretrain_batch, stage="relations",
                               first_board=_RELATION_BOARDS_FROM, say=say)
-    try:
-        tmp.rename(out)
-    except OSError:  # another process built it first
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
 
 
 def load_model(cfg: RunConfig, path: Path, device: torch.device):

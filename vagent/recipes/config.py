@@ -568,6 +568,7 @@ name: frozenlake-ppo
 recipe: ppo
 steps: 20
 seed: 0
+threads: 2  # fixed, so that a seed gives the same numbers on any machine (docs/training.md, Reproducibility)
 model:
   path: tiny
   tiny_family: qwen3_vl

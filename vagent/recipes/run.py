@@ -71,6 +71,10 @@ def train(cfg: RunConfig | None = None, resume: str | Path | None = None, quiet:
         console.log_path = run.log
         console.log_path.write_text("resolved config:\n" + config_to_yaml(cfg) + "\n")
 
+    from vagent.runs.environment import record_environment
+
+    record_environment(run.root, say=console.print)  # threads, CPU kernels, versions (a resume compares)
+
     checkpoints = list_checkpoints(run.checkpoints)
     latest = checkpoints[-1] if checkpoints else None
     logger = MetricsLogger(run.root, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb,

@@ -1,0 +1,201 @@
+"""The default pipeline gives the same numbers in any process, and runs can share a model cache.
+
+- Two ``vagent train`` processes of the default preset scaled down (caption pretraining in two
+  stages, solver demos, SFT, PPO, validation), one under competing CPU load and with another
+  OMP_NUM_THREADS, each building its own tiny model: identical ``metrics.jsonl`` apart from timing
+  fields. With the environment the golden file was recorded in (same packages, CPU kernels and
+  threads), also identical to ``golden/scaled_default_metrics.jsonl``: that pins the default run's
+  numerics across commits, so the README's main-job figures keep reproducing.
+- Two processes building the same tiny model at once: one builds, the other waits and reuses it;
+  neither reads a half-written directory and no temporary directory is left.
+- A build killed with SIGKILL leaves its temporary directory; the next build removes it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+GOLDEN = Path(__file__).parent / "golden" / "scaled_default_metrics.jsonl"
+GOLDEN_ENV = Path(__file__).parent / "golden" / "scaled_default_environment.json"
+
+#: the default preset, every phase kept, a few steps each
+SCALED = ["model.tiny_pretrain_steps=12", "model.tiny_pretrain_relation_steps=8", "sft.steps=4",
+          "sft.demos_per_env=12", "steps=2", "envs.0.n_train=4", "envs.0.n_val=6", "val.every=1",
+          "log.rollouts_every=1", "log.checkpoint_every=1", "log.plot_every=0", "log.progress=false",
+          "log.tensorboard=false"]
+
+#: metric keys that measure time, not the computation
+TIMING_PREFIXES = ("perf/", "time/")
+TIMING_KEYS = ("time", "wall_time", "elapsed_s")
+
+
+def _strip_timing(path: Path) -> list[dict]:
+    out = []
+    for line in path.read_text().splitlines():
+        rec = json.loads(line)
+        out.append({k: v for k, v in rec.items()
+                    if not k.startswith(TIMING_PREFIXES) and k not in TIMING_KEYS and not k.endswith("_s")})
+    return out
+
+
+def _train(tmp: Path, name: str, env_extra: dict[str, str]) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_CBWR", "ATEN_CPU_CAPABILITY")}
+    env.update(env_extra)
+    cmd = [sys.executable, "-m", "vagent.cli", "train", *SCALED, f"out_dir={tmp / 'runs'}", f"name={name}",
+           f"model.cache_dir={tmp / ('cache-' + name)}"]
+    return subprocess.Popen(cmd, cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _run_dir(tmp: Path, name: str) -> Path:
+    dirs = sorted((tmp / "runs").glob(name + "*"))
+    assert len(dirs) == 1, dirs
+    return dirs[0]
+
+
+@pytest.mark.slow
+def test_scaled_default_pipeline_identical_across_processes_load_and_omp_threads(tmp_path):
+    # the competing load: a busy process on each core for the whole first run
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        a = _train(tmp_path, "loaded", {})
+        out_a, _ = a.communicate(timeout=900)
+    finally:
+        for b in burners:
+            b.kill()
+            b.wait()
+    assert a.returncode == 0, out_a[-3000:]
+    b = _train(tmp_path, "omp1", {"OMP_NUM_THREADS": "1"})
+    out_b, _ = b.communicate(timeout=900)
+    assert b.returncode == 0, out_b[-3000:]
+
+    run_a, run_b = _run_dir(tmp_path, "loaded"), _run_dir(tmp_path, "omp1")
+    ma, mb = _strip_timing(run_a / "metrics.jsonl"), _strip_timing(run_b / "metrics.jsonl")
+    assert any("val/success_rate" in r for r in ma) and any("sft/loss" in r for r in ma)
+    assert len(ma) == len(mb)
+    for i, (ra, rb) in enumerate(zip(ma, mb)):
+        assert ra == rb, f"record {i} differs: {sorted(set(ra.items()) ^ set(rb.items()))[:6]}"
+    # the config's threads (2) decided the thread count, not OMP_NUM_THREADS
+    env_a = json.loads((run_a / "environment.json").read_text())
+    env_b = json.loads((run_b / "environment.json").read_text())
+    assert env_a["threads"] == env_b["threads"] == 2
+    assert env_b["omp_num_threads_env"] == "1"
+
+    # the numbers the default run's code gave when the golden file was recorded
+    golden_env = json.loads(GOLDEN_ENV.read_text())
+    from vagent.runs.environment import environment_differences
+
+    diffs = environment_differences(golden_env, env_a)
+    if diffs:
+        pytest.skip("golden metrics were recorded in another environment: " + "; ".join(diffs))
+    golden = [json.loads(line) for line in GOLDEN.read_text().splitlines()]
+    assert len(golden) == len(ma)
+    for i, (g, r) in enumerate(zip(golden, ma)):
+        assert g == r, f"record {i} differs from the golden run: {sorted(set(g.items()) ^ set(r.items()))[:6]}"
+
+
+_BUILD = """
+import sys
+from vagent.recipes.config import ModelConfig, load_config
+from vagent.recipes.common import prepare_model
+cfg = load_config()
+m = cfg.model
+m.cache_dir = sys.argv[1]
+m.tiny_pretrain_steps = int(sys.argv[2])
+m.tiny_pretrain_relation_steps = 0
+out = prepare_model(m, cfg.envs, say=lambda s: print(s, flush=True))
+print("MODEL", out, flush=True)
+"""
+
+
+def _build(cache: Path, steps: int) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", _BUILD, str(cache), str(steps)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def _model_line(out: str) -> Path:
+    return Path([ln for ln in out.splitlines() if ln.startswith("MODEL ")][-1].split(" ", 1)[1])
+
+
+def test_two_processes_building_one_tiny_model_share_it(tmp_path):
+    cache = tmp_path / "cache"
+    procs = [_build(cache, 6), _build(cache, 6)]
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    dirs = {_model_line(o) for o in outs}
+    assert len(dirs) == 1
+    built = [o for o in outs if "building tiny model" in o]
+    waited = [o for o in outs if "built by another process" in o or "waiting for another process" in o]
+    assert len(built) == 1 and len(waited) == 1, outs
+    model = dirs.pop()
+    assert (model / "config.json").is_file() and (model / "vagent_pretrain.json").is_file()
+    assert not list(cache.glob("*.tmp-*"))
+    from vagent.models.loading import load_policy
+
+    load_policy(model)  # whole and loadable
+
+
+def test_killed_build_is_cleaned_up_by_the_next(tmp_path):
+    cache = tmp_path / "cache"
+    p = _build(cache, 4)
+    deadline = time.time() + 300
+    while time.time() < deadline and not list(cache.glob("*.tmp-*")) and p.poll() is None:
+        time.sleep(0.02)
+    assert list(cache.glob("*.tmp-*")), "the build never started"
+    p.send_signal(signal.SIGKILL)  # mid-build: the model directory is renamed into place only when whole
+    p.wait()
+    stale = list(cache.glob("*.tmp-*"))
+    assert stale  # what a killed build leaves
+    q = _build(cache, 4)
+    out, _ = q.communicate(timeout=600)
+    assert q.returncode == 0, out
+    assert "left by an interrupted build" in out
+    assert not list(cache.glob("*.tmp-*"))
+    assert (_model_line(out) / "config.json").is_file()
+
+
+def test_build_that_raises_leaves_nothing(tmp_path):
+    from vagent.recipes.common import prepare_model
+    from vagent.recipes.config import EnvEntry, load_config
+
+    cfg = load_config()
+    m = cfg.model
+    m.cache_dir = str(tmp_path / "cache")
+    m.tiny_pretrain_steps = 2
+    bad = [EnvEntry(name="no_such_env", config={})]
+    with pytest.raises(Exception):
+        prepare_model(m, bad, say=lambda s: None)
+    assert not list((tmp_path / "cache").glob("*.tmp-*"))
+    assert not [d for d in (tmp_path / "cache").iterdir() if d.is_dir()]
+
+
+def test_resume_in_another_environment_warns(tmp_path):
+    from vagent.runs.environment import describe_environment, record_environment
+
+    said: list[str] = []
+    now = record_environment(tmp_path, say=said.append)
+    assert json.loads((tmp_path / "environment.json").read_text()) == now and not said
+    record_environment(tmp_path, say=said.append)  # same process: nothing to say
+    assert not said
+    changed = dict(describe_environment(), threads=now["threads"] + 1)
+    (tmp_path / "environment.json").write_text(json.dumps(changed))
+    record_environment(tmp_path, say=said.append)
+    assert len(said) == 1 and "threads" in said[0] and "not bit-exact" in said[0]
+
+
+def test_pin_cpu_kernels_respects_the_user():
+    from vagent.numerics import PINNED_CPU_KERNELS, pin_cpu_kernels
+
+    env = {"ATEN_CPU_CAPABILITY": "avx512"}
+    done = pin_cpu_kernels(env)
+    assert env["ATEN_CPU_CAPABILITY"] == "avx512" and "ATEN_CPU_CAPABILITY" not in done
+    if done:  # an x86 CPU with AVX2
+        assert env["MKL_CBWR"] == PINNED_CPU_KERNELS["MKL_CBWR"]

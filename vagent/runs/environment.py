@@ -1,0 +1,101 @@
+"""What a run's numbers depend on besides its config: the thread count, the CPU kernels, the versions.
+
+On a CPU, a float result depends on the order of its additions, and that order depends on:
+
+- **the intra-op thread count**: MKL's GEMMs and ATen's parallel reductions split their work by
+  thread, so ``threads: 1`` and ``threads: 2`` give different last bits, which training amplifies
+  (measured: the tiny model's weights after 10 caption steps differ between 1 and 2 threads). The
+  run config's ``threads`` fixes it (the default run sets 2); ``threads: 0`` takes torch's default,
+  which is the machine's core count, so results then depend on the machine.
+- **the CPU's instruction set**: MKL and ATen pick AVX-512 kernels on CPUs that have them and AVX2
+  kernels on the others, with different rounding. :func:`vagent.numerics.pin_cpu_kernels` asks both for their AVX2
+  code paths on every x86 CPU that has AVX2 (``MKL_CBWR=AVX2``, MKL's conditional numerical
+  reproducibility; ``ATEN_CPU_CAPABILITY=avx2``), unless the user set these variables. It has to run
+  before torch is imported; the ``vagent`` command does it first thing.
+- **library versions**: kernels and model code change between releases; ``constraints.txt`` pins
+  the versions the README's figures were measured with.
+
+The run directory's ``environment.json`` records all of it; ``--resume`` compares the resuming
+process against it and warns about each difference (the resumed run is then exact only up to them).
+Neither the load on the machine nor OMP_NUM_THREADS (when ``threads`` is set) changes a result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+from importlib import metadata
+from pathlib import Path
+
+from vagent.numerics import PINNED_CPU_KERNELS
+
+#: the distributions whose versions a run records
+RECORDED_PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "numpy", "pillow", "peft",
+                     "accelerate", "huggingface-hub", "gymnasium", "cairosvg", "vagent")
+
+#: fields of environment.json that change results when they differ (the rest is informational)
+RESULT_FIELDS = ("threads", "cpu_capability", "cpu_kernel_env", "packages", "machine")
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def describe_environment() -> dict:
+    """What this process's results depend on (call after the run set its thread count)."""
+    import torch
+
+    packages = {}
+    for name in RECORDED_PACKAGES:
+        try:
+            packages[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            packages[name] = None
+    return {
+        "threads": torch.get_num_threads(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu_kernel_env": {k: os.environ.get(k) for k in PINNED_CPU_KERNELS},
+        "packages": packages,
+        "machine": platform.machine(),
+        "cpu_model": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
+    }
+
+
+def environment_differences(saved: dict, now: dict) -> list[str]:
+    """The result-changing fields that differ between a recorded environment and this one."""
+    out = []
+    for key in RESULT_FIELDS:
+        a, b = saved.get(key), now.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += [f"{key}.{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b))
+                    if a.get(k) != b.get(k)]
+        elif a != b:
+            out.append(f"{key}: {a!r} -> {b!r}")
+    return out
+
+
+def record_environment(root: Path, say=print) -> dict:
+    """Write ``root/environment.json`` (a new run), or compare against it (a resumed run) and warn
+    about each difference that can change results. Returns this process's environment."""
+    now = describe_environment()
+    path = Path(root) / "environment.json"
+    if path.is_file():
+        diffs = environment_differences(json.loads(path.read_text()), now)
+        if diffs:
+            say("warning: this process differs from the one that started the run in what its results "
+                "depend on, so the resumed run is not bit-exact: " + "; ".join(diffs)
+                + " (docs/training.md, 'Reproducibility')")
+    else:
+        path.write_text(json.dumps(now, indent=2) + "\n")
+    return now
