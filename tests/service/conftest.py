@@ -31,8 +31,9 @@ def free_port() -> int:
 class ServerProc:
     """``python -m vagent.service.server`` in a subprocess (the toy and faulty test envs imported)."""
 
-    def __init__(self, *args: str, port: int | None = None, log_dir: Path | None = None) -> None:
-        self.args, self.port = list(args), port or free_port()
+    def __init__(self, *args: str, port: int | None = None, log_dir: Path | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        self.args, self.port, self.env = list(args), port or free_port(), env
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
         self.log_path = (log_dir or Path("/tmp")) / f"vagent-svc-{self.port}-{os.getpid()}.log"
@@ -41,7 +42,8 @@ class ServerProc:
         cmd = [sys.executable, "-m", "vagent.service.server", "--port", str(self.port),
                "--import", "tests.service.toyenv", "--import", "tests.service.faultyenvs", *self.args]
         self.log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT)
+        env = {**os.environ, **self.env} if self.env else None
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         if wait:
             self.wait_ready()
         return self
@@ -91,8 +93,8 @@ def start_server(tmp_path):
     """Factory: start_server(*args, port=None) -> a ready ServerProc, stopped after the test."""
     started: list[ServerProc] = []
 
-    def start(*args: str, port: int | None = None, wait: bool = True) -> ServerProc:
-        s = ServerProc(*args, port=port, log_dir=tmp_path)
+    def start(*args: str, port: int | None = None, wait: bool = True, env: dict[str, str] | None = None) -> ServerProc:
+        s = ServerProc(*args, port=port, log_dir=tmp_path, env=env)
         started.append(s)
         return s.start(wait=wait)
 
