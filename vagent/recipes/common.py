@@ -42,6 +42,7 @@ def train_env_specs(cfg: RunConfig, step: int) -> list:
     """The envs of RL step ``step``: for each entry, ``n_train`` consecutive seeds of the ``train``
     split at an offset derived from (run seed, entry index, step), so a resumed run replays the same
     envs and steps never share a seed by construction within 1e6 / n_train steps."""
+    from vagent.rollout.driver import env_factory_for
     from vagent.rollout.loop import EnvSpec
     from vagent.seeds import SPLITS, split_seeds
 
@@ -49,16 +50,18 @@ def train_env_specs(cfg: RunConfig, step: int) -> list:
     size = len(SPLITS["train"])
     for i, e in enumerate(cfg.envs):
         start = (derive_seed(cfg.seed, i) % size + step * e.n_train) % (size - e.n_train)
-        specs += [EnvSpec(e.name, dict(e.config), s) for s in split_seeds("train", e.n_train, start)]
+        factory = env_factory_for(e)  # None for in-process envs; RemoteEnv on e.urls otherwise
+        specs += [EnvSpec(e.name, dict(e.config), s, factory) for s in split_seeds("train", e.n_train, start)]
     return specs
 
 
 def val_env_specs(entry: EnvEntry) -> list:
     """The first ``n_val`` seeds of the ``val`` split (the same for every validation)."""
+    from vagent.rollout.driver import env_factory_for
     from vagent.rollout.loop import EnvSpec
     from vagent.seeds import split_seeds
 
-    return [EnvSpec(entry.name, dict(entry.config), s) for s in split_seeds("val", entry.n_val)]
+    return [EnvSpec(entry.name, dict(entry.config), s, env_factory_for(entry)) for s in split_seeds("val", entry.n_val)]
 
 
 def stop_strings(cfg: RunConfig) -> tuple[str, ...]:

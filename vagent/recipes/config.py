@@ -94,6 +94,9 @@ class EnvEntry:
     n_train: int = 8
     #: validation episodes of this kind (seeds of the ``val`` split, greedy decoding)
     n_val: int = 32
+    #: ``vagent serve-env`` servers that host this entry's envs (failover in order, replay on server
+    #: loss; docs/service.md); empty = the envs run in the training process
+    urls: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -122,6 +125,23 @@ class RolloutConfig:
     #: keep the KV cache between turns and feed only each turn's new tokens (HFEngine prefix reuse:
     #: same replies; 1.55x on bench/prefix_cache.py); false = every turn prefills the whole context
     prefix_cache: bool = True
+    #: generation engine of training rollouts: hf (HF generate, vagent.models.engine) or vllm
+    #: (vLLM V1 on the trainer's GPU, weights pushed through its weight-transfer API; pip install
+    #: 'vagent[vllm]', GPU only). Validation always uses the trainer's in-process model
+    engine: Literal["hf", "vllm"] = "hf"
+    #: hf engine replicas as Ray actors (CPU; pip install 'vagent[ray]'): a trajectory's turns stay
+    #: on one replica, weights are pushed before each rollout; 0 = generate in the training process
+    replicas: int = 0
+    #: torch threads of each hf replica
+    replica_threads: int = 1
+    #: lockstep (one batched policy call per turn for the whole batch) or async (each trajectory
+    #: advances as soon as its own reply and env step return; same episodes, per-request seeds)
+    schedule: Literal["lockstep", "async"] = "lockstep"
+    #: 1 = generate step k+1's batch with the previous weights while step k updates (staleness 1,
+    #: PPO ratio against the sampling-time log-probs; needs replicas >= 1 or engine vllm); 0 = off
+    overlap: int = 0
+    #: engine vllm: fraction of the GPU's memory vLLM may take (weights + KV cache)
+    vllm_gpu_memory: float = 0.4
 
 
 @dataclass
@@ -355,6 +375,18 @@ def validate(cfg: RunConfig) -> RunConfig:
     need(r.group_size >= 1, f"rollout.group_size must be >= 1, got {r.group_size}.")
     need(r.max_turns >= 1, f"rollout.max_turns must be >= 1, got {r.max_turns}.")
     need(r.max_new_tokens >= 1, f"rollout.max_new_tokens must be >= 1, got {r.max_new_tokens}.")
+    need(r.replicas >= 0 and r.replica_threads >= 1,
+         f"rollout.replicas must be >= 0 and rollout.replica_threads >= 1, got {r.replicas}, {r.replica_threads}.")
+    need(r.overlap in (0, 1), f"rollout.overlap must be 0 or 1 (staleness of the generator's weights), got {r.overlap}.")
+    need(not (r.overlap and r.engine == "hf" and r.replicas == 0),
+         "rollout.overlap 1 generates while the trainer updates, so the generator needs its own weights: set "
+         "rollout.replicas >= 1 (Ray actors) or rollout.engine vllm, or rollout.overlap 0.")
+    need(not (r.engine == "vllm" and r.replicas > 0),
+         "rollout.engine vllm runs one engine on the trainer's GPU (colocated); vLLM replicas as Ray actors are "
+         "not implemented yet: set rollout.replicas 0.")
+    for i, e in enumerate(cfg.envs):
+        bad = [u for u in e.urls if not str(u).startswith(("http://", "https://"))]
+        need(not bad, f"envs.{i}.urls must be http(s) URLs of vagent serve-env servers, got {bad}.")
     u = cfg.update
     need(u.mini_batches >= 1 and u.epochs >= 1, "update.epochs and update.mini_batches must be >= 1.")
     need(u.micro_batch_tokens >= 16, f"update.micro_batch_tokens must be >= 16, got {u.micro_batch_tokens}.")

@@ -84,6 +84,7 @@ def train_grpo(session: Session, start_step: int = 0, resume_from: str | None = 
     from vagent.rl.advantages import masked_mean
     from vagent.rl.losses import kl_penalty
     from vagent.rollout.batch import build_token_batch
+    from vagent.rollout.driver import make_driver
     from vagent.rollout.hf_policy import HFPolicy
     from vagent.runs import StepProgress, load_checkpoint
 
@@ -104,6 +105,10 @@ def train_grpo(session: Session, start_step: int = 0, resume_from: str | None = 
         load_checkpoint(resume_from, modules, optimizers, schedulers)
     policy = HFPolicy(loaded, prefix_cache=cfg.rollout.prefix_cache)
     reasoning = session.reasoning_reward()
+    # where training rollouts are generated (rollout.engine / replicas / schedule / overlap); the
+    # default is train_rollout(session, policy, step, reasoning) with this in-process policy
+    driver = make_driver(cfg, loaded, policy, lambda pol, k: train_rollout(session, pol, k, reasoning),
+                         model_dir=session.model_dir)
     bar = StepProgress(cfg.steps, cfg.recipe.upper(), session.console, cfg.log.progress, start=start_step)
     last_val: dict[str, float] = {}
     try:
@@ -113,7 +118,7 @@ def train_grpo(session: Session, start_step: int = 0, resume_from: str | None = 
             t_step = time.perf_counter()
 
             # 1-2. rollout; each episode's score is the sum of its turn rewards
-            episodes = train_rollout(session, policy, step, reasoning)
+            episodes = driver.get(step)
             full = build_token_batch(episodes, mode=batch_mode(cfg), pad_token_id=loaded.encoder.pad_token_id).to(device)
 
             # 3. reward-variance filter (groups whose rewards vary most)
@@ -129,7 +134,9 @@ def train_grpo(session: Session, start_step: int = 0, resume_from: str | None = 
 
             # 5. update
             ctx = UpdateContext(device, session.bf16, cfg.seed, step, session.last_checkpoint, tau)
-            stats = actor_update(model, params, opt, batch, advantages, old_logprobs, ref_logprobs, u, ctx)
+            # overlap 1: the batch was sampled one update ago; the ratio is against its behaviour log-probs
+            behaviour = batch.old_logprobs * M if cfg.rollout.overlap else old_logprobs
+            stats = actor_update(model, params, opt, batch, advantages, behaviour, ref_logprobs, u, ctx)
             lr = opt.param_groups[0]["lr"]
             sched.step()
             t_end = time.perf_counter()
@@ -157,4 +164,5 @@ def train_grpo(session: Session, start_step: int = 0, resume_from: str | None = 
             last_val = log_validation(session, policy, cfg.steps)
     finally:
         bar.close()
+        driver.close()
     return last_val

@@ -103,6 +103,7 @@ def train_ppo(session: Session, start_step: int = 0, resume_from: str | None = N
     from vagent.rl.advantages import masked_mean, masked_whiten
     from vagent.rl.losses import kl_penalty
     from vagent.rollout.batch import build_token_batch
+    from vagent.rollout.driver import make_driver
     from vagent.rollout.hf_policy import HFPolicy
     from vagent.runs import StepProgress, load_checkpoint
 
@@ -134,6 +135,10 @@ def train_ppo(session: Session, start_step: int = 0, resume_from: str | None = N
                           f"reference model: {'yes' if ref else 'no (kl_coef 0)'}")
     policy = HFPolicy(loaded, prefix_cache=cfg.rollout.prefix_cache)
     reasoning = session.reasoning_reward()
+    # where training rollouts are generated (rollout.engine / replicas / schedule / overlap); the
+    # default is train_rollout(session, policy, step, reasoning) with this in-process policy
+    driver = make_driver(cfg, loaded, policy, lambda pol, k: train_rollout(session, pol, k, reasoning),
+                         model_dir=session.model_dir)
     bar = StepProgress(cfg.steps, cfg.recipe.upper(), session.console, cfg.log.progress, start=start_step)
     last_val: dict[str, float] = {}
     try:
@@ -143,7 +148,7 @@ def train_ppo(session: Session, start_step: int = 0, resume_from: str | None = N
             t_step = time.perf_counter()
 
             # 1-2. rollout; turn rewards (env + reasoning judges) sit on each turn's last token
-            episodes = train_rollout(session, policy, step, reasoning)
+            episodes = driver.get(step)
             batch = build_token_batch(episodes, mode=batch_mode(cfg), pad_token_id=loaded.encoder.pad_token_id).to(device)
             M = batch.loss_mask
             t_update = time.perf_counter()
@@ -181,7 +186,9 @@ def train_ppo(session: Session, start_step: int = 0, resume_from: str | None = N
                                   p.value_clip, ctx, features)
             del features
             if step >= p.critic_warmup_steps:
-                stats.update(actor_update(model, actor_params, actor_opt, batch, advantages, old_logprobs,
+                # overlap 1: the batch was sampled one update ago; the ratio is against its behaviour log-probs
+                behaviour = batch.old_logprobs * M if cfg.rollout.overlap else old_logprobs
+                stats.update(actor_update(model, actor_params, actor_opt, batch, advantages, behaviour,
                                           ref_logprobs, u, ctx))
             lrs = {"optim/actor_lr": actor_opt.param_groups[0]["lr"], "optim/critic_lr": critic_opt.param_groups[0]["lr"]}
             if step >= p.critic_warmup_steps:  # the actor's warm-up starts when the actor does
@@ -218,6 +225,7 @@ def train_ppo(session: Session, start_step: int = 0, resume_from: str | None = N
             last_val = log_validation(session, policy, cfg.steps)
     finally:
         bar.close()
+        driver.close()
     return last_val
 
 

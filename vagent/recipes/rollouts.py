@@ -133,7 +133,8 @@ def train_rollout(session: Session, policy: Any, step: int, reasoning: Any) -> A
         with generation_mode(session.loaded.model):
             return rollout_on_ranks(train_env_specs(cfg, step), policy, sampling_for(cfg, step),
                                     group_size=cfg.rollout.group_size, max_turns=cfg.rollout.max_turns,
-                                    mode=cfg.rollout.mode, window=cfg.rollout.window, reasoning_reward=reasoning)
+                                    mode=cfg.rollout.mode, window=cfg.rollout.window, reasoning_reward=reasoning,
+                                    schedule=cfg.rollout.schedule)
     except RuntimeError as exc:
         check_module_finite(session.loaded.model, "policy weights", "rl", step, session.last_checkpoint)
         if "inf" in str(exc).lower() or "nan" in str(exc).lower():

@@ -122,6 +122,7 @@ class HFPolicy:
             raise ValueError(f"max_context_tokens must be >= 1 or None, got {max_context_tokens}")
         self.max_context_tokens = max_context_tokens
         self.per_request_seeds = bool(per_request_seeds)
+        self.needs_images = bool(getattr(self.engine, "needs_images", False))
         self._lock = threading.Lock()  # encoding / appending (act may run in several threads)
         vocab = self.encoder.tokenizer.get_vocab()
         #: ids the training forward treats as image/video slots; a reply must not contain them
@@ -164,7 +165,10 @@ class HFPolicy:
             segments = conv.segments + new
             pixel_values, grid = flat_pixels(segments)
             seed = request_seed(sampling.seed, conv.key) if self.per_request_seeds and not greedy else None
-            requests.append(GenerationRequest(flat_ids(segments), pixel_values, grid, seed=seed, key=conv.key))
+            # engines that preprocess images themselves (vLLM) also get the raw images, in prompt order
+            images = tuple(im for m in conv.messages for im in m.images) if self.needs_images else ()
+            requests.append(GenerationRequest(flat_ids(segments), pixel_values, grid, images=images, seed=seed,
+                                              key=conv.key))
             rows.append(i)
         outputs = self.engine.generate(requests, sampling_params(sampling)) if requests else []
         if len(outputs) != len(requests):

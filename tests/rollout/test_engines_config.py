@@ -1,0 +1,135 @@
+"""The run config's rollout settings end to end (tiny VLM, real processes): envs on two real
+``vagent serve-env`` servers named in the config (with the asynchronous schedule), and
+``rollout.overlap: 1`` on a Ray engine replica (the step's batch comes from the previous weights)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from vagent.recipes.config import ConfigError, default_preset_dict, load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL = [
+    "sft.steps=0", "val.every=0", "threads=1", "model.cache_dir=UNUSED",
+    "rollout.max_turns=2", "rollout.max_new_tokens=12",
+    "update.epochs=1", "update.mini_batches=1", "update.warmup_steps=0", "ppo.critic_warmup_steps=0",
+    "log.tensorboard=false", "log.progress=false", "log.rollouts_every=0", "log.checkpoint_every=0",
+    "log.plot_every=0",
+]
+ENV = {"name": "frozenlake", "n_train": 2, "n_val": 0,
+       "config": {"format": "free_think", "render": "vision", "image_size": 64}}
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    from vagent.models.tiny import build_tiny_vlm
+
+    return build_tiny_vlm(tmp_path_factory.mktemp("models") / "tiny-vlm", hidden=64, layers=2, image_size=64)
+
+
+def _serve_env(port: int) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "vagent.cli", "serve-env", "--port", str(port), "--envs",
+                             "frozenlake"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+@pytest.fixture(scope="module")
+def two_servers():
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    procs = [_serve_env(p) for p in ports]
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    try:
+        deadline = time.monotonic() + 90
+        for proc, url in zip(procs, urls):
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"env server exited: {proc.stdout.read().decode(errors='replace')[-2000:]}")
+                try:
+                    if httpx.get(url + "/health", timeout=1.0).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError("env server not ready after 90 s")
+                time.sleep(0.1)
+        yield urls
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(timeout=15)
+
+
+def config(tmp_path, model_dir, envs, *extra):
+    tree = default_preset_dict()
+    tree["envs"] = envs
+    return load_config(tree, SMALL + [f"out_dir={tmp_path / 'runs'}", f"model.path={model_dir}", *extra])
+
+
+def rl_records(run_dir):
+    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r.get("phase") == "rl" and "loss/policy" in r]
+
+
+def changed(model_dir, run_dir):
+    from vagent.models.loading import load_policy
+
+    before = load_policy(model_dir).model.state_dict()
+    after = torch.load(next(Path(run_dir).glob("checkpoints/step_*/policy.pt")), weights_only=True)
+    after = after.get("model", after) if isinstance(after, dict) else after
+    common = [k for k in before if k in after]
+    assert common, "no common parameter names between the model and the checkpoint"
+    return any(not torch.equal(before[k], after[k]) for k in common)
+
+
+def test_a_run_with_envs_on_two_env_servers_trains_one_step(tmp_path, tiny_dir, two_servers):
+    from vagent.recipes.run import train
+
+    envs = [dict(ENV, urls=[two_servers[0]]), dict(ENV, urls=[two_servers[1]], config=dict(ENV["config"], max_steps=9))]
+    cfg = config(tmp_path, tiny_dir, envs, "steps=1", "rollout.schedule=async")
+    run_dir = train(cfg, quiet=True)
+    (rec,) = rl_records(run_dir)
+    assert rec["rollout/episodes"] == 4 and rec["rollout/errors"] == 0
+    assert all(torch.isfinite(torch.tensor(v)) for k, v in rec.items() if k.startswith("loss/"))
+    for url in two_servers:  # both servers hosted this run's episodes
+        snap = httpx.get(url + "/metrics", timeout=5).json()
+        assert snap["service/sessions_created"] >= 2 and snap["service/steps"] >= 2, snap
+    assert changed(tiny_dir, run_dir)
+
+
+def test_overlap_step_generates_with_the_previous_weights_and_trains(tmp_path, tiny_dir):
+    pytest.importorskip("ray", reason="engine replicas need the ray extra: pip install 'vagent[ray]'")
+    from vagent.recipes.run import train
+
+    cfg = config(tmp_path, tiny_dir, [ENV], "steps=2", "rollout.replicas=1", "rollout.overlap=1",
+                 "rollout.temperature=1.0")
+    run_dir = train(cfg, quiet=True)
+    recs = rl_records(run_dir)
+    assert [r["step"] for r in recs] == [0, 1]
+    # step 0 sampled with the initial weights; step 1's batch was generated during step 0's
+    # update, so with version 0 while the trainer was at version 1
+    assert [(r["rollout/weights_version"], r["rollout/weights_lag"]) for r in recs] == [(0.0, 0.0), (0.0, 1.0)]
+    assert all(r["actor/updated"] == 1.0 for r in recs)
+    assert changed(tiny_dir, run_dir)
+    import ray
+
+    assert not ray.is_initialized()  # the driver started the cluster and shut it down
+
+
+def test_overlap_needs_a_separate_generator(tmp_path, tiny_dir):
+    with pytest.raises(ConfigError, match="rollout.replicas >= 1"):
+        config(tmp_path, tiny_dir, [ENV], "rollout.overlap=1")
+    with pytest.raises(ConfigError, match="urls"):
+        config(tmp_path, tiny_dir, [dict(ENV, urls=["localhost:8000"])])

@@ -1,0 +1,166 @@
+"""Where a run's training rollouts are generated, and when: ``RolloutDriver``.
+
+The RL recipes ask the driver for step ``k``'s episodes (``driver.get(k)``); the run config's
+``rollout`` section decides what happens:
+
+- ``engine: hf, replicas: 0, schedule: lockstep, overlap: 0`` (the default): the recipe's own
+  in-process ``HFPolicy``, exactly as before (the driver only calls the recipe's rollout).
+- ``schedule: async``: trajectories advance on their own (``vagent.rollout.async_loop``); an
+  in-process model gets a ``BatchingEngine`` in front, and requests carry their own seeds.
+- ``replicas: N`` (N >= 1): a ``RemoteEngine`` with N HFEngine replicas as Ray actors (a local
+  cluster is started when none is running; ``ray.shutdown()`` at ``close()``). Before each rollout
+  the trainer's weights are pushed to every replica when they changed, versioned by the step.
+- ``engine: vllm``: a ``VLLMEngine`` in the training process on the same GPU (weights pushed
+  through vLLM's weight-transfer API, KV cache freed while the trainer updates; GPU only).
+- ``overlap: 1``: right after step ``k``'s episodes are taken, step ``k+1``'s rollout starts in a
+  background thread on the generator's weights at that moment (the trainer's after ``k``
+  updates) while step ``k`` updates: bounded staleness 1. Step ``k+1`` then trains on episodes
+  one update old; the recipes take the PPO ratio against their sampling-time (behaviour)
+  log-probs. Needs a generator apart from the trainer's model (replicas >= 1 or vllm).
+
+Every step's metrics gain, where the engine records versions, ``rollout/weights_version`` (the
+oldest weights version that sampled a turn) and ``rollout/weights_lag`` (trainer version minus
+that: 0 without overlap, 1 with it). Validation keeps using the recipe's in-process policy (the
+trainer's current weights).
+
+``env_factory_for(entry)``: envs of a config entry with ``urls`` live on ``vagent serve-env``
+servers (``RemoteEnv``: failover over the urls, replay on server loss); one connection pool per
+entry for the whole run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable
+
+logger = logging.getLogger(__name__)
+
+_FACTORIES: dict[tuple, Callable[[], Any]] = {}
+_FACTORIES_LOCK = threading.Lock()
+
+
+def env_factory_for(entry: Any) -> Callable[[], Any] | None:
+    """A zero-argument factory of ``RemoteEnv`` on ``entry.urls`` (None for an in-process entry).
+
+    Cached per (urls, name, config): one connection pool per config entry for the run.
+    """
+    urls = list(getattr(entry, "urls", None) or [])
+    if not urls:
+        return None
+    key = (tuple(urls), entry.name, json.dumps(entry.config, sort_keys=True, default=str))
+    with _FACTORIES_LOCK:
+        if key not in _FACTORIES:
+            from vagent.service.batch import remote_env_factory
+
+            _FACTORIES[key] = remote_env_factory(urls, entry.name, **dict(entry.config))
+        return _FACTORIES[key]
+
+
+def is_default(r: Any) -> bool:
+    """Whether the rollout settings are the in-process, lockstep, overlap-free default."""
+    return r.engine == "hf" and r.replicas == 0 and r.schedule == "lockstep" and r.overlap == 0
+
+
+class RolloutDriver:
+    """Step ``k``'s training episodes from the configured generator (see the module docstring).
+
+    Args:
+        run: ``(policy, step) -> RolloutResult``, the recipe's rollout of one step.
+        policy: the policy to roll out with (the recipe's own one on the default path).
+        engine: the generator whose weights are pushed (``update_weights(model, version)``), or None.
+        model: the trainer's model (pushed to ``engine``).
+        overlap: 0, or 1 to roll out step k+1 while step k updates.
+        steps: the run's last step + 1 (no rollout is started beyond it).
+        owns_ray: ``close()`` shuts the Ray cluster down (the driver started it).
+    """
+
+    def __init__(self, run: Callable[[Any, int], Any], policy: Any, *, engine: Any = None, model: Any = None,
+                 overlap: int = 0, steps: int = 0, owns_ray: bool = False):
+        if overlap not in (0, 1):
+            raise ValueError(f"overlap must be 0 or 1, got {overlap}")
+        if overlap and engine is None:
+            raise ValueError("overlap 1 needs a generator apart from the trainer's model (engine replicas or vLLM)")
+        self.run, self.policy, self.engine, self.model = run, policy, engine, model
+        self.overlap, self.steps, self.owns_ray = overlap, steps, owns_ray
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vagent-overlap") if overlap else None
+        self._pending: tuple[int, Future] | None = None
+
+    def _push(self, version: int) -> None:
+        if self.engine is not None and self.engine.weights_version != version:
+            self.engine.update_weights(self.model, version)
+
+    def get(self, step: int) -> Any:
+        """Step ``step``'s episodes (started in the background during the previous step when overlapping)."""
+        if self._pending is not None and self._pending[0] == step:
+            episodes = self._pending[1].result()
+            self._pending = None
+        else:
+            self._push(step)  # the trainer has made `step` updates
+            episodes = self.run(self.policy, step)
+        if self._pool is not None and step + 1 < self.steps:
+            self._push(step)
+            self._pending = (step + 1, self._pool.submit(self.run, self.policy, step + 1))
+        self._annotate(episodes, step)
+        return episodes
+
+    def _annotate(self, episodes: Any, step: int) -> None:
+        versions = [t.weights_version for e in episodes for t in e.turns if t.weights_version is not None]
+        if versions and hasattr(episodes, "metrics"):
+            episodes.metrics["rollout/weights_version"] = float(min(versions))
+            episodes.metrics["rollout/weights_lag"] = float(step - min(versions))
+
+    def close(self) -> None:
+        """Wait for a background rollout, stop the generator (and Ray when the driver started it)."""
+        if self._pending is not None:
+            try:
+                self._pending[1].result()
+            except Exception as exc:  # noqa: BLE001 -- the run is ending; the rollout is not used
+                logger.warning("the overlapped rollout of step %d failed: %s", self._pending[0], exc)
+            self._pending = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        close = getattr(self.engine, "close", None) or getattr(getattr(self.policy, "engine", None), "close", None)
+        if close is not None:
+            close()
+        if self.owns_ray:
+            import ray
+
+            ray.shutdown()
+
+
+def make_driver(cfg: Any, loaded: Any, policy: Any, run: Callable[[Any, int], Any], model_dir: Any = None) -> RolloutDriver:
+    """The driver of a run config's ``rollout`` section; ``policy`` is the recipe's in-process
+    ``HFPolicy`` (used as it is on the default path)."""
+    from vagent.rollout.hf_policy import HFPolicy
+
+    r = cfg.rollout
+    if is_default(r):
+        return RolloutDriver(run, policy, steps=cfg.steps)
+    owns_ray, engine = False, None
+    if r.engine == "vllm":
+        from vagent.models.vllm_engine import VLLMEngine
+
+        if model_dir is None:
+            raise ValueError("rollout.engine vllm needs the policy saved on disk (the run's model directory)")
+        engine = VLLMEngine(model_dir, loaded.encoder, gpu_memory_utilization=r.vllm_gpu_memory,
+                            seed=cfg.seed, colocate=True)
+        gen_policy = HFPolicy(engine, per_request_seeds=True)
+    elif r.replicas >= 1:
+        from vagent.models.remote import RemoteEngine, import_ray, start_ray
+
+        ray = import_ray()
+        owns_ray = not ray.is_initialized()
+        start_ray()
+        engine = RemoteEngine(loaded.model, loaded.encoder, replicas=r.replicas, prefix_cache=r.prefix_cache,
+                              threads=r.replica_threads)
+        gen_policy = HFPolicy(engine, per_request_seeds=True)
+    else:  # in process, asynchronous
+        gen_policy = HFPolicy(loaded, prefix_cache=r.prefix_cache, per_request_seeds=True, batching=True)
+    return RolloutDriver(run, gen_policy, engine=engine, model=loaded.model, overlap=r.overlap, steps=cfg.steps,
+                         owns_ray=owns_ray)
+
+
+__all__ = ["RolloutDriver", "make_driver", "env_factory_for", "is_default"]
