@@ -60,6 +60,7 @@ class BatchingEngine:
             raise ValueError(f"need max_batch >= 1 and wait_s >= 0, got {max_batch}, {wait_s}")
         self.engine = engine
         self.encoder = getattr(engine, "encoder", None)
+        self.needs_images = bool(getattr(engine, "needs_images", False))
         self.max_batch, self.wait_s = int(max_batch), float(wait_s)
         self._queue: list[_Call] = []
         self._cv = threading.Condition()

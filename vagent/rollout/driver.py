@@ -103,6 +103,8 @@ class RolloutDriver:
         if self._pool is not None and step + 1 < self.steps:
             self._push(step)
             self._pending = (step + 1, self._pool.submit(self.run, self.policy, step + 1))
+        elif getattr(self.engine, "sleep", None) is not None:
+            self.engine.sleep()  # a colocated vLLM frees its KV cache while the trainer updates
         self._annotate(episodes, step)
         return episodes
 
@@ -122,9 +124,11 @@ class RolloutDriver:
             self._pending = None
         if self._pool is not None:
             self._pool.shutdown(wait=True)
-        close = getattr(self.engine, "close", None) or getattr(getattr(self.policy, "engine", None), "close", None)
-        if close is not None:
-            close()
+        front = getattr(self.policy, "engine", None)
+        for obj in ([front] if front is not self.engine else []) + [self.engine]:
+            close = getattr(obj, "close", None)
+            if close is not None:
+                close()
         if self.owns_ray:
             import ray
 
@@ -147,7 +151,13 @@ def make_driver(cfg: Any, loaded: Any, policy: Any, run: Callable[[Any, int], An
             raise ValueError("rollout.engine vllm needs the policy saved on disk (the run's model directory)")
         engine = VLLMEngine(model_dir, loaded.encoder, gpu_memory_utilization=r.vllm_gpu_memory,
                             seed=cfg.seed, colocate=True)
-        gen_policy = HFPolicy(engine, per_request_seeds=True)
+        engine.update_weights(loaded.model, 0)  # the trainer's weights (model_dir may predate SFT)
+        if r.schedule == "async":
+            from vagent.models.batching import BatchingEngine
+
+            gen_policy = HFPolicy(BatchingEngine(engine), per_request_seeds=True)
+        else:
+            gen_policy = HFPolicy(engine, per_request_seeds=True)
     elif r.replicas >= 1:
         from vagent.models.remote import RemoteEngine, import_ray, start_ray
 
