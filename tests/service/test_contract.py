@@ -44,13 +44,17 @@ def test_check_env_over_remote_toy(server):
     assert "garbage replies (8) never raise and fail the format" in report.checks
 
 
-@pytest.mark.parametrize("name,config", [
-    ("frozenlake", {"format": "no_think", "size": 5, "p": 0.85}),
-    ("frozenlake", {"format": "no_think", "render": "text"}),
-    ("svc_toy", {"format": "no_think"}),
+@pytest.mark.parametrize("name,config,images", [
+    ("frozenlake", {"format": "no_think", "size": 5, "p": 0.85}, "auto"),
+    ("frozenlake", {"format": "no_think", "size": 5, "p": 0.85, "image_size": 64}, "png"),
+    ("sokoban", {"format": "no_think", "image_size": 48}, "zlib"),
+    ("frozenlake", {"format": "no_think", "render": "text"}, "auto"),
+    ("svc_toy", {"format": "no_think"}, "raw"),
 ])
-def test_remote_episodes_equal_local(server, name, config):
-    env = RemoteEnv(server.url, name, **config)
+def test_remote_episodes_equal_local(server, name, config, images):
+    """Pixel-identical observations in every image codec (auto = raw pixels on loopback)."""
+    env = RemoteEnv(server.url, name, images=images, **config)
+    assert env._t.images == ("raw" if images == "auto" else images)
     try:
         for seed in (3, 11, 42):
             replies = replies_for(env.action_names, 25, seed)

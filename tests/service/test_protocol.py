@@ -11,7 +11,7 @@ from PIL import Image
 from tests.service import toyenv  # noqa: F401 - registers svc_toy
 from vagent.service.host import SessionHost, to_jsonable
 from vagent.service.protocol import (
-    FrameError, decode_frames, decode_png, encode_frames, encode_png, observation_from_wire,
+    FrameError, decode_frames, decode_image, decode_png, encode_frames, encode_image, encode_png, observation_from_wire,
 )
 from vagent.service.metrics import Metrics
 
@@ -27,6 +27,19 @@ def test_frames_roundtrip_and_reject_corruption():
         decode_frames(body[:-1])
     with pytest.raises(FrameError, match="overruns"):
         decode_frames(body[:8] + b"{")
+
+
+@pytest.mark.parametrize("codec", ["png", "raw", "zlib"])
+@pytest.mark.parametrize("mode", ["RGB", "RGBA", "L", "P", "1", "I;16"])
+def test_every_image_codec_is_lossless_for_every_mode(mode, codec):
+    rng = np.random.default_rng(1)
+    im = Image.fromarray(rng.integers(0, 256, (19, 29, 3), dtype=np.uint8), "RGB").convert(mode)
+    part, fmt = encode_image(im, codec)
+    assert fmt[0] == ("png" if mode == "P" else codec)  # a palette image travels as PNG whatever the codec
+    back = decode_image(part, fmt)
+    assert (back.mode, back.size, back.tobytes()) == (im.mode, im.size, im.tobytes())
+    if mode == "P":
+        assert back.getpalette() == im.getpalette()
 
 
 @pytest.mark.parametrize("mode", ["RGB", "RGBA", "L", "P", "1", "I;16"])

@@ -172,10 +172,10 @@ class RemoteEnvPool:
     """
 
     def __init__(self, url_or_urls: str | Sequence[str], env_name: str, n: int, token: str | None = None,
-                 timeout: float = 60.0, *, retry_timeout: float = 60.0, **config: Any) -> None:
+                 timeout: float = 60.0, *, retry_timeout: float = 60.0, images: str = "auto", **config: Any) -> None:
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
-        self.transport = Transport(url_or_urls, token, timeout, retry_timeout)
+        self.transport = Transport(url_or_urls, token, timeout, retry_timeout, images=images)
         item = {"env": env_name, "config": config, "seed": None, "replay": []}
         self.envs: list[RemoteEnv] = []
         try:
@@ -228,13 +228,13 @@ class RemoteEnvPool:
 
 
 def remote_env_factory(url_or_urls: str | Sequence[str], env_name: str, token: str | None = None,
-                       timeout: float = 60.0, **config: Any) -> Callable[[], RemoteEnv]:
+                       timeout: float = 60.0, *, images: str = "auto", **config: Any) -> Callable[[], RemoteEnv]:
     """A zero-argument callable making RemoteEnvs that share one connection pool.
 
     Like ``vagent.envs.env_factory`` it validates now: the first env is created here (the server
     checks the name and config) and handed out by the first call.
     """
-    transport = Transport(url_or_urls, token, timeout)
+    transport = Transport(url_or_urls, token, timeout, images=images)
     first: list[RemoteEnv] = [RemoteEnv(transport.urls, env_name, transport=transport, **config)]
 
     def make() -> RemoteEnv:
@@ -247,13 +247,13 @@ def remote_env_factory(url_or_urls: str | Sequence[str], env_name: str, token: s
 
 
 def remote_spec_factory(url_or_urls: str | Sequence[str], token: str | None = None,
-                        timeout: float = 60.0) -> Callable[[Any], RemoteEnv]:
+                        timeout: float = 60.0, *, images: str = "auto") -> Callable[[Any], RemoteEnv]:
     """An ``env_factory`` for ``vagent.rollout.rollout``: ``spec -> RemoteEnv(urls, spec.name, **spec.config)``.
 
     The config switch from local to remote envs: ``rollout(..., env_factory=remote_spec_factory(urls))``.
-    All envs share one connection pool.
+    All envs share one connection pool; ``images`` picks the image codec (see ``Transport``).
     """
-    transport = Transport(url_or_urls, token, timeout)
+    transport = Transport(url_or_urls, token, timeout, images=images)
 
     def make(spec: Any) -> RemoteEnv:
         return RemoteEnv(transport.urls, spec.name, transport=transport, **dict(spec.config))

@@ -29,8 +29,8 @@ Action format:
     mirror the remote env's resolved config, sent by the server when the session is created).
 
 Observation:
-    the remote env's ``Observation``; images travel as PNG (lossless) and decode to the same
-    mode, size and pixels.
+    the remote env's ``Observation``; images travel losslessly (raw pixels on loopback, zlib or
+    PNG across machines: ``images=``) and decode to the same mode, size and pixels.
 
 Rewards:
     the remote env's, unchanged (floats survive JSON exactly). An env exception on the server is
@@ -142,19 +142,24 @@ class Transport:
     """One keep-alive HTTP client over one or more server URLs, with retries and failover.
 
     ``timeout``: seconds for one HTTP request; ``retry_timeout``: seconds one logical call may
-    spend retrying; ``backoff``/``max_backoff``: the jittered exponential backoff in seconds.
+    spend retrying; ``backoff``/``max_backoff``: the jittered exponential backoff in seconds;
+    ``images``: the image codec asked of the server (``png``, ``raw``, ``zlib``; ``auto``: raw
+    pixels when every URL is loopback, where bytes are free, else zlib; all lossless).
     """
 
     def __init__(self, url_or_urls: str | Sequence[str], token: str | None = None, timeout: float = 60.0,
                  retry_timeout: float = 60.0, backoff: float = 0.05, max_backoff: float = 2.0,
-                 max_connections: int = 64) -> None:
+                 max_connections: int = 64, images: str = "auto") -> None:
         urls = [url_or_urls] if isinstance(url_or_urls, str) else list(url_or_urls)
         if not urls or not all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in urls):
             raise ValueError(f"expected one or more server URLs like 'http://127.0.0.1:8000', got {url_or_urls!r}")
         self.urls = [u.rstrip("/") for u in urls]
         self.current = 0
         self.retry_timeout, self.backoff, self.max_backoff = retry_timeout, backoff, max_backoff
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.images = resolve_image_codec(images, self.urls)
+        headers = {P.IMAGES_HEADER: self.images}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         self.http = httpx.Client(timeout=timeout, headers=headers, limits=limits)
         self.rng = random.Random()
@@ -218,6 +223,18 @@ class Transport:
 _JSON_HEADERS = {"Content-Type": "application/json"}
 
 
+def resolve_image_codec(images: str, urls: Sequence[str]) -> str:
+    """``auto`` -> ``raw`` when every URL's host is loopback (one machine: CPU, not bytes, is
+    scarce), else ``zlib``; other values must be one of protocol.IMAGE_CODECS."""
+    if images == "auto":
+        from urllib.parse import urlsplit
+
+        return "raw" if all(P.is_loopback(urlsplit(u).hostname or "") for u in urls) else "zlib"
+    if images not in P.IMAGE_CODECS:
+        raise ValueError(f"images must be 'auto' or one of {', '.join(P.IMAGE_CODECS)}, got {images!r}")
+    return images
+
+
 def _dumps(body: Any) -> bytes:
     """JSON bytes of ``body``; strings with lone surrogates (not UTF-8-encodable) go as escapes."""
     try:
@@ -278,9 +295,11 @@ class RemoteEnv:
 
     ``url_or_urls``: one server URL or several (failover, in order); ``token``: the server's
     bearer token; ``timeout``: seconds per HTTP request; ``retry_timeout``: seconds a call may
-    spend retrying and restoring; ``**config``: the env's config (validated by the server now,
-    as ``make`` does locally; the names ``token``, ``timeout``, ``retry_timeout`` and
-    ``transport`` are the client's). ``transport`` shares one connection pool between envs.
+    spend retrying and restoring; ``images``: the image codec (``auto``, ``png``, ``raw``,
+    ``zlib``; see :class:`Transport`); ``**config``: the env's config (validated by the server
+    now, as ``make`` does locally; the names ``token``, ``timeout``, ``retry_timeout``,
+    ``transport`` and ``images`` are the client's). ``transport`` shares one connection pool
+    between envs.
 
     Attributes mirroring the local env: ``config`` (the resolved env config, read-only),
     ``action_names``, ``action_sep``, ``judge_spec``, ``spec_name``/``spec_config`` (what
@@ -291,11 +310,11 @@ class RemoteEnv:
 
     def __init__(self, url_or_urls: str | Sequence[str], env_name: str, token: str | None = None,
                  timeout: float = 60.0, *, retry_timeout: float = 60.0, transport: Transport | None = None,
-                 _created: tuple[dict, int] | None = None, **config: Any) -> None:
+                 images: str = "auto", _created: tuple[dict, int] | None = None, **config: Any) -> None:
         self.env_name = env_name
         self.spec_name, self.spec_config = env_name, dict(config)
         self._own = transport is None
-        self._t = transport or Transport(url_or_urls, token, timeout, retry_timeout)
+        self._t = transport or Transport(url_or_urls, token, timeout, retry_timeout, images=images)
         self.settings = RemoteEnvConfig(urls=tuple(self._t.urls), env=env_name, token=token, timeout=timeout,
                                         retry_timeout=retry_timeout)
         self.config: Any = SimpleNamespace()

@@ -7,8 +7,9 @@ its own thread pool (``--workers 1``) or in each of W worker processes (``--work
 :func:`worker_main` reads operations from a pipe.
 
 An operation returns ``("ok", payload)`` or ``("err", status, ErrorBody-dict)``; a payload is
-JSON-able except that observation images are ``bytes`` (PNG) in ``{"images": [...]}``, which the
-front turns into binary frame parts. Env exceptions never become rewards: ``reset``/``step``
+JSON-able except that observation images are ``bytes`` in ``{"images": [...]}`` (in the codec
+the request asked for: PNG, raw pixels or zlib, see vagent/service/protocol.py, with their
+``formats``), which the front turns into binary frame parts. Env exceptions never become rewards: ``reset``/``step``
 that raise close the session (its state is unknown) and answer 500 with the error text; the
 read-only operations answer 500 and keep it. A ``ConfigError`` (at creation, or at a reset that
 cannot build an episode from the config) answers 422.
@@ -35,9 +36,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from PIL import Image
+
 from vagent.config import ConfigError, to_dict
 from vagent.envs.base import EnvError, EpisodeOverError, Observation, StepResult
-from vagent.service.protocol import encode_png
+from vagent.service.protocol import encode_image
 
 Result = tuple  # ("ok", payload) | ("err", status, {"error", "detail", "session_closed"})
 
@@ -142,9 +145,26 @@ class SessionHost:
 
     # -- encoding
     def _obs(self, obs: Observation) -> dict:
+        """An observation for a payload: its images stay PIL images until :meth:`_encode`."""
         if not isinstance(obs, Observation):
             raise TypeError(f"the env returned {type(obs).__name__} where an Observation was expected")
-        return {"text": obs.text, "images": [encode_png(im, self.png_level) for im in obs.images]}
+        return {"text": obs.text, "images": list(obs.images)}
+
+    def _encode(self, x: Any, codec: str) -> Any:
+        """A copy of payload ``x`` whose observation images are bytes in ``codec`` (with
+        ``formats`` unless PNG); stored payloads (a retried step's) keep their PIL images."""
+        if isinstance(x, dict):
+            ims = x.get("images")
+            if isinstance(ims, list) and ims and all(isinstance(im, Image.Image) for im in ims):
+                parts = [encode_image(im, codec, self.png_level) for im in ims]
+                out = {**x, "images": [p for p, _ in parts]}
+                if codec != "png":
+                    out["formats"] = [f for _, f in parts]
+                return out
+            return {k: self._encode(v, codec) for k, v in x.items()}
+        if isinstance(x, list):
+            return [self._encode(v, codec) for v in x]
+        return x
 
     def _step_payload(self, res: StepResult) -> dict:
         if not isinstance(res, StepResult):
@@ -165,8 +185,17 @@ class SessionHost:
         return {"obs": self._obs(obs), "info": to_jsonable(info)}
 
     # -- dispatch
-    def run(self, op: tuple) -> Result:
-        """Run one operation ``(name, session_id, *args)``; never raises."""
+    def run(self, op: tuple, codec: str = "png") -> Result:
+        """Run one operation ``(name, session_id, *args)``, images in ``codec``; never raises."""
+        res = self._run(op)
+        if res[0] != "ok":
+            return res
+        try:
+            return ("ok", self._encode(res[1], codec))
+        except Exception as exc:  # noqa: BLE001 - e.g. an image PIL cannot encode: the env's fault
+            return _err(500, "EnvException", self.redact(f"encoding the observation failed: {_exc_text(exc)}"))
+
+    def _run(self, op: tuple) -> Result:
         name, sid, *args = op
         fn = getattr(self, f"_op_{name}", None)
         if fn is None:
@@ -187,8 +216,8 @@ class SessionHost:
                 return _err(422, "ConfigError", self.redact(str(exc)), closed)
             return _err(500, "EnvException", self.redact(f"env raised in {name}: {_exc_text(exc)}"), closed)
 
-    def run_many(self, ops: list[tuple]) -> list[Result]:
-        return [self.run(op) for op in ops]
+    def run_many(self, ops: list[tuple], codec: str = "png") -> list[Result]:
+        return [self.run(op, codec) for op in ops]
 
     # -- operations
     def _op_create(self, sid: str, env_name: str, config: dict, seed: int | None, replay: list[str]) -> Result:
@@ -319,6 +348,6 @@ def worker_main(conn_in: Any, conn_out: Any, imports: tuple[str, ...], allowed: 
             break
         if msg is None:
             break
-        req_id, ops = msg
-        conn_out.send_bytes(pickle.dumps((req_id, host.run_many(ops)), protocol=pickle.HIGHEST_PROTOCOL))
+        req_id, ops, codec = msg
+        conn_out.send_bytes(pickle.dumps((req_id, host.run_many(ops, codec)), protocol=pickle.HIGHEST_PROTOCOL))
     host.close_all()

@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import importlib.util
-import ipaddress
 import itertools
 import os
 import secrets
@@ -39,13 +38,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from fastapi import FastAPI, Path, Request
+from fastapi import FastAPI, Header, Path, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from vagent import __version__
 from vagent.service import protocol as P
+from vagent.service.protocol import is_loopback
 from vagent.service.connections import ConnectionLimits, guarded_protocol
 from vagent.service.host import SessionHost, import_plugins
 from vagent.service.metrics import Metrics, rss_bytes
@@ -94,16 +94,6 @@ class ServerConfig:
 
 class StartupError(RuntimeError):
     """The server refuses to start (e.g. a non-loopback host without a token)."""
-
-
-def is_loopback(host: str) -> bool:
-    """True for localhost, 127.0.0.0/8 and ::1 (anything else, 0.0.0.0 included, is exposed)."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def validate_config(cfg: ServerConfig) -> None:
@@ -239,9 +229,9 @@ class Front:
             raise ApiError(404, "UnknownSession", _unknown(sid))
         return e
 
-    async def _run(self, worker: int, ops: list[tuple]) -> list[tuple]:
+    async def _run(self, worker: int, ops: list[tuple], codec: str = "png") -> list[tuple]:
         try:
-            return await self.executor.run(worker, ops)
+            return await self.executor.run(worker, ops, codec)
         except WorkerLost as exc:
             raise ApiError(503, "Busy", f"{exc}; its sessions were lost and it is restarting; retry "
                            "(RemoteEnv recreates and replays the session).", {"Retry-After": "1"}) from exc
@@ -259,14 +249,14 @@ class Front:
         if body.get("session_closed") and self.table.pop(sid, None) is not None:
             self.metrics.counts["sessions_closed"] += 1
 
-    async def session_op(self, sid: str, op: str, *args: Any) -> tuple:
+    async def session_op(self, sid: str, op: str, *args: Any, codec: str = "png") -> tuple:
         """One operation on one session under its lock; keeps the table in step with the host."""
         e = self.entry(sid)
         async with e.lock:
             if self.table.get(sid) is not e:
                 raise ApiError(404, "UnknownSession", _unknown(sid))
             e.last_used = time.monotonic()
-            [res] = await self._run(e.worker, [(op, sid, *args)])
+            [res] = await self._run(e.worker, [(op, sid, *args)], codec)
             e.last_used = time.monotonic()
             if op == "close" and res[0] == "ok":
                 self.table.pop(sid, None)
@@ -274,7 +264,7 @@ class Front:
             self._account(op, sid, res)
             return res
 
-    async def create_many(self, reqs: list[P.CreateRequest]) -> list[tuple]:
+    async def create_many(self, reqs: list[P.CreateRequest], codec: str = "png") -> list[tuple]:
         self.admit(len(reqs))
         self.reserved += len(reqs)
         try:
@@ -284,7 +274,7 @@ class Front:
                 sid = f"w{k}-{secrets.token_urlsafe(18)}"
                 plan.setdefault(k, []).append((i, ("create", sid, r.env, r.config, r.seed, r.replay)))
             results: list[tuple] = [()] * len(reqs)
-            done = await asyncio.gather(*(self._run(k, [op for _, op in items]) for k, items in plan.items()),
+            done = await asyncio.gather(*(self._run(k, [op for _, op in items], codec) for k, items in plan.items()),
                                         return_exceptions=True)
             for (k, items), out in zip(plan.items(), done):
                 if isinstance(out, BaseException):
@@ -305,7 +295,7 @@ class Front:
         finally:
             self.reserved -= len(reqs)
 
-    async def batch_op(self, op: str, items: list[tuple[str, tuple]]) -> list[tuple]:
+    async def batch_op(self, op: str, items: list[tuple[str, tuple]], codec: str = "png") -> list[tuple]:
         """``op`` on many sessions (``items``: (session_id, args)); per-item results in order."""
         sids = [sid for sid, _ in items]
         dup = [s for s, n in Counter(sids).items() if n > 1]
@@ -335,7 +325,8 @@ class Front:
                 e.last_used = time.monotonic()
                 plan.setdefault(e.worker, []).append(i)
             groups = list(plan.items())
-            done = await asyncio.gather(*(self._run(k, [(op, items[i][0], *items[i][1]) for i in idx]) for k, idx in groups),
+            done = await asyncio.gather(*(self._run(k, [(op, items[i][0], *items[i][1]) for i in idx], codec)
+                                          for k, idx in groups),
                                         return_exceptions=True)
             now = time.monotonic()
             for (k, idx), out in zip(groups, done):
@@ -471,6 +462,8 @@ _FRAMED = {200: {"description": "a frame: JSON header + PNG parts (see vagent.se
                  "content": {P.FRAMES_MEDIA_TYPE: {"schema": {"type": "string", "format": "binary"}}}}}
 _ERRORS = {s: {"model": P.ErrorBody} for s in (401, 404, 409, 413, 422, 500, 503)}
 SID = Path(min_length=1, max_length=P.MAX_NAME, description="the session id returned by create")
+CODEC = Header("png", alias=P.IMAGES_HEADER, pattern="^(png|raw|zlib)$",
+               description="image codec of the frame's parts: png (default), raw pixels, or zlib-compressed pixels")
 
 
 def _respond(res: tuple, framed: bool) -> Response:
@@ -532,17 +525,17 @@ def _add_session_routes(app: FastAPI, front: Front) -> None:
 
     @app.post(f"{P.API_PREFIX}/sessions", response_class=Response, responses=_FRAMED,
               summary="create a session (optionally reset it, and replay replies, in the same round trip)")
-    async def create(req: P.CreateRequest) -> Response:
-        [res] = await front.create_many([req])
+    async def create(req: P.CreateRequest, codec: str = CODEC) -> Response:
+        [res] = await front.create_many([req], codec)
         return _respond(res, framed=True)
 
     @app.post(f"{P.API_PREFIX}/sessions/{{session_id}}/reset", response_class=Response, responses=_FRAMED)
-    async def reset(req: P.ResetRequest, session_id: str = SID) -> Response:
-        return _respond(await front.session_op(session_id, "reset", req.seed), framed=True)
+    async def reset(req: P.ResetRequest, session_id: str = SID, codec: str = CODEC) -> Response:
+        return _respond(await front.session_op(session_id, "reset", req.seed, codec=codec), framed=True)
 
     @app.post(f"{P.API_PREFIX}/sessions/{{session_id}}/step", response_class=Response, responses=_FRAMED)
-    async def step(req: P.StepRequest, session_id: str = SID) -> Response:
-        return _respond(await front.session_op(session_id, "step", req.response, req.index), framed=True)
+    async def step(req: P.StepRequest, session_id: str = SID, codec: str = CODEC) -> Response:
+        return _respond(await front.session_op(session_id, "step", req.response, req.index, codec=codec), framed=True)
 
     @app.get(f"{P.API_PREFIX}/sessions/{{session_id}}/system_prompt", response_model=P.SystemPromptOut)
     async def system_prompt(session_id: str = SID) -> Response:
@@ -566,18 +559,18 @@ def _add_batch_routes(app: FastAPI, front: Front) -> None:
     """Batch routes: per-item results ({status, ok, error}) in request order."""
 
     @app.post(f"{P.API_PREFIX}/batch/create", response_class=Response, responses=_FRAMED)
-    async def batch_create(req: P.BatchCreateRequest) -> Response:
-        results = await front.create_many(req.items)
+    async def batch_create(req: P.BatchCreateRequest, codec: str = CODEC) -> Response:
+        results = await front.create_many(req.items, codec)
         return frames_response({"results": [_item(r) for r in results]})
 
     @app.post(f"{P.API_PREFIX}/batch/reset", response_class=Response, responses=_FRAMED)
-    async def batch_reset(req: P.BatchResetRequest) -> Response:
-        results = await front.batch_op("reset", [(it.session_id, (it.seed,)) for it in req.items])
+    async def batch_reset(req: P.BatchResetRequest, codec: str = CODEC) -> Response:
+        results = await front.batch_op("reset", [(it.session_id, (it.seed,)) for it in req.items], codec)
         return frames_response({"results": [_item(r) for r in results]})
 
     @app.post(f"{P.API_PREFIX}/batch/step", response_class=Response, responses=_FRAMED)
-    async def batch_step(req: P.BatchStepRequest) -> Response:
-        results = await front.batch_op("step", [(it.session_id, (it.response, it.index)) for it in req.items])
+    async def batch_step(req: P.BatchStepRequest, codec: str = CODEC) -> Response:
+        results = await front.batch_op("step", [(it.session_id, (it.response, it.index)) for it in req.items], codec)
         return frames_response({"results": [_item(r) for r in results]})
 
     @app.post(f"{P.API_PREFIX}/batch/close", response_model=P.BatchOut)

@@ -35,8 +35,8 @@ class LocalExecutor:
     async def start(self, on_lost: Callable[[int], None]) -> None:
         pass
 
-    async def run(self, worker: int, ops: list[tuple]) -> list[tuple]:
-        return await anyio.to_thread.run_sync(self.host.run_many, ops)
+    async def run(self, worker: int, ops: list[tuple], codec: str = "png") -> list[tuple]:
+        return await anyio.to_thread.run_sync(self.host.run_many, ops, codec)
 
     def pids(self) -> list[int]:
         return []
@@ -132,14 +132,14 @@ class ProcessExecutor:
         await asyncio.to_thread(w.proc.join, 5)
         self.workers[k] = await self._spawn(k)
 
-    async def run(self, worker: int, ops: list[tuple]) -> list[tuple]:
+    async def run(self, worker: int, ops: list[tuple], codec: str = "png") -> list[tuple]:
         w = self.workers[worker]
         if not w.alive:
             raise WorkerLost(f"env worker {worker} is restarting")
         req_id = next(self.ids)
         fut = asyncio.get_running_loop().create_future()
         w.pending[req_id] = fut
-        w.transport.write(_frame((req_id, ops)))
+        w.transport.write(_frame((req_id, ops, codec)))
         return await fut
 
     def pids(self) -> list[int]:
