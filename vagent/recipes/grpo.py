@@ -86,7 +86,7 @@ def train_grpo(session: Session, start_step: int = 0, resume_from: str | None = 
     from vagent.rollout.batch import build_token_batch
     from vagent.rollout.driver import make_driver
     from vagent.rollout.hf_policy import HFPolicy
-    from vagent.runs import StepProgress, load_checkpoint
+    from vagent.runs import StepProgress, load_checkpoint, save_token_rows
 
     cfg, u = session.cfg, session.cfg.update
     loaded, device = session.loaded, session.device
@@ -159,6 +159,8 @@ def train_grpo(session: Session, start_step: int = 0, resume_from: str | None = 
             })
             if ref_logprobs is not None:
                 metrics["actor/kl_ref"] = float(masked_mean(kl_penalty(old_logprobs, ref_logprobs, u.kl_kind), M))
+            save_token_rows(session.run.rollouts, step, cfg.log, batch, loaded.encoder, logprobs=old_logprobs,
+                            advantages=advantages)  # for `vagent view`
             after_step(session, step, metrics, episodes, modules, optimizers, schedulers, bar)
         if cfg.val.every:
             last_val = log_validation(session, policy, cfg.steps)

@@ -105,7 +105,7 @@ def train_ppo(session: Session, start_step: int = 0, resume_from: str | None = N
     from vagent.rollout.batch import build_token_batch
     from vagent.rollout.driver import make_driver
     from vagent.rollout.hf_policy import HFPolicy
-    from vagent.runs import StepProgress, load_checkpoint
+    from vagent.runs import StepProgress, load_checkpoint, save_token_rows
 
     cfg, u, p = session.cfg, session.cfg.update, session.cfg.ppo
     loaded, device = session.loaded, session.device
@@ -220,6 +220,8 @@ def train_ppo(session: Session, start_step: int = 0, resume_from: str | None = N
             })
             if kl_ref is not None:
                 metrics["actor/kl_ref"] = kl_ref
+            save_token_rows(session.run.rollouts, step, cfg.log, batch, loaded.encoder, logprobs=old_logprobs,
+                            advantages=advantages, values=values, returns=returns)  # for `vagent view`
             after_step(session, step, metrics, episodes, modules, optimizers, schedulers, bar)
         if cfg.val.every:
             last_val = log_validation(session, policy, cfg.steps)

@@ -6,6 +6,7 @@ Recipes (``vagent.recipes``) call these small pieces; none of them knows about a
 - :mod:`vagent.runs.metrics`    ``metrics.jsonl`` + TensorBoard (+ optional W&B), fixed prefixes
 - :mod:`vagent.runs.checkpoint` atomic checkpoints with RNG states, keep-last-N, exact resume
 - :mod:`vagent.runs.samples`    sampled rollouts as JSONL + PNG frames, size-capped
+- :mod:`vagent.runs.tokens`     the sampled rows' tokens, masks, log-probs, values, advantages (``vagent view``)
 - :mod:`vagent.runs.plots`      learning-curve PNGs
 - :mod:`vagent.runs.progress`   start-up arithmetic, progress bar, ``train.log``
 - :mod:`vagent.runs.errors`     NaN/inf, out-of-memory and model errors with the fix in the message
@@ -18,9 +19,11 @@ from vagent.runs.plots import plot_run
 from vagent.runs.progress import Console, StepProgress, startup_arithmetic
 from vagent.runs.rundir import RunDir, existing_run_dir, new_run_dir
 from vagent.runs.samples import save_rollouts
+from vagent.runs.tokens import save_token_rows
 
 __all__ = [
     "list_checkpoints", "load_checkpoint", "save_checkpoint", "ModelError", "NonFiniteError", "TrainingError",
     "check_finite", "is_oom", "oom_message", "PREFIXES", "MetricsLogger", "read_metrics", "plot_run",
     "Console", "StepProgress", "startup_arithmetic", "RunDir", "existing_run_dir", "new_run_dir", "save_rollouts",
+    "save_token_rows",
 ]
