@@ -3,8 +3,10 @@
 The asynchronous rollout (``vagent.rollout.loop``, ``schedule="async"``) runs each trajectory in
 its own thread, and each asks for ONE reply when its env step returns. Calling a model once per
 reply would waste the batch; this front gathers the calls that are waiting while the engine is
-busy (plus those arriving within ``wait_s`` of the first) and runs them as one batched call of the
-wrapped engine, on one worker thread. Calls whose ``SamplingParams`` differ run in separate
+busy and runs them as one batched call of the
+wrapped engine, on one worker thread: after the first waiting call it keeps collecting while new
+calls keep arriving less than ``gap_s`` apart (the trajectories whose env steps returned together,
+each encoding its prompt in turn), for at most ``max_wait_s``. Calls whose ``SamplingParams`` differ run in separate
 batches (requests with their own seeds ignore ``SamplingParams.seed``, so those share batches).
 
 The replies equal the wrapped engine's for the same requests: greedy decoding does not depend on
@@ -49,19 +51,20 @@ class BatchingEngine:
     Args:
         engine: the wrapped engine (e.g. ``HFEngine``); only this object's worker thread calls it.
         max_batch: the most requests per batched call.
-        wait_s: after the first waiting call, how long to wait for more before running a batch.
+        gap_s: a batch closes when no new call arrived for this long ...
+        max_wait_s: ... or this long after its first call (or when it holds max_batch requests).
     """
 
     #: ``generate`` may be called from many threads at once
     thread_safe = True
 
-    def __init__(self, engine: Any, *, max_batch: int = 64, wait_s: float = 0.002):
-        if max_batch < 1 or wait_s < 0:
-            raise ValueError(f"need max_batch >= 1 and wait_s >= 0, got {max_batch}, {wait_s}")
+    def __init__(self, engine: Any, *, max_batch: int = 64, gap_s: float = 0.01, max_wait_s: float = 0.05):
+        if max_batch < 1 or gap_s < 0 or max_wait_s < 0:
+            raise ValueError(f"need max_batch >= 1, gap_s >= 0, max_wait_s >= 0, got {max_batch}, {gap_s}, {max_wait_s}")
         self.engine = engine
         self.encoder = getattr(engine, "encoder", None)
         self.needs_images = bool(getattr(engine, "needs_images", False))
-        self.max_batch, self.wait_s = int(max_batch), float(wait_s)
+        self.max_batch, self.gap_s, self.max_wait_s = int(max_batch), float(gap_s), float(max_wait_s)
         self._queue: list[_Call] = []
         self._cv = threading.Condition()
         self._engine_lock = threading.Lock()
@@ -106,9 +109,14 @@ class BatchingEngine:
                 self._cv.wait()
             if not self._queue:
                 return None
-        if self.wait_s:
-            time.sleep(self.wait_s)
-        with self._cv:
+            deadline = time.monotonic() + self.max_wait_s
+            while not self._closed and sum(len(c.requests) for c in self._queue) < self.max_batch:
+                n, left = len(self._queue), deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cv.wait(timeout=min(self.gap_s, left))
+                if len(self._queue) == n:  # nothing new within gap_s
+                    break
             key = _batch_key(self._queue[0])
             batch, rest, n = [], [], 0
             for call in self._queue:

@@ -58,7 +58,8 @@ class SamplingParams:
         do_sample: False = greedy decoding (temperature / top-p / top-k ignored).
         seed: when set, sampling is reproducible for the same batch of requests: the engine seeds
             torch inside a forked RNG and restores the caller's RNG state afterwards. None = use
-            (and advance) the global torch RNG.
+            (and advance) the global torch RNG. Requests with their own ``GenerationRequest.seed``
+            draw from per-request generators instead (independent of the batch).
     """
 
     temperature: float = 1.0

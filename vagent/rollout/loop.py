@@ -51,6 +51,13 @@ rollout on the episodes without error; it adds to ``turn.reward`` and fills
 
 The result is a list of episodes (:class:`RolloutResult`, a ``list`` subclass) whose ``metrics``
 attribute holds :func:`rollout_metrics` plus ``perf/`` timings and the reasoning-reward metrics.
+
+Asynchronous schedule (``schedule="async"``, :mod:`vagent.rollout.async_loop`): the steps above
+without the per-turn barrier; each trajectory runs in its own thread and asks the (thread-safe,
+batching) policy for one reply at a time, with the same turn seeds. Same episodes as lockstep
+(greedy, or sampled with per-request seeds; tested). Each conversation carries ``key =
+traj_id`` (replica routing, per-request seeds) and each ``Turn`` the ``weights_version`` of the
+engine that sampled it.
 """
 
 from __future__ import annotations

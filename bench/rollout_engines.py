@@ -1,0 +1,165 @@
+"""Benchmark the rollout engines and schedules on CPU (tiny random VLM, FrozenLake with images).
+
+Three measurements, each side by side in one process on the same seeds:
+
+1. ``replicas``: episodes/s of a lockstep rollout (greedy, ``--episodes`` envs, ``--turns``
+   turns) generated in process (``HFEngine``), on 1 and on 2 ``RemoteEngine`` replicas (Ray
+   actors, ``--replica-threads`` torch threads each). Checks that all three played the same ids.
+2. ``schedule``: lockstep vs asynchronous rollout (in-process ``BatchingEngine``) with envs of
+   unequal latency: every second env's ``step`` sleeps ``--delay`` seconds (an env service with
+   added latency next to a fast local env). Checks the two played the same episodes.
+3. ``overlap``: wall time per RL step of a small PPO run (``vagent train`` config, 1 replica)
+   with ``rollout.overlap`` 0 and 1, from the metrics' timestamps of steps 1..N (step 0 has no
+   overlap to gain). Also prints each run's final ``reward/mean`` (few steps: not a learning
+   comparison).
+
+Run:  PYTHONPATH=. python bench/rollout_engines.py [--episodes 16] [--turns 3] [--part all]
+
+The printed table is in docs/results.md form. Timings depend on the machine (the 2-core CI
+machine shares its cores between the trainer, the replicas and the Ray processes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+
+class SlowEnv:
+    """An env whose ``step`` takes ``delay`` extra seconds."""
+
+    def __init__(self, env, delay: float):
+        self.env, self.delay = env, delay
+
+    def step(self, text):
+        time.sleep(self.delay)
+        return self.env.step(text)
+
+    def __getattr__(self, name):
+        return getattr(self.env, name)
+
+
+def ids(eps):
+    return [[t.sampled_token_ids for t in e.turns] for e in eps]
+
+
+def bench_replicas(args, loaded, specs, sampling, rows):
+    from vagent.models.engine import HFEngine
+    from vagent.models.remote import RemoteEngine, start_ray
+    from vagent.rollout import HFPolicy, rollout
+
+    def timed(policy):
+        rollout(specs[:2], policy, sampling, max_turns=1)  # warm-up
+        t = []
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            eps = rollout(specs, policy, sampling, max_turns=args.turns)
+            t.append(time.perf_counter() - t0)
+        return statistics.median(t), eps
+
+    s0, ref = timed(HFPolicy(HFEngine(loaded.model, loaded.encoder)))
+    rows.append(("in-process HFEngine", len(ref) / s0, s0, "reference"))
+    ray = start_ray(num_cpus=2)
+    try:
+        for n in (1, 2):
+            engine = RemoteEngine(loaded.model, loaded.encoder, replicas=n, threads=args.replica_threads)
+            s, eps = timed(HFPolicy(engine))
+            rows.append((f"RemoteEngine, {n} replica(s)", len(eps) / s, s, "same ids" if ids(eps) == ids(ref) else "DIFFERENT ids"))
+            engine.close()
+    finally:
+        ray.shutdown()
+
+
+def bench_schedule(args, loaded, specs, sampling, rows):
+    from vagent.envs import make
+    from vagent.rollout import HFPolicy, rollout
+
+    def factory(spec):
+        return SlowEnv(make(spec.name, **dict(spec.config)), args.delay if spec.seed % 2 else 0.0)
+
+    out = {}
+    for schedule in ("lockstep", "async"):
+        policy = HFPolicy(loaded, batching=schedule == "async")
+        rollout(specs[:2], policy, sampling, max_turns=1, env_factory=factory, schedule=schedule)  # warm-up
+        t = []
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            eps = rollout(specs, policy, sampling, max_turns=args.turns, env_factory=factory, schedule=schedule)
+            t.append(time.perf_counter() - t0)
+        out[schedule] = (statistics.median(t), eps)
+        if schedule == "async":
+            policy.engine.close()
+    same = ids(out["async"][1]) == ids(out["lockstep"][1])
+    for schedule, (s, eps) in out.items():
+        rows.append((f"{schedule}, half the envs +{args.delay:g} s/step", len(eps) / s, s,
+                     "reference" if schedule == "lockstep" else ("same episodes" if same else "DIFFERENT episodes")))
+
+
+def bench_overlap(args, rows):
+    from vagent.recipes.config import load_config
+    from vagent.recipes.run import train
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench_overlap_"))
+    base = [f"steps={args.steps}", "sft.steps=0", "val.every=0", "threads=1", f"model.cache_dir={tmp / 'cache'}",
+            "model.tiny_pretrain_steps=0", "model.tiny_pretrain_relation_steps=0",
+            f"envs.0.n_train={args.episodes}", "rollout.max_turns=2", f"rollout.max_new_tokens={args.max_new_tokens}",
+            "rollout.replicas=1", "update.warmup_steps=0", "ppo.critic_warmup_steps=0", "log.tensorboard=false", "log.progress=false", "log.rollouts_every=0",
+            "log.checkpoint_every=0", "log.plot_every=0", f"out_dir={tmp / 'runs'}"]
+    for overlap in (0, 1):
+        run_dir = train(load_config(None, base + [f"rollout.overlap={overlap}", f"name=overlap{overlap}"]), quiet=True)
+        recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        recs = [r for r in recs if r.get("phase") == "rl" and "perf/step_time_s" in r]
+        per_step = (recs[-1]["time"] - recs[0]["time"]) / (len(recs) - 1)
+        lags = sorted({r.get("rollout/weights_lag") for r in recs})
+        rows.append((f"PPO overlap {overlap} (1 replica)", per_step, per_step,
+                     f"weights lag {lags}, final reward/mean {recs[-1]['reward/mean']:.3f}"))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--episodes", type=int, default=16)
+    ap.add_argument("--turns", type=int, default=3)
+    ap.add_argument("--max-new-tokens", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--delay", type=float, default=0.5, help="extra seconds per step of every second env")
+    ap.add_argument("--replica-threads", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=5, help="PPO steps per overlap run")
+    ap.add_argument("--part", choices=["all", "replicas", "schedule", "overlap"], default="all")
+    args = ap.parse_args()
+
+    import torch
+
+    torch.set_num_threads(1)
+    from vagent.models import build_tiny_vlm, load_policy
+    from vagent.rollout import EnvSpec, SamplingConfig
+
+    loaded = load_policy(build_tiny_vlm(tempfile.mkdtemp(prefix="bench_engines_"), family="qwen3_vl", layers=3,
+                                        image_size=128))
+    env = {"format": "grounding_worldmodeling", "render": "vision", "image_size": 128, "description_style": "symbolic"}
+    specs = [EnvSpec("frozenlake", env, 10_000 + s) for s in range(args.episodes)]
+    sampling = SamplingConfig(temperature=0.0, max_new_tokens=args.max_new_tokens, stop=["</answer>"])
+    rows: list[tuple[str, float, float, str]] = []
+    if args.part in ("all", "replicas"):
+        bench_replicas(args, loaded, specs, sampling, rows)
+    if args.part in ("all", "schedule"):
+        bench_schedule(args, loaded, specs, sampling, rows)
+    print(f"\n{args.episodes} episodes x {args.turns} turns, {args.max_new_tokens} new tokens/turn, greedy, "
+          f"median of {args.repeats}, torch threads 1 per process")
+    print("| setting | episodes/s | wall s | check |\n|---|---|---|---|")
+    for name, rate, s, note in rows:
+        print(f"| {name} | {rate:.2f} | {s:.2f} | {note} |")
+    if args.part in ("all", "overlap"):
+        rows.clear()
+        bench_overlap(args, rows)
+        print(f"\nPPO, {args.steps} steps x {args.episodes} episodes, 2 turns, 1 HFEngine replica (Ray)")
+        print("| setting | s per step (steps 1..N) | check |\n|---|---|---|")
+        for name, _, s, note in rows:
+            print(f"| {name} | {s:.2f} | {note} |")
+
+
+if __name__ == "__main__":
+    main()
