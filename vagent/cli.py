@@ -20,6 +20,7 @@ _CLI_MODULES = (
     "vagent.eval.cli",        # eval
     "vagent.rewards.cli",     # judge-audit
     "vagent.vigorl.cli",      # vigorl ...
+    "vagent.viewer.cli",      # view
 )
 
 
