@@ -5,7 +5,12 @@
 - :mod:`vagent.recipes.sft`    SFT on JSONL chat data with images (the warm start before RL)
 - :mod:`vagent.recipes.demos`  solver demonstrations in the SFT chat format (``vagent demos``)
 - :mod:`vagent.recipes.update` the PPO-clip actor update and the critic update they share
-- :mod:`vagent.recipes.common` seeds, devices, optimizers, forward passes, validation
+- :mod:`vagent.recipes.common` seeds, devices, model set-up, optimizers
+- :mod:`vagent.recipes.scoring` forward passes on a token batch and the scoring passes
+- :mod:`vagent.recipes.batching` mini-/micro-batches and the weights that make accumulation exact
+- :mod:`vagent.recipes.rollouts` the training rollout (shared between ranks), validation, reward metrics
+- :mod:`vagent.recipes.session` the run record the recipes share (``Session``)
+- :mod:`vagent.recipes.sharding` which models are sharded how in a torchrun job, export of a sharded policy
 - :mod:`vagent.recipes.config` the declared run config (``RunConfig``) and the default preset
 - :mod:`vagent.recipes.run`    ``train(cfg)``: run dir, model, SFT, RL, plots (``vagent train``)
 """

@@ -326,13 +326,22 @@ def clip_grads(params: Sequence[torch.nn.Parameter], max_norm: float) -> float:
     return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
 
 
-# names that moved to their own modules (re-exported so that older imports keep working)
-from vagent.recipes.batching import accumulation_weight, micro_batch_rows, mini_batches, per_row  # noqa: E402,F401
-from vagent.recipes.rollouts import (  # noqa: E402,F401
-    episode_summary, reward_metrics, train_rollout, validate,
-)
-from vagent.recipes.scoring import (  # noqa: E402,F401
-    SharedPrefix, common_prefix_length, critic_forward, head_only_logits, hidden_after_prefix, policy_forward,
-    rl_temperature, score_logprobs, score_reference, score_shared, shared_prefix, shift_right,
-)
-from vagent.recipes.session import Session  # noqa: E402,F401
+# names that moved to their own modules (resolved on first use, so that older imports keep working
+# without an import cycle: those modules import this one)
+_MOVED = {
+    "vagent.recipes.batching": ("accumulation_weight", "micro_batch_rows", "mini_batches", "per_row"),
+    "vagent.recipes.rollouts": ("episode_summary", "reward_metrics", "train_rollout", "validate"),
+    "vagent.recipes.scoring": ("SharedPrefix", "common_prefix_length", "critic_forward", "head_only_logits",
+                               "hidden_after_prefix", "policy_forward", "rl_temperature", "score_logprobs",
+                               "score_reference", "score_shared", "shared_prefix", "shift_right"),
+    "vagent.recipes.session": ("Session",),
+}
+
+
+def __getattr__(name: str) -> Any:
+    import importlib
+
+    for module, names in _MOVED.items():
+        if name in names:
+            return getattr(importlib.import_module(module), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
