@@ -219,13 +219,13 @@ function renderList() {
   S.page = Math.min(S.page, pages - 1);
   const slice = shown.slice(S.page * PAGE, S.page * PAGE + PAGE);
   const pager = document.getElementById("pager");
-  pager.replaceChildren(
+  pager.replaceChildren(...[
     el("button", { disabled: S.page === 0, onclick: () => { S.page--; renderList(); } }, "‹ prev"),
     el("span", { id: "count", text: ` ${n ? S.page * PAGE + 1 : 0}–${S.page * PAGE + slice.length} of ${n} episodes` +
       (n !== S.episodes.length ? ` (${S.episodes.length} in all)` : "") + " " }),
     el("button", { disabled: S.page >= pages - 1, onclick: () => { S.page++; renderList(); } }, "next ›"),
     pr && pr.byPosition ? el("div", { class: "note", text: "These two groups share no env seed (training steps draw new " +
-      "seeds every step), so episodes are paired by position, not by seed." }) : null);
+      "seeds every step), so episodes are paired by position, not by seed." }) : null].filter(Boolean));
   const head = el("tr", {}, ["#", "env", "seed", "ok", "return", "turns", "", S.index.training ? "max|A|" : null]
     .filter((h) => h !== null).map((h, i) => el("th", { class: i === 1 ? "l" : null, text: h })));
   const rows = slice.map((e) => el("tr", {
