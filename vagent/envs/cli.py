@@ -20,6 +20,7 @@ from typing import Any
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("envs", help="list registered environments and their config fields")
     p.add_argument("name", nargs="?", help="show only this env")
+    add_import_argument(p)
     p.set_defaults(func=cmd_envs)
 
     q = subparsers.add_parser("play", help="play an episode of an environment in the terminal")
@@ -32,7 +33,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     q.add_argument("--max-turns", type=int, default=100, help="stop after this many turns (default 100)")
     q.add_argument("--config", nargs="*", default=[], metavar="KEY=VALUE",
                    help="env config overrides; values are YAML (e.g. dim_room=[8,8] num_boxes=2)")
+    add_import_argument(q)
     q.set_defaults(func=cmd_play)
+
+
+def add_import_argument(p: argparse.ArgumentParser) -> None:
+    """``--import MODULE`` (repeatable): modules to import first, so that the envs they
+    ``register`` are known (docs/custom_env.md; ``vagent.plugins``)."""
+    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                   help="module (dotted name, or a .py file) to import first; it registers your own envs; repeatable")
+
+
+def import_plugins(args: argparse.Namespace) -> None:
+    """Import the modules of ``--import`` (raises vagent.plugins.PluginImportError)."""
+    from vagent.plugins import import_modules
+
+    import_modules(getattr(args, "imports", ()))
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:
@@ -51,7 +67,13 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
 def cmd_envs(args: argparse.Namespace) -> int:
     from vagent.config import describe
     from vagent.envs import env_class, list_envs
+    from vagent.plugins import PluginImportError
 
+    try:
+        import_plugins(args)
+    except PluginImportError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     names = [args.name] if args.name else list_envs()
     for name in names:
         cls = env_class(name)
@@ -107,6 +129,13 @@ def cmd_play(args: argparse.Namespace) -> int:
     from vagent.envs import make
     from vagent.envs.formats import parse_response
 
+    from vagent.plugins import PluginImportError
+
+    try:
+        import_plugins(args)
+    except PluginImportError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     config = parse_overrides(args.config)
     if args.format:
         config["format"] = args.format

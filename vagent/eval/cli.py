@@ -5,6 +5,7 @@
                 --format no_think,grounding_worldmodeling --out runs/eval/gpt41mini
     vagent eval --backend hf --model runs/ppo/checkpoints/step_000200/policy --env sokoban --seeds test:100
     vagent eval --describe         # every config field with its default and meaning
+    vagent eval --backend hf --model MODEL_DIR --env corridor --import mypackage.corridor
 
 Quick flags override the config file: ``--model`` replaces its ``models`` (with ``--backend``,
 ``--base-url``, ``--concurrency``, ``--name``); without ``--model`` those three apply to every
@@ -43,6 +44,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="rerun finished episodes")
     p.add_argument("--no-html", action="store_true", help="do not write report.html")
     p.add_argument("--describe", action="store_true", help="print every config field and exit")
+    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                   help="module (dotted name or .py file) that registers your own envs; repeatable")
     p.set_defaults(func=run)
     return p
 
@@ -92,6 +95,8 @@ def build_mapping(args: argparse.Namespace) -> dict[str, Any]:
     for key, value in (("out_dir", args.out), ("max_turns", args.max_turns), ("group_size", args.group_size)):
         if value is not None:
             m[key] = value
+    if getattr(args, "imports", None):
+        m["imports"] = list(m.get("imports") or []) + [x for x in args.imports if x not in (m.get("imports") or [])]
     if args.force:
         m["force"] = True
     if args.no_html:

@@ -191,6 +191,9 @@ class EvalConfig:
     save_images: bool = True
     #: print the summary table at the end
     print_table: bool = True
+    #: modules to import first (your own envs' register calls; dotted names or .py paths;
+    #: docs/custom_env.md); vagent eval --import MODULE adds to it
+    imports: list[str] = field(default_factory=list)
 
 
 def parse_seed_range(spec: str) -> list[int]:
@@ -289,6 +292,13 @@ def load_config(values: Mapping[str, Any]) -> EvalConfig:
     if isinstance(values.get("sampling"), Mapping):
         values["sampling"] = {**EVAL_SAMPLING_DEFAULTS, **values["sampling"]}
     cfg = from_mapping(EvalConfig, values, where="eval config")
+    if cfg.imports:  # before validate looks the env names up
+        from vagent.plugins import PluginImportError, import_modules
+
+        try:
+            import_modules(cfg.imports)
+        except PluginImportError as exc:
+            raise ConfigError(f"imports: {exc}") from exc
     validate(cfg)
     return cfg
 

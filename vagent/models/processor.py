@@ -16,7 +16,13 @@ Multi-turn without re-encoding (REFERENCE.md section 12, bug 6):
     ... next user turn ...
 
 ``encode_user`` templates ``[system, user]`` and drops the system prefix's ids (checked to be a
-prefix). ``check_incremental`` verifies once that the concatenation equals templating the whole
+prefix).
+
+The chat template is the model's own: for a VLM the processor's template file
+(``chat_template.jinja``, else ``chat_template.json``: what ``AutoProcessor.apply_chat_template``
+uses), else the tokenizer's (``tokenizer_config.json``); ``chat_template_source`` says which.
+tests/models/test_templates.py checks, for Qwen2-VL, Qwen2.5-VL and Qwen3-VL, that the ids built
+for a turn equal the model's own processor's. ``check_incremental`` verifies once that the concatenation equals templating the whole
 conversation; run it on your model before training (the tests run it on the tiny models).
 """
 
@@ -112,6 +118,8 @@ class ChatEncoder:
                 raise ValueError(f"min_pixels={lo} > max_pixels={hi}")
             self.min_pixels, self.max_pixels = lo, hi
             self._size_kwargs = {"size": {"shortest_edge": lo, "longest_edge": hi}}
+        #: where the chat template came from (set by from_pretrained)
+        self.chat_template_source = "tokenizer"
         self._system_prefix = self._tokenize(self._render([("system", _PROBE_SYSTEM, 0)], False))
         self._end_ids: list[int] | None = None
 
@@ -134,14 +142,14 @@ class ChatEncoder:
         if gguf_file is not None:
             kw["gguf_file"] = gguf_file
         tokenizer = AutoTokenizer.from_pretrained(str(path), **kw)
-        if tokenizer.chat_template is None:
-            tokenizer.chat_template = _find_chat_template(path)
         config = AutoConfig.from_pretrained(str(path), **kw)
+        template, source = _model_chat_template(path, tokenizer.chat_template, is_vision_config(config))
+        tokenizer.chat_template = template
         image_processor, image_token_id = None, None
         if is_vision_config(config):
             image_processor = AutoImageProcessor.from_pretrained(str(path), trust_remote_code=trust_remote_code)
             image_token_id = getattr(config, "image_token_id", None)
-        return cls(
+        encoder = cls(
             tokenizer,
             image_processor,
             name=str(path),
@@ -150,6 +158,8 @@ class ChatEncoder:
             max_pixels=max_pixels,
             min_pixels=min_pixels,
         )
+        encoder.chat_template_source = source
+        return encoder
 
     # ----------------------------------------------------------------- public API
     def encode_system(self, text: str) -> EncodedSegment:
@@ -326,12 +336,17 @@ def _generation_eos_ids(path: Path) -> list[int]:
     return [eos] if isinstance(eos, int) else list(eos)
 
 
-def _find_chat_template(path: Path) -> str:
-    for name in ("chat_template.jinja", "chat_template.json"):
-        file = path / name
-        if file.is_file():
-            text = file.read_text()
-            return json.loads(text)["chat_template"] if name.endswith(".json") else text
+def _model_chat_template(path: Path, tokenizer_template: str | None, is_vision: bool) -> tuple[str, str]:
+    """(template, source): a VLM's processor template file first (what its processor applies),
+    else the tokenizer's, else a template file; ValueError when the model has none."""
+    if is_vision or tokenizer_template is None:
+        for name in ("chat_template.jinja", "chat_template.json"):
+            file = path / name
+            if file.is_file():
+                text = file.read_text()
+                return (json.loads(text)["chat_template"] if name.endswith(".json") else text), name
+    if tokenizer_template is not None:
+        return tokenizer_template, "tokenizer_config.json"
     raise ValueError(
         f"{path}: the tokenizer has no chat_template and there is no chat_template.jinja/.json; "
         "vagent needs the model's chat template to build prompts"

@@ -3,10 +3,12 @@
     vagent train [--config FILE] [key=value section.key=value envs.0.config.render=text ...]
     vagent train --resume RUN_DIR
     vagent train --describe                     # every config field with its default and doc
+    vagent train --import mypackage.corridor envs.0.name=corridor ...   # your own env (docs/custom_env.md)
     vagent train --nproc 2 [key=value ...]      # a torchrun job of 2 processes (docs/distributed.md)
     vagent train --nproc 8 --nnodes 2 --node-rank R --rdzv-endpoint HOST:PORT [key=value ...]
     vagent demos ENV --format F --n N OUT [--random-action-frac 0.1] [--split train]
                  [--actions-per-turn K] [--objects goal hole] [--max-turns T] [--env key=value ...]
+                 [--import MODULE]
 
 ``vagent train`` with no arguments runs the default preset (configs/frozenlake_ppo.yaml, embedded
 in ``vagent.recipes.config.DEFAULT_PRESET_YAML``): a tiny VLM warm-started with SFT on solver
@@ -31,6 +33,9 @@ def add_parser(subparsers) -> None:
     train.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue a run from its newest checkpoint")
     train.add_argument("--describe", action="store_true", help="list every config field and exit")
     train.add_argument("--quiet", action="store_true", help="print nothing (train.log still gets everything)")
+    train.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                       help="module (dotted name or .py file) that registers your own envs; added to the config's "
+                            "imports (saved with the run); repeatable")
     dist = train.add_argument_group("several processes (torchrun; docs/distributed.md)")
     dist.add_argument("--nproc", type=int, default=None, metavar="N",
                       help="processes on this host (GPUs: one per GPU); starts torchrun itself")
@@ -49,8 +54,9 @@ def add_parser(subparsers) -> None:
     demos.add_argument("out", help="output JSONL file (images go to <out stem>_images/ next to it)")
     demos.add_argument("--format", default="grounding_worldmodeling", help="reasoning format")
     demos.add_argument("--n", type=int, default=64, help="episodes")
-    demos.add_argument("--random-action-frac", type=float, default=0.1,
-                       help="probability of replacing each solver action by a random one")
+    demos.add_argument("--random-action-frac", type=float, default=None,
+                       help="probability of replacing each solver action by a random one (default 0.1; 0 for "
+                            "envs with free-form actions such as svg)")
     demos.add_argument("--split", default="train", choices=("train", "val", "test"), help="seed split")
     demos.add_argument("--offset", type=int, default=0, help="first seed's offset within the split")
     demos.add_argument("--actions-per-turn", type=int, default=None, help="actions per reply (default: the env's max)")
@@ -62,6 +68,8 @@ def add_parser(subparsers) -> None:
     demos.add_argument("--max-turns", type=int, default=10, help="turn limit")
     demos.add_argument("--env", dest="env_config", nargs="*", default=(), metavar="key=value",
                        help="env config fields, e.g. render=text size=5")
+    demos.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                       help="module (dotted name or .py file) that registers your own envs; repeatable")
     demos.set_defaults(func=run_demos)
 
 
@@ -95,11 +103,16 @@ def run_train(args: argparse.Namespace) -> int:
             train(resume=args.resume, quiet=args.quiet)
             return 0
         cfg = load_config(args.config, args.overrides)
+        if args.imports:  # --import: imported now, and saved in the run's config.yaml for --resume
+            from vagent.plugins import import_modules
+
+            import_modules(args.imports)
+            cfg.imports += [m for m in args.imports if m not in cfg.imports]
         from vagent.recipes.run import train
 
         train(cfg, quiet=args.quiet)
         return 0
-    except (ConfigError, DataError, TrainingError, FileNotFoundError) as exc:
+    except (ConfigError, DataError, TrainingError, FileNotFoundError, ImportError) as exc:
         return _error(f"{world().tag()}: {exc}" if world().distributed else str(exc))
     finally:
         shutdown_world()  # every exit path (a gloo job that skips it aborts about 1 exit in 3)
@@ -120,6 +133,8 @@ def launch_job(args: argparse.Namespace) -> int:
         train_args += ["--resume", args.resume]
     if args.quiet:
         train_args.append("--quiet")
+    for module in args.imports:
+        train_args += ["--import", module]
     try:
         return launch(args.nproc or 1, train_args, nnodes=args.nnodes, node_rank=args.node_rank,
                       rdzv_endpoint=args.rdzv_endpoint)
@@ -131,8 +146,14 @@ def run_demos(args: argparse.Namespace) -> int:
     import yaml
 
     from vagent.config import ConfigError
-    from vagent.recipes.demos import DemoSettings, write_demos
+    from vagent.plugins import PluginImportError, import_modules
+    from vagent.recipes.demos import DemoSettings, default_random_frac, write_demos
 
+    try:
+        import_modules(args.imports)
+        frac = args.random_action_frac if args.random_action_frac is not None else default_random_frac(args.env)
+    except (PluginImportError, KeyError) as exc:
+        return _error(str(exc).strip("'\""))
     env_config = {"format": args.format}
     for item in args.env_config:
         if "=" not in item:
@@ -140,7 +161,7 @@ def run_demos(args: argparse.Namespace) -> int:
         k, _, v = item.partition("=")
         env_config[k] = yaml.safe_load(v)
     settings = DemoSettings(env=args.env, env_config=env_config, n=args.n, split=args.split, offset=args.offset,
-                            random_action_frac=args.random_action_frac, actions_per_turn=args.actions_per_turn,
+                            random_action_frac=frac, actions_per_turn=args.actions_per_turn,
                             max_turns=args.max_turns, objects=tuple(args.objects),
                             reasoning_objects=tuple(args.reasoning_objects),
                             reasoning_plan=not args.no_reasoning_plan)

@@ -29,14 +29,16 @@ from typing import Any, Literal, Mapping
 from vagent.config import ConfigError, _suggest, from_mapping, to_dict
 
 ESTIMATORS_PPO = ("masked_gae", "bi_level_gae", "turn_gae", "no_concat_gae")
-ESTIMATORS_GRPO = ("grpo", "rloo", "reinforce_pp")
+ESTIMATORS_GRPO = ("grpo", "rloo", "reinforce_pp", "gigpo")
 
 
 @dataclass
 class ModelConfig:
     """Which policy to train and how to load it."""
 
-    #: model directory or hub id; "tiny" builds (or reuses) a tiny random-weight VLM under cache_dir
+    #: model directory or hub id (e.g. Qwen/Qwen2.5-VL-3B-Instruct: the Hugging Face cache, downloaded
+    #: on first use; offline, HF_HUB_OFFLINE=1 uses the cache only); "tiny" builds (or reuses) a tiny
+    #: random-weight VLM under cache_dir
     path: str = "tiny"
     #: where "tiny" models are built and reused (~ is expanded)
     cache_dir: str = "~/.cache/vagent"
@@ -80,6 +82,22 @@ class ModelConfig:
     gradient_checkpointing: bool = False
     #: keep the vision encoder (and its merger) frozen; only the language model trains
     freeze_vision: bool = False
+    #: smallest image area in pixels the image processor resizes to (null = the checkpoint's
+    #: preprocessor_config.json); images are resized into [min_pixels, max_pixels]
+    min_pixels: int | None = None
+    #: largest image area in pixels (null = the checkpoint's; fewer pixels, fewer image tokens:
+    #: tokens = pixels / (patch * merge)**2, e.g. 28 * 28 px per token for Qwen2/2.5-VL)
+    max_pixels: int | None = None
+    #: the most tokens one sample may hold (context + rollout.max_new_tokens); a turn that would
+    #: exceed it is not generated and ends the episode as truncated (finish reason context_limit);
+    #: null = no limit
+    max_context_tokens: int | None = None
+    #: run the checkpoint's own modelling/tokenizer code (transformers trust_remote_code); only for
+    #: checkpoints you trust
+    trust_remote_code: bool = False
+    #: attention kernel passed to from_pretrained: null (transformers' default, sdpa), eager, sdpa,
+    #: flash_attention_2 (needs the flash-attn package and a GPU)
+    attn_implementation: str | None = None
 
 
 @dataclass
@@ -211,20 +229,30 @@ class PPOConfig:
     #: critic backbone: "separate" (a copy of the policy's backbone) or "shared" (one model: the
     #: value head reads the policy's scoring pass, about half the update time; the value loss trains the head only)
     critic_backbone: Literal["separate", "shared"] = "separate"
+    #: reward-variance filter over groups (rollout.group_size >= 2): none, top_k (fraction of groups)
+    #: or top_p (of variance); as grpo.filter, on the episodes' scores
+    filter: Literal["none", "top_k", "top_p"] = "none"
+    #: the filter's fraction (top_k) or variance mass (top_p) in (0, 1]
+    filter_value: float = 1.0
 
 
 @dataclass
 class GRPOConfig:
     """Critic-free group-relative estimators (GRPO, RLOO, REINFORCE++)."""
 
-    #: estimator: grpo, rloo or reinforce_pp
-    estimator: Literal["grpo", "rloo", "reinforce_pp"] = "grpo"
+    #: estimator: grpo, rloo, reinforce_pp or gigpo (GRPO plus step-level groups of turns that saw the
+    #: same env state, keyed on env.state(); Feng et al. 2025, arXiv 2505.10978)
+    estimator: Literal["grpo", "rloo", "reinforce_pp", "gigpo"] = "grpo"
     #: grpo: divide by the group's reward std (false = Dr. GRPO-style mean-centering only)
     norm_by_std: bool = True
     #: reward-variance filter over groups: none, top_k (fraction of groups) or top_p (of variance)
     filter: Literal["none", "top_k", "top_p"] = "none"
     #: the filter's fraction (top_k) or variance mass (top_p) in (0, 1]
     filter_value: float = 1.0
+    #: gigpo: discount of the step-level returns G_t = sum_k gamma^(k-t) r_k
+    gigpo_gamma: float = 0.95
+    #: gigpo: weight of the step-level advantage, A = A_episode + omega * A_step
+    gigpo_omega: float = 1.0
 
 
 @dataclass
@@ -300,6 +328,22 @@ class LogConfig:
 
 
 @dataclass
+class HubConfig:
+    """Upload checkpoints to the Hugging Face Hub (pip install huggingface_hub; docs/metrics.md)."""
+
+    #: target model repo, e.g. me/frozenlake-ppo (created if missing); empty = no upload
+    repo_id: str = ""
+    #: upload every N-th checkpoint (and the last); the upload runs in a background thread and a
+    #: failure is logged and retried with the next checkpoint, never stopping training
+    every: int = 1
+    #: create the repo as private
+    private: bool = True
+    #: what to upload: policy (the exported model directory, loadable with from_pretrained) or
+    #: checkpoint (the whole checkpoint: weights, optimizer states, RNG)
+    what: Literal["policy", "checkpoint"] = "policy"
+
+
+@dataclass
 class DistConfig:
     """Runs of several processes (torchrun; docs/distributed.md); ignored by a single process."""
 
@@ -331,6 +375,9 @@ class RunConfig:
     bf16: Literal["auto", "true", "false"] = "auto"
     #: torch CPU threads (0 = torch's default)
     threads: int = 0
+    #: modules to import before envs are looked up (your own envs' register calls; dotted names or
+    #: .py paths; docs/custom_env.md); vagent train --import MODULE adds to it
+    imports: list[str] = field(default_factory=list)
     #: the policy
     model: ModelConfig = field(default_factory=ModelConfig)
     #: environments to train and validate on
@@ -351,6 +398,8 @@ class RunConfig:
     log: LogConfig = field(default_factory=LogConfig)
     #: several processes (torchrun): collective timeout, FSDP2 memory options
     dist: DistConfig = field(default_factory=DistConfig)
+    #: Hugging Face Hub upload of checkpoints
+    hub: HubConfig = field(default_factory=HubConfig)
     #: reasoning-reward judges (vagent.rewards.ReasoningReward config), null = env rewards only
     reasoning_reward: dict | None = None
 
@@ -406,6 +455,22 @@ def validate(cfg: RunConfig) -> RunConfig:
         need(r.group_size >= 2, "recipe grpo needs rollout.group_size >= 2 (advantages are relative to "
              f"the group), got {r.group_size}.")
         need(0 < cfg.grpo.filter_value <= 1, f"grpo.filter_value must be in (0, 1], got {cfg.grpo.filter_value}.")
+        need(0 <= cfg.grpo.gigpo_gamma <= 1, f"grpo.gigpo_gamma must be in [0, 1], got {cfg.grpo.gigpo_gamma}.")
+    if cfg.recipe == "ppo" and cfg.ppo.filter != "none":
+        need(0 < cfg.ppo.filter_value <= 1, f"ppo.filter_value must be in (0, 1], got {cfg.ppo.filter_value}.")
+        need(r.group_size >= 2, "ppo.filter compares the rewards within a group: set rollout.group_size >= 2 "
+             f"(got {r.group_size}) or ppo.filter none.")
+    m = cfg.model
+    for name in ("min_pixels", "max_pixels", "max_context_tokens"):
+        need(getattr(m, name) is None or getattr(m, name) >= 1, f"model.{name} must be >= 1 or null, got {getattr(m, name)}.")
+    need(m.min_pixels is None or m.max_pixels is None or m.min_pixels <= m.max_pixels,
+         f"model.min_pixels ({m.min_pixels}) must be <= model.max_pixels ({m.max_pixels}).")
+    need(m.max_context_tokens is None or m.max_context_tokens > r.max_new_tokens,
+         f"model.max_context_tokens ({m.max_context_tokens}) must exceed rollout.max_new_tokens ({r.max_new_tokens}): "
+         "a turn needs room for its prompt and its reply.")
+    need(cfg.hub.every >= 1, f"hub.every must be >= 1, got {cfg.hub.every}.")
+    need(not cfg.hub.repo_id or cfg.hub.repo_id.count("/") == 1,
+         f"hub.repo_id must look like OWNER/NAME, got {cfg.hub.repo_id!r}.")
     if cfg.recipe == "grpo" and u.kl_coef > 0 and u.kl_in != "loss":
         raise ConfigError("recipe grpo puts the KL in the loss: set update.kl_in=loss (or update.kl_coef=0).")
     if cfg.recipe == "sft":
@@ -524,7 +589,15 @@ def load_config(
         keys, value = parse_override(text)
         _set_path(tree, keys, value, RunConfig)
     cfg = from_mapping(RunConfig, tree, where="config")
-    return validate(cfg)
+    cfg = validate(cfg)
+    if cfg.imports:  # the modules that register the config's own envs, before anything looks them up
+        from vagent.plugins import PluginImportError, import_modules
+
+        try:
+            import_modules(cfg.imports)
+        except PluginImportError as exc:
+            raise ConfigError(f"imports: {exc}") from exc
+    return cfg
 
 
 def describe_rows(cls: type | None = None, prefix: str = "") -> list[tuple[str, str, Any, str, bool]]:

@@ -61,7 +61,8 @@ class DemoSettings:
     split: str = "train"
     #: offset of the first seed within the split
     offset: int = 0
-    #: probability that each action is replaced by a uniformly random one
+    #: probability that each action is replaced by a uniformly random one (must be 0 for an env
+    #: without ``action_names``, whose actions are free-form, e.g. svg; ``default_random_frac``)
     random_action_frac: float = 0.1
     #: actions per reply (null = the env's max_actions_per_turn)
     actions_per_turn: int | None = None
@@ -75,6 +76,14 @@ class DemoSettings:
     #: end <reasoning> with the plan "I move Down, Right." (False: the relation sentence only, or
     #: "I move." when there is none, so the <answer> is where the choice is made)
     reasoning_plan: bool = True
+
+
+def default_random_frac(env_name: str, frac: float = 0.1) -> float:
+    """``frac`` for an env with an action list, 0 for one whose actions are free-form (svg,
+    vigorl_*: no ``action_names``, so there is no random action to draw)."""
+    from vagent.envs import env_class
+
+    return frac if getattr(env_class(env_name), "action_names", ()) else 0.0
 
 
 def _describe_fn(env: Any) -> Callable[[dict, str], str]:
@@ -99,8 +108,14 @@ def _filtered(state: dict, objects: Sequence[str]) -> dict:
 def _choose_actions(env: Any, k: int, frac: float, rng: np.random.Generator) -> tuple[list[str], list[bool]]:
     plan = list(env.optimal_actions())[:k]
     names = list(getattr(env, "action_names", ()))
-    if not names:
-        raise TypeError(f"{type(env).__name__} has no action_names; demonstrations need the action list.")
+    if not names:  # a free-form action (svg: SVG source; vigorl: a tool call): nothing to draw from
+        if frac > 0:
+            raise ValueError(
+                f"{type(env).__name__} has no action_names (its actions are free-form), so solver actions "
+                f"cannot be replaced by random ones: set random_action_frac 0 (--random-action-frac 0), "
+                f"got {frac}."
+            )
+        return plan, [False] * len(plan)
     actions, random_flags = [], []
     for a in plan:
         if frac > 0 and rng.random() < frac:

@@ -6,7 +6,9 @@ A group is ``rollout.group_size`` episodes of the same env, seed and config. Eac
     2. rewards     each episode's score R = sum of its turn rewards (env + reasoning judges)
     3. filter      optional reward-variance filter: keep the groups whose rewards vary most
     4. advantages  grpo: (R - mean_g) / (std_g + eps) | rloo: leave-one-out | reinforce_pp,
-                   computed per TRAJECTORY and broadcast to all its sampled tokens (and rows)
+                   computed per TRAJECTORY and broadcast to all its sampled tokens (and rows);
+                   gigpo: grpo's plus omega x a step-level one, per TURN, over the turns of the
+                   group that saw the same env state (key: sha256 of env.state() before the turn)
     5. update      PPO-clip with clip-higher / dual-clip, entropy bonus, KL to the reference in
                    the loss (k3), epochs x mini-batches x micro-batches
     6. log         rollout/ reward/ filter/ loss/ actor/ optim/ perf/; samples, checkpoint, plots
@@ -52,6 +54,8 @@ def trajectory_advantages(cfg, batch) -> Tensor:
     scores, groups = batch.scores[first], batch.group_ids[first]  # [T]
     ones = torch.ones(trajs.numel(), 1, dtype=torch.bool, device=scores.device)  # one "token" per trajectory
     g = cfg.grpo
+    if g.estimator == "gigpo":
+        return gigpo_token_advantages(cfg, batch, row_traj, scores, groups)
     if g.estimator == "grpo":
         a, _ = grpo_advantages(scores, groups, ones, norm_by_std=g.norm_by_std)
     elif g.estimator == "rloo":
@@ -61,16 +65,48 @@ def trajectory_advantages(cfg, batch) -> Tensor:
     return a[:, 0][row_traj][:, None] * batch.loss_mask  # A of each row's trajectory, on M
 
 
-def filter_groups(cfg, batch) -> tuple[Any, float, dict[str, float]]:
-    """(kept rows of the batch, advantage scale, filter/* metrics) of the reward-variance filter."""
+def gigpo_token_advantages(cfg, batch, row_traj: Tensor, scores: Tensor, groups: Tensor) -> Tensor:
+    """GiGPO advantages [B, L] (``vagent.rl.gigpo_advantages``) on each row's M=1 tokens.
+
+    Laid out per trajectory and turn: ``step_rewards`` [T, K] (turn k's reward, from its turn-end
+    token), the state key before each turn (``batch.state_keys``: every turn of a concat row, the
+    row's own turn in per-turn modes) and one "token" per turn; the result A[traj, k] goes on the
+    sampled tokens of turn k (``batch.turn_index``). row_traj [B]: trajectory slot of each row;
+    scores, groups [T]: per trajectory.
+    """
+    from vagent.rl.advantages import gigpo_advantages
+
+    M = batch.loss_mask
+    n_traj, K = scores.numel(), int(batch.turn_index.max()) + 1
+    ends = (batch.turn_end_mask & M).nonzero(as_tuple=True)  # (row, position) of each turn's last token
+    step_rewards = torch.zeros(n_traj, K, device=M.device).index_put_(
+        (row_traj[ends[0]], batch.turn_index[ends]), batch.token_rewards[ends].float(), accumulate=True)
+    keys: list[dict[int, str]] = [{} for _ in range(n_traj)]
+    for b, row_keys in enumerate(batch.state_keys):
+        turn = int(batch.row_turn[b])
+        keys[int(row_traj[b])].update({turn: row_keys[0]} if turn >= 0 else dict(enumerate(row_keys)))
+    steps = [[k[t] for t in range(len(k))] for k in keys]  # each trajectory's turns 0..T_b-1, in order
+    n_steps = torch.tensor([len(k) for k in steps], device=M.device)
+    step_mask = torch.arange(K, device=M.device)[None, :] < n_steps[:, None]  # [T, K]
+    turn_ids = torch.arange(K, device=M.device).expand(n_traj, K)
+    g = cfg.grpo
+    a, _ = gigpo_advantages(scores, groups, step_rewards, steps, step_mask, turn_ids, gamma=g.gigpo_gamma,
+                            omega=g.gigpo_omega, norm_by_std=g.norm_by_std)
+    return a[row_traj[:, None], batch.turn_index.clamp(min=0)] * M  # A of each token's (trajectory, turn)
+
+
+def filter_groups(cfg, batch, settings=None) -> tuple[Any, float, dict[str, float]]:
+    """(kept rows of the batch, advantage scale, filter/* metrics) of the reward-variance filter
+    ``settings.filter`` / ``filter_value`` (``cfg.grpo``, or ``cfg.ppo`` for PPO)."""
     from vagent.rl.filters import variance_filter
 
-    if cfg.grpo.filter == "none":
+    settings = cfg.grpo if settings is None else settings
+    if settings.filter == "none":
         return batch, 1.0, {}
     trajs, row_traj = torch.unique(batch.traj_ids, return_inverse=True)
     first = torch.full((trajs.numel(),), batch.batch_size, dtype=torch.long, device=row_traj.device)
     first = first.scatter_reduce(0, row_traj, torch.arange(batch.batch_size, device=row_traj.device), "amin")
-    result = variance_filter(batch.scores[first], batch.group_ids[first], cfg.grpo.filter, cfg.grpo.filter_value)
+    result = variance_filter(batch.scores[first], batch.group_ids[first], settings.filter, settings.filter_value)
     keep_traj = torch.zeros(trajs.numel(), dtype=torch.bool, device=row_traj.device)
     keep_traj[result.kept_indices.to(row_traj.device)] = True
     rows = keep_traj[row_traj].nonzero()[:, 0]
@@ -103,7 +139,7 @@ def train_grpo(session: Session, start_step: int = 0, resume_from: str | None = 
     modules, optimizers, schedulers = {"policy": model}, {"actor": opt}, {"actor": sched}
     if resume_from is not None:
         load_checkpoint(resume_from, modules, optimizers, schedulers)
-    policy = HFPolicy(loaded, prefix_cache=cfg.rollout.prefix_cache)
+    policy = HFPolicy(loaded, prefix_cache=cfg.rollout.prefix_cache, max_context_tokens=cfg.model.max_context_tokens)
     reasoning = session.reasoning_reward()
     # where training rollouts are generated (rollout.engine / replicas / schedule / overlap); the
     # default is train_rollout(session, policy, step, reasoning) with this in-process policy

@@ -3,7 +3,8 @@
 Each RL step, in the order it runs::
 
     1. rollout     n_train envs x group_size episodes (seeds from (run seed, step)), sampled
-    2. rewards     each turn's reward (env + reasoning judges) on its last sampled token e_k
+    2. rewards     each turn's reward (env + reasoning judges) on its last sampled token e_k;
+                   optional reward-variance filter over groups (ppo.filter, as grpo.filter)
     3. scoring     no-grad passes: log pi_old, V_old (critic), log pi_ref (if KL); KL in reward
     4. advantages  masked_gae | bi_level_gae | turn_gae | no_concat_gae, then whitened over M
     5. update      critic: clipped value loss where returns are defined; actor: PPO-clip +
@@ -133,7 +134,7 @@ def train_ppo(session: Session, start_step: int = 0, resume_from: str | None = N
         load_checkpoint(resume_from, modules, optimizers, schedulers)
     session.console.print(f"critic: {count_parameters(critic) / 1e6:.2f}M params ({p.critic_backbone} backbone); "
                           f"reference model: {'yes' if ref else 'no (kl_coef 0)'}")
-    policy = HFPolicy(loaded, prefix_cache=cfg.rollout.prefix_cache)
+    policy = HFPolicy(loaded, prefix_cache=cfg.rollout.prefix_cache, max_context_tokens=cfg.model.max_context_tokens)
     reasoning = session.reasoning_reward()
     # where training rollouts are generated (rollout.engine / replicas / schedule / overlap); the
     # default is train_rollout(session, policy, step, reasoning) with this in-process policy
@@ -150,6 +151,11 @@ def train_ppo(session: Session, start_step: int = 0, resume_from: str | None = N
             # 1-2. rollout; turn rewards (env + reasoning judges) sit on each turn's last token
             episodes = driver.get(step)
             batch = build_token_batch(episodes, mode=batch_mode(cfg), pad_token_id=loaded.encoder.pad_token_id).to(device)
+            filter_metrics, filter_scale = {}, 1.0
+            if p.filter != "none":  # reward-variance filter (off by default): the groups whose rewards vary most
+                from vagent.recipes.grpo import filter_groups
+
+                batch, filter_scale, filter_metrics = filter_groups(cfg, batch, p)
             M = batch.loss_mask
             t_update = time.perf_counter()
 
@@ -179,6 +185,8 @@ def train_ppo(session: Session, start_step: int = 0, resume_from: str | None = N
             raw_adv = advantages
             if p.whiten_advantages:
                 advantages = masked_whiten(advantages, M) * M
+            if filter_scale != 1.0:  # top_p: sqrt(kept / all groups), as in GRPO
+                advantages = advantages * filter_scale
 
             # 5. update: critic every step, actor after the critic warm-up
             ctx = UpdateContext(device, session.bf16, cfg.seed, step, session.last_checkpoint, tau)
@@ -199,6 +207,7 @@ def train_ppo(session: Session, start_step: int = 0, resume_from: str | None = N
             # 6. log
             metrics = dict(episodes.metrics)
             metrics.update(reward_metrics(episodes))
+            metrics.update(filter_metrics)
             metrics.update(stats)
             metrics.update(lrs)
             metrics.update({

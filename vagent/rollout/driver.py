@@ -144,6 +144,7 @@ def make_driver(cfg: Any, loaded: Any, policy: Any, run: Callable[[Any, int], An
     if is_default(r):
         return RolloutDriver(run, policy, steps=cfg.steps)
     owns_ray, engine = False, None
+    ctx = cfg.model.max_context_tokens  # model.max_context_tokens: a turn beyond it ends the episode
     if r.engine == "vllm":
         from vagent.models.vllm_engine import VLLMEngine
 
@@ -155,9 +156,9 @@ def make_driver(cfg: Any, loaded: Any, policy: Any, run: Callable[[Any, int], An
         if r.schedule == "async":
             from vagent.models.batching import BatchingEngine
 
-            gen_policy = HFPolicy(BatchingEngine(engine), per_request_seeds=True)
+            gen_policy = HFPolicy(BatchingEngine(engine), per_request_seeds=True, max_context_tokens=ctx)
         else:
-            gen_policy = HFPolicy(engine, per_request_seeds=True)
+            gen_policy = HFPolicy(engine, per_request_seeds=True, max_context_tokens=ctx)
     elif r.replicas >= 1:
         from vagent.models.remote import RemoteEngine, import_ray, start_ray
 
@@ -166,9 +167,10 @@ def make_driver(cfg: Any, loaded: Any, policy: Any, run: Callable[[Any, int], An
         start_ray()
         engine = RemoteEngine(loaded.model, loaded.encoder, replicas=r.replicas, prefix_cache=r.prefix_cache,
                               threads=r.replica_threads)
-        gen_policy = HFPolicy(engine, per_request_seeds=True)
+        gen_policy = HFPolicy(engine, per_request_seeds=True, max_context_tokens=ctx)
     else:  # in process, asynchronous
-        gen_policy = HFPolicy(loaded, prefix_cache=r.prefix_cache, per_request_seeds=True, batching=True)
+        gen_policy = HFPolicy(loaded, prefix_cache=r.prefix_cache, per_request_seeds=True, batching=True,
+                              max_context_tokens=ctx)
     return RolloutDriver(run, gen_policy, engine=engine, model=loaded.model, overlap=r.overlap, steps=cfg.steps,
                          owns_ray=owns_ray)
 
