@@ -155,8 +155,10 @@ def prepare_model(m: ModelConfig, envs: Sequence[EnvEntry] = (),
     afterwards. A run that finds the lock taken waits for the other build and reuses it; a build
     that raises removes its temporary directory, and one that was killed leaves it for the next
     builder (who holds the lock, so no one else is writing it) to delete."""
-    if m.path != "tiny":
-        return Path(m.path).expanduser()
+    if m.path != "tiny":  # a local directory, or a hub id's snapshot in the Hugging Face cache
+        from vagent.models.loading import resolve_model_path
+
+        return resolve_model_path(m.path)
     from filelock import FileLock, Timeout
 
     out = tiny_model_dir(m, envs)
@@ -220,8 +222,10 @@ def load_model(cfg: RunConfig, path: Path, device: torch.device):
     if cfg.model.lora_rank > 0:
         lora = LoraSettings(r=cfg.model.lora_rank, alpha=int(cfg.model.lora_alpha), dropout=cfg.model.lora_dropout)
     try:
-        loaded = load_policy(path, dtype=cfg.model.dtype, device=device, lora=lora,
-                             gradient_checkpointing=cfg.model.gradient_checkpointing)
+        m = cfg.model
+        loaded = load_policy(path, dtype=m.dtype, device=device, lora=lora, gradient_checkpointing=m.gradient_checkpointing,
+                             trust_remote_code=m.trust_remote_code, min_pixels=m.min_pixels, max_pixels=m.max_pixels,
+                             attn_implementation=m.attn_implementation)
     except (FileNotFoundError, NotADirectoryError) as exc:
         raise ModelError(f"model.path: {exc}") from exc
     if cfg.model.freeze_vision:
