@@ -62,6 +62,7 @@ def _run_dir(tmp: Path, name: str) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)  # two short runs: ~2 min alone, far longer on a shared machine
 def test_scaled_default_pipeline_identical_across_processes_load_and_omp_threads(tmp_path):
     # the competing load: a busy process on each core for the whole first run
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
