@@ -34,13 +34,15 @@ from vagent.recipes.config import RunConfig, config_to_yaml, load_config
 def train(cfg: RunConfig | None = None, resume: str | Path | None = None, quiet: bool = False) -> Path:
     """Run (or resume) a training run; returns its run directory. Errors raise
     :class:`vagent.runs.TrainingError` (or ConfigError) with the fix in the message."""
-    from vagent.recipes.common import (
-        Session, check_compatible, load_model, prepare_model, resolve_device, use_bf16,
-    )
+    from vagent.recipes.common import check_compatible, load_model, resolve_device, use_bf16
+    from vagent.recipes.session import Session
+    from vagent.distributed import broadcast_object, init_world, rank_device
+    from vagent.recipes.session import SilentLogger
     from vagent.runs import (
         Console, MetricsLogger, TrainingError, existing_run_dir, is_oom, list_checkpoints, load_checkpoint,
         new_run_dir, oom_message, plot_run, startup_arithmetic,
     )
+    from vagent.runs.rundir import RunDir
 
     t_start = time.time()
     run = None
@@ -50,7 +52,8 @@ def train(cfg: RunConfig | None = None, resume: str | Path | None = None, quiet:
         run = existing_run_dir(resume)
         cfg = load_config(run.config)
     cfg = cfg if cfg is not None else load_config()
-    console = Console(run.log if run else None, quiet=quiet)
+    world = init_world(cfg.device, cfg.dist.timeout_s)  # started by torchrun: join the job; else nothing
+    console = Console(run.log if run and world.is_main else None, quiet=quiet or not world.is_main)
     console.print("resolved config:", config_to_yaml(cfg).rstrip(), "")
 
     random.seed(cfg.seed)
@@ -58,27 +61,29 @@ def train(cfg: RunConfig | None = None, resume: str | Path | None = None, quiet:
     torch.manual_seed(cfg.seed)
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
-    device = resolve_device(cfg.device)
+    device = resolve_device(rank_device(cfg.device))  # several GPUs: cuda:LOCAL_RANK
     bf16 = use_bf16(cfg.bf16, device)
 
     # the model first: a missing or incompatible model fails before a run directory exists
-    model_dir = prepare_model(cfg.model, cfg.envs, say=console.print)
+    model_dir = prepare_model_once(cfg, console)  # several processes: rank 0 builds, the others wait
     loaded = load_model(cfg, model_dir, device)
     check_compatible(loaded, cfg)
-    if run is None:
+    if run is None and world.is_main:  # rank 0 alone writes the run directory
         run = new_run_dir(cfg.out_dir, cfg.name)
         run.config.write_text(config_to_yaml(cfg))
         console.log_path = run.log
         console.log_path.write_text("resolved config:\n" + config_to_yaml(cfg) + "\n")
-
+    if world.distributed:
+        run = RunDir(Path(broadcast_object(str(run.root) if world.is_main else None, "run directory")))
     from vagent.runs.environment import record_environment
 
-    record_environment(run.root, say=console.print)  # threads, CPU kernels, versions (a resume compares)
+    if world.is_main:
+        record_environment(run.root, say=console.print)  # threads, CPU kernels, versions (a resume compares)
 
     checkpoints = list_checkpoints(run.checkpoints)
     latest = checkpoints[-1] if checkpoints else None
     logger = MetricsLogger(run.root, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb,
-                           wandb_project=cfg.log.wandb_project, run_name=run.root.name)
+                           wandb_project=cfg.log.wandb_project, run_name=run.root.name) if world.is_main else SilentLogger()
     if latest is not None:
         dropped = logger.truncate_after(("sft", "rl"), latest.phase, latest.step)
         console.print(f"resuming from {latest.path} ({latest.phase} step {latest.step}); "
@@ -135,12 +140,43 @@ def train(cfg: RunConfig | None = None, resume: str | Path | None = None, quiet:
         raise
     finally:
         logger.close()
-        if run.metrics.is_file():
+        if world.is_main and run.metrics.is_file():
             plot_run(run.metrics, run.plots)
-    summary = summarize(run, time.time() - t_start)
-    (run.root / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    console.print(format_summary(summary))
+    if world.is_main:
+        summary = summarize(run, time.time() - t_start)
+        (run.root / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        console.print(format_summary(summary))
     return run.root
+
+
+def prepare_model_once(cfg: RunConfig, console: Any) -> Path:
+    """``prepare_model``; in a job, rank 0 runs it alone (it may build and caption-pretrain the
+    tiny model, on one process) while the other ranks wait for the model directory to appear, then
+    find it built. Rank 0 must see the same filesystem as the others (cache_dir)."""
+    from vagent.distributed import barrier, single_process, world
+    from vagent.recipes.common import prepare_model, tiny_model_dir
+
+    w = world()
+    if not w.distributed:
+        return prepare_model(cfg.model, cfg.envs, say=console.print)
+    if w.is_main:
+        with single_process():
+            path = prepare_model(cfg.model, cfg.envs, say=console.print)
+    else:
+        wait_for_file(tiny_model_dir(cfg.model, cfg.envs) / "config.json" if cfg.model.path == "tiny" else None)
+        path = prepare_model(cfg.model, cfg.envs, say=console.print)
+    barrier("model ready")
+    return path
+
+
+def wait_for_file(path: Path | None, timeout_s: float = 6 * 3600.0) -> None:
+    """Poll for ``path`` (a model rank 0 is building can take longer than a collective's timeout)."""
+    t0 = time.time()
+    while path is not None and not path.is_file():
+        if time.time() - t0 > timeout_s:
+            raise TimeoutError(f"waited {timeout_s:.0f}s for rank 0 to build {path.parent}; is cache_dir on a "
+                               "filesystem every rank sees?")
+        time.sleep(1.0)
 
 
 def summarize(run: Any, wall_s: float) -> dict:
