@@ -60,3 +60,15 @@ def test_two_process_checkpoint_resumes_in_one(sft_ppo_two, tmp_path):
     assert diff < 1e-4
     for k in ("loss/policy", "loss/value", "actor/grad_norm", "critic/grad_norm"):
         assert resumed[-1][k] == pytest.approx(expected[-1][k], rel=1e-3, abs=1e-6), k
+
+
+def test_exported_policy_loads_with_the_sharded_weights(sft_ppo_two):
+    """A sharded checkpoint's policy/ (gathered, written by rank 0) is a from_pretrained directory
+    holding exactly the policy weights of the checkpoint's DCP shards."""
+    from vagent.models.loading import load_policy
+
+    ckpt = sft_ppo_two / "checkpoints" / "step_000002"
+    exported = load_policy(ckpt / "policy").model.state_dict()
+    sharded = {k[len("policy."):]: v for k, v in checkpoint_weights(ckpt).items() if k.startswith("policy.")}
+    assert exported.keys() == sharded.keys()
+    assert all(torch.equal(exported[k], sharded[k]) for k in sharded)
