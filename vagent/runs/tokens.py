@@ -80,6 +80,10 @@ def dump_rows(batch: Any, episodes: range | list[int], arrays: Mapping[str, Tens
     arrays: name -> [B, L] tensor (or None: left out), aligned with ``batch.input_ids``.
     """
     keep = set(episodes)
+    for name, v in arrays.items():
+        if v is not None and tuple(v.shape) != tuple(batch.input_ids.shape):
+            raise ValueError(f"token dump: {name} has shape {tuple(v.shape)}, the batch's rows are "
+                             f"{tuple(batch.input_ids.shape)}; pass the [B, L] tensor aligned with batch.input_ids")
     cpu = {k: v.detach().float().cpu().numpy() for k, v in arrays.items() if v is not None}
     ids, mask = batch.input_ids.cpu().numpy(), batch.loss_mask.cpu().numpy()
     turn, lengths = batch.turn_index.cpu().numpy(), batch.lengths.cpu().numpy()

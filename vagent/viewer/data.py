@@ -110,15 +110,20 @@ def turn_view(turn: Mapping[str, Any], env_name: str, env_config: Mapping[str, A
     }
 
 
+def _penalized(turn: Mapping[str, Any]) -> int:
+    """Judged fields of a turn whose reward is a penalty or a zeroed score (as _judge_parts says)."""
+    scores = turn.get("reasoning_scores") or {}
+    return sum(r < 0 or (bool(scores.get(k)) and r == 0) for k, r in (turn.get("reasoning_rewards") or {}).items())
+
+
 def _summary(i: int, rec: Mapping[str, Any], turns: list[Mapping[str, Any]]) -> dict:
-    judge = [j for t in turns for j in _judge_parts(t)]
     n_fmt = sum(not t.get("format_ok", (t.get("parsed") or {}).get("format_ok", False)) for t in turns)
     return {
         "i": i, "env": rec.get("env_name"), "seed": rec.get("seed", (rec.get("key") or {}).get("seed")),
         "sample": (rec.get("key") or {}).get("sample", rec.get("traj_id")),
         "success": bool(rec.get("success")), "total_reward": rec.get("total_reward"),
         "env_return": rec.get("env_return"), "n_turns": len(turns), "format_errors": n_fmt,
-        "judge_penalties": sum(j["reward"] < 0 or (bool(j["score"]) and j["reward"] == 0) for j in judge),
+        "judge_penalties": sum(_penalized(t) for t in turns),
         "error": rec.get("error"), "max_abs_adv": None, "has_tokens": False,
         "first_reply": (turns[0].get("reply", "") if turns else "")[:160],
     }
@@ -185,6 +190,7 @@ class RunSource:
         self._steps = sorted(int(p.name[5:11]) for p in self.rollouts.glob("step_??????.jsonl")) \
             if self.rollouts.is_dir() else []
         self._load = lru_cache(maxsize=8)(self._load_step)
+        self.episodes = lru_cache(maxsize=8)(self.episodes)  # type: ignore[method-assign]
 
     def _metrics(self) -> list[dict]:
         path = self.root / "metrics.jsonl"
@@ -215,11 +221,18 @@ class RunSource:
                 }
         groups = []
         for s in self._steps:
-            tok = self._token_doc(s)
             groups.append({"id": f"step_{s:06d}", "label": f"step {s}", "step": s, **steps.get(s, {}),
-                           "tokens": "yes" if tok and "rows" in tok else (tok or {}).get("skipped", "no")})
+                           "tokens": self._token_status(s)})
         return {"kind": "run", "title": self.root.name, "path": str(self.root), "groups": groups,
                 "steps": [steps[k] for k in sorted(steps)], "val": val, "training": True}
+
+    def _token_status(self, step: int) -> str:
+        """yes / no / the size cap's note, without reading a whole dump (a stub is a few hundred bytes)."""
+        path = self.rollouts / f"step_{step:06d}.tokens.json"
+        if not path.is_file():
+            return "no"
+        return "yes" if path.stat().st_size > 4096 else (read_token_rows(path).get("skipped") and "skipped (size cap)"
+                                                           or "yes")
 
     def _token_doc(self, step: int) -> dict | None:
         path = self.rollouts / f"step_{step:06d}.tokens.json"
@@ -234,34 +247,34 @@ class RunSource:
             raise ViewerError(f"no rollouts dumped at step {step} (dumped: {self._steps[:20]})")
         return step
 
-    def _load_step(self, step: int) -> tuple[list[dict], dict | None]:
+    def _load_step(self, step: int) -> tuple[list[dict], dict | None, dict[int, list[dict]]]:
+        """(episode records, token dump or None, the dump's rows by episode) of a step."""
         lines = (self.rollouts / f"step_{step:06d}.jsonl").read_text().splitlines()
-        return [json.loads(x) for x in lines if x.strip()], self._token_doc(step)
-
-    def _rows_of(self, doc: dict | None, i: int) -> list[dict]:
-        if not doc or "rows" not in doc:
-            return []
-        return [r for r in doc["rows"] if r["episode"] == i]
+        doc = self._token_doc(step)
+        by_episode: dict[int, list[dict]] = {}
+        for r in (doc or {}).get("rows", []):
+            by_episode.setdefault(r["episode"], []).append(r)
+        return [json.loads(x) for x in lines if x.strip()], doc, by_episode
 
     def episodes(self, group: str) -> list[dict]:
-        recs, doc = self._load(self._step_of(group))
+        recs, _, rows_of = self._load(self._step_of(group))
         out = []
         for i, rec in enumerate(recs):
             s = _summary(i, rec, rec["turns"])
-            rows = self._rows_of(doc, i)
+            rows = rows_of.get(i, [])
             s["has_tokens"], s["max_abs_adv"] = bool(rows), _max_abs_adv(rows)
             out.append(s)
         return out
 
     def episode(self, group: str, i: int) -> dict:
-        recs, doc = self._load(self._step_of(group))
+        recs, doc, rows_of = self._load(self._step_of(group))
         if not 0 <= i < len(recs):
             raise ViewerError(f"{group}: episode {i} out of range (0..{len(recs) - 1})")
         rec = recs[i]
         cfg = rec.get("env_config") or {}
         turns = [turn_view(t, rec.get("env_name"), cfg, [f"rollouts/{f}" for f in t.get("frames") or []], t.get("observation", ""))
                  for t in rec["turns"]]
-        rows = self._rows_of(doc, i)
+        rows = rows_of.get(i, [])
         tokens = attach_tokens(turns, rows, doc) if rows else None
         why = None
         if tokens is None:
