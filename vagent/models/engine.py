@@ -11,9 +11,11 @@ Semantics shared by all engines:
   or include the EOS token when one was sampled (``"eos"``), or stop at ``max_new_tokens``
   (``"length"``). A stop string is found on the decoded text of the generated ids (special
   tokens skipped): the cut is the earliest token at which the decoded text contains it.
-- ``logprobs[i]`` is the model's log-softmax at temperature 1 (no top-k / top-p) of
-  ``token_ids[i]``: the policy's own log-probability, what PPO's ratio needs. It is NOT the
-  log-probability under the warped sampling distribution. Recipes may recompute it anyway.
+- ``logprobs[i]`` is the log-softmax of the model's logits divided by the sampling temperature
+  T (``log_softmax(logits / T)``; T = 1 for greedy decoding), without top-k / top-p, of
+  ``token_ids[i]``: the tempered policy's log-probability, what PPO's ratio needs when the
+  recipes score at the rollout's temperature (``rl_temperature``). It is NOT the log-probability
+  under the top-k / top-p truncated distribution. Recipes may recompute it anyway.
 - ``text`` is ``decode(token_ids, skip_special_tokens=True)``.
 
 Prefix reuse (``HFEngine(prefix_cache=True)``, the default): a multi-turn rollout asks, turn
