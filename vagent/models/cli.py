@@ -2,7 +2,7 @@
 
     vagent model init-tiny OUT_DIR [--family qwen2_5_vl] [--hidden 128] [--layers 2] [--heads 4]
                                    [--vocab-size 4096] [--image-size 96] [--seed 0]
-    vagent model info DIR [--gguf-file F]
+    vagent model info DIR_OR_HUB_ID [--gguf-file F] [--min-pixels N] [--max-pixels N] [--trust-remote-code]
 
 ``--family qwen2`` or ``llama`` builds a text-only causal LM instead of a VLM.
 ``vagent/cli.py`` calls ``add_parser`` (which sets ``func=run``); heavy imports happen inside
@@ -38,8 +38,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     init.add_argument("--rope-theta", type=float, default=None,
                       help="language model rotary base of a VLM (default: the family's, 1e6 / 5e6)")
     info = sub.add_parser("info", help="print parameter count, vision support, image token counts")
-    info.add_argument("model_dir")
+    info.add_argument("model_dir", help="model directory or Hugging Face Hub id (OWNER/NAME: the HF cache)")
     info.add_argument("--gguf-file", default=None, help="GGUF file inside model_dir (text-only models)")
+    info.add_argument("--min-pixels", type=int, default=None, help="image resize range, smallest area (model.min_pixels)")
+    info.add_argument("--max-pixels", type=int, default=None, help="image resize range, largest area (model.max_pixels)")
+    info.add_argument("--trust-remote-code", action="store_true", help="run the checkpoint's own code")
     parser.set_defaults(func=run)
     return parser
 
@@ -73,8 +76,9 @@ def _info(args) -> int:
     from vagent.models.loading import count_parameters, load_policy
 
     try:
-        loaded = load_policy(args.model_dir, gguf_file=args.gguf_file)
-    except (FileNotFoundError, NotADirectoryError) as exc:
+        loaded = load_policy(args.model_dir, gguf_file=args.gguf_file, min_pixels=args.min_pixels,
+                             max_pixels=args.max_pixels, trust_remote_code=args.trust_remote_code)
+    except (FileNotFoundError, NotADirectoryError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     enc = loaded.encoder
@@ -85,6 +89,7 @@ def _info(args) -> int:
     print(f"dtype:        {next(loaded.model.parameters()).dtype}")
     print(f"vocab:        tokenizer {len(enc.tokenizer)}, embeddings {config.get_text_config().vocab_size}")
     print(f"eos ids:      {enc.eos_token_ids}  pad id: {enc.pad_token_id}")
+    print(f"chat template: {enc.chat_template_source}")
     print(f"vision:       {loaded.is_vision}")
     if loaded.is_vision:
         print(f"resize:       {enc.min_pixels} <= pixels <= {enc.max_pixels} "
