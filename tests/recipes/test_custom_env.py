@@ -46,28 +46,32 @@ def vagent(*args: str, cwd: Path) -> subprocess.CompletedProcess:
                           text=True, timeout=120)
 
 
-def test_guide_commands_in_fresh_processes(corridor_pkg):
-    out = vagent("envs", "corridor", "--import", "mypackage.corridor", cwd=corridor_pkg)
-    assert out.returncode == 0, out.stderr
-    assert "corridor: Corridor: walk right along a corridor to the exit." in out.stdout
-    assert "length (int, default 6)" in out.stdout
+def test_guide_commands(corridor_pkg, capsys):
+    from vagent.cli import main
 
+    # `vagent play` in a fresh process: the import happens there, not in this test's process
     out = vagent("play", "corridor", "--import", "mypackage.corridor", "--policy", "solver", "--seed", "3",
                  cwd=corridor_pkg)
     assert out.returncode == 0, out.stderr
     assert "episode over: success=True" in out.stdout
 
+    assert main(["envs", "corridor", "--import", "mypackage.corridor"]) == 0
+    shown = capsys.readouterr().out
+    assert "corridor: Corridor: walk right along a corridor to the exit." in shown
+    assert "length (int, default 6)" in shown
+
     demos = corridor_pkg / "demos" / "corridor.jsonl"
-    out = vagent("demos", "corridor", str(demos), "--n", "2", "--random-action-frac", "0",
-                 "--import", "mypackage.corridor", cwd=corridor_pkg)
-    assert out.returncode == 0, out.stderr
+    assert main(["demos", "corridor", str(demos), "--n", "2", "--import", "mypackage.corridor"]) == 0
     assert [json.loads(line)["meta"]["success"] for line in demos.read_text().splitlines()] == [True, True]
 
-    # without --import the env is unknown, and the error says so (what the guide's users hit before)
-    out = vagent("envs", "corridor", cwd=corridor_pkg)
+    assert main(["play", "corridor", "--import", "mypackage.nothere"]) == 2
+    assert "no module named 'mypackage.nothere'" in capsys.readouterr().err
+
+
+def test_without_import_the_env_is_unknown(tmp_path):
+    """What the guide's users hit before --import existed (a fresh process: nothing registered)."""
+    out = vagent("envs", "corridor", cwd=tmp_path)
     assert out.returncode != 0 and "Unknown env 'corridor'" in out.stderr
-    out = vagent("play", "corridor", "--import", "mypackage.nothere", cwd=corridor_pkg)
-    assert out.returncode == 2 and "no module named 'mypackage.nothere'" in out.stderr
 
 
 def test_guide_two_step_train(corridor_pkg, tiny_vlm):

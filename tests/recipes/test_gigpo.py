@@ -97,12 +97,12 @@ def test_gigpo_and_ppo_filter_train_from_the_config(small_cfg):
     from vagent.recipes.run import train
     from vagent.runs import read_metrics
 
-    run = train(small_cfg(*GRPO, "envs.0.n_train=2", "update.kl_in=loss"), quiet=True)
+    run = train(small_cfg(*GRPO, "steps=1", "update.kl_in=loss"), quiet=True)
     rl = [r for r in read_metrics(run / "metrics.jsonl") if r.get("phase") == "rl" and "loss/policy" in r]
-    assert len(rl) == 2 and all(math.isfinite(r["loss/policy"]) for r in rl)
-    run = train(small_cfg("rollout.group_size=2", "ppo.filter=top_k", "ppo.filter_value=0.5"), quiet=True)
+    assert len(rl) == 1 and math.isfinite(rl[0]["loss/policy"]) and rl[0]["actor/advantage_abs_mean"] >= 0
+    run = train(small_cfg("steps=1", "rollout.group_size=2", "ppo.filter=top_k", "ppo.filter_value=0.5"), quiet=True)
     rl = [r for r in read_metrics(run / "metrics.jsonl") if r.get("phase") == "rl" and "loss/policy" in r]
-    assert [r["filter/kept_groups"] for r in rl] == [1.0, 1.0]  # 2 groups, top half
+    assert [r["filter/kept_groups"] for r in rl] == [1.0]  # 2 groups, the top half
 
 
 def test_ppo_filter_keeps_whole_groups():

@@ -39,10 +39,10 @@ def test_bug2_train_and_validation_seeds_come_from_disjoint_splits(small_cfg, ro
     from vagent.recipes.run import train
     from vagent.seeds import split_of
 
-    train(small_cfg("val.every=1", "steps=2", "envs.0.n_val=2"), quiet=True)
+    train(small_cfg("val.every=1", "steps=1", "envs.0.n_val=2", "rollout.max_turns=1"), quiet=True)
     train_seeds = [s for seeds, temp, _ in rollout_spy if temp > 0 for s in seeds]
     val_seeds = [s for seeds, temp, _ in rollout_spy if temp == 0 for s in seeds]
-    assert len(train_seeds) == 4 and len(val_seeds) == 3 * 2  # 2 steps x 2 envs; validation at 0, 1, 2
+    assert len(train_seeds) == 2 and len(val_seeds) == 2 * 2  # 1 step x 2 envs; validation at 0 and 1
     assert {split_of(s) for s in train_seeds} == {"train"}
     assert {split_of(s) for s in val_seeds} == {"val"}
     assert not set(train_seeds) & set(val_seeds)
