@@ -97,6 +97,9 @@ def train(cfg: RunConfig | None = None, resume: str | Path | None = None, quiet:
                                       count_parameters(loaded.model, trainable_only=True)), "")
     session = Session(cfg, run, console, logger, device, bf16, loaded, model_dir,
                       last_checkpoint=str(latest.path) if latest else None)
+    from vagent.runs.hub import start_hub_upload
+
+    hub = start_hub_upload(cfg.hub, run.checkpoints, say=console.print) if world.is_main else None  # hub.repo_id
     phase = "setup"
     try:
         sft_done = latest is not None and (latest.phase == "rl" or latest.step >= cfg.sft.steps)
@@ -139,6 +142,8 @@ def train(cfg: RunConfig | None = None, resume: str | Path | None = None, quiet:
             raise TrainingError(oom_message(phase, cfg)) from exc
         raise
     finally:
+        if hub is not None:
+            hub.close()  # uploads the last checkpoint if it is not up yet (bounded wait)
         logger.close()
         if world.is_main and run.metrics.is_file():
             plot_run(run.metrics, run.plots)
