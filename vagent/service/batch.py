@@ -9,13 +9,13 @@
 
 from __future__ import annotations
 
+import json
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
 
-import httpx
-
 from vagent.envs.base import EnvError, Observation, StepResult
 from vagent.service import protocol as P
+from vagent.service.httpclient import TransportError
 from vagent.service.client import (
     RemoteEnv, RemoteEnvException, ServiceUnavailable, Transport, _count, _decode, _raise_error, _reset_result,
     _SessionLost, _step_result,
@@ -212,9 +212,11 @@ class RemoteEnvPool:
         for base, sids in by_base.items():
             for start in range(0, len(sids), P.MAX_BATCH):
                 try:
-                    self.transport.http.post(f"{self.transport.urls[base]}{P.API_PREFIX}/batch/close",
-                                             json={"session_ids": sids[start:start + P.MAX_BATCH]}, timeout=5.0)
-                except httpx.TransportError:
+                    self.transport.http.request(
+                        "POST", f"{self.transport.urls[base]}{P.API_PREFIX}/batch/close",
+                        content=json.dumps({"session_ids": sids[start:start + P.MAX_BATCH]}).encode(),
+                        headers={"Content-Type": "application/json"}, timeout=5.0)
+                except TransportError:
                     pass
         for e in self.envs:
             e._sid, e.closed = None, True

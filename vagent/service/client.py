@@ -62,11 +62,10 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, Callable, Sequence
 
-import httpx
-
 from vagent.config import ConfigError
 from vagent.envs.base import EnvError, EpisodeOverError, JudgeSpec, Observation, StepResult
 from vagent.service import protocol as P
+from vagent.service.httpclient import HttpClient, HttpResponse, TransportError
 
 
 class ServiceError(RuntimeError):
@@ -131,7 +130,7 @@ def _raise_error(status: int, body: Any) -> None:
     raise ServiceError(status, kind, detail)
 
 
-def _body(r: httpx.Response) -> Any:
+def _body(r: HttpResponse) -> Any:
     try:
         return r.json()
     except ValueError:
@@ -139,7 +138,8 @@ def _body(r: httpx.Response) -> Any:
 
 
 class Transport:
-    """One keep-alive HTTP client over one or more server URLs, with retries and failover.
+    """One keep-alive HTTP client over one or more server URLs, with retries and failover
+    (:class:`~vagent.service.httpclient.HttpClient`, on the standard library's ``http.client``).
 
     ``timeout``: seconds for one HTTP request; ``retry_timeout``: seconds one logical call may
     spend retrying; ``backoff``/``max_backoff``: the jittered exponential backoff in seconds;
@@ -160,8 +160,7 @@ class Transport:
         headers = {P.IMAGES_HEADER: self.images}
         if token:
             headers["Authorization"] = f"Bearer {token}"
-        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-        self.http = httpx.Client(timeout=timeout, headers=headers, limits=limits)
+        self.http = HttpClient(timeout=timeout, headers=headers, max_connections=max_connections)
         self.rng = random.Random()
 
     def _sleep(self, attempt: int, retry_after: float | None) -> None:
@@ -170,7 +169,7 @@ class Transport:
             delay = max(delay, min(retry_after, self.max_backoff * 4))
         time.sleep(delay)
 
-    def send(self, method: str, path: str, body: Any = None, *, base: int | None = None) -> tuple[httpx.Response, int]:
+    def send(self, method: str, path: str, body: Any = None, *, base: int | None = None) -> tuple[HttpResponse, int]:
         """Send a request; returns (response, index of the URL that answered).
 
         ``base=None``: any server, failing over across URLs until ``retry_timeout``.
@@ -196,8 +195,8 @@ class Transport:
                 if base is not None:  # a session call answered 503: its worker died, the session is gone
                     self._advance(k)
                     raise _SessionLost(why)
-            except httpx.TransportError as exc:
-                why = f"{type(exc).__name__}: {exc}"
+            except TransportError as exc:
+                why = str(exc)
             attempt += 1
             _count("retries")
             if base is not None and attempt >= 3:
@@ -243,14 +242,14 @@ def _dumps(body: Any) -> bytes:
         return json.dumps(body, ensure_ascii=True, separators=(",", ":"), allow_nan=False).encode("ascii")
 
 
-def _decode(r: httpx.Response) -> tuple[dict, list[bytes]]:
+def _decode(r: HttpResponse) -> tuple[dict, list[bytes]]:
     """The frame of a 200 response; raises the mapped exception for an error response."""
     if r.status_code != 200:
         _raise_error(r.status_code, _body(r))
     return P.decode_frames(r.content)
 
 
-def _json(r: httpx.Response) -> Any:
+def _json(r: HttpResponse) -> Any:
     if r.status_code != 200:
         _raise_error(r.status_code, _body(r))
     return r.json()
@@ -486,7 +485,7 @@ class RemoteEnv:
                 try:
                     self._t.http.request("DELETE", f"{self._t.urls[self._base]}{P.API_PREFIX}/sessions/{self._sid}",
                                          timeout=5.0)
-                except httpx.TransportError:
+                except TransportError:
                     pass
                 self._sid = None
             if self._own:
