@@ -33,6 +33,8 @@ e.g. ``git archive HEAD vagen | tar -x -C DIR``) with ``--vagen-deps DIR`` (``pi
 DIR flask``) also runs VAGEN's own service on the same machine: its Flask ``BatchEnvServer`` and
 ``BatchEnvClient`` with its FrozenLake (256 px: 64 px gym tiles), base64 PNG images in JSON, the
 same clients and policy (VAGEN's LLM-judge, hydra and Sokoban modules are stubbed: unused here).
+``--baseline-src DIR`` (a checkout of an older vagent) runs that version's server and clients
+too (modes ``base-single``/``base-batch``): a before/after in one run.
 """
 
 from __future__ import annotations
@@ -90,6 +92,8 @@ def _open(url: str, env: str, mode: str, batch: int, codec: str, image_size: int
     if mode.startswith("vagen"):
         return _VagenHandle(url, batch if mode == "vagen-batch" else 1)
     cfg = env_config(env, image_size)
+    if mode.startswith("base-"):  # an older vagent (--baseline-src) whose clients had no image codecs
+        return RemoteEnv(url, env, **cfg) if mode == "base-single" else RemoteEnvPool(url, env, batch, **cfg)
     if mode == "single":
         return RemoteEnv(url, env, images=codec, **cfg)
     return RemoteEnvPool(url, env, batch, images=codec, **cfg)
@@ -139,7 +143,7 @@ def _play(handle: object, mode: str, batch: int, episodes: int, seed0: int) -> t
     steps = 0
     if mode.startswith("vagen"):
         return handle.play(episodes, rng, seed0, lat), lat
-    if mode == "single":
+    if mode in ("single", "base-single"):
         e = handle
         for ep in range(episodes):
             e.reset(seed0 + ep)
@@ -264,7 +268,7 @@ BatchEnvServer(cfg).start(background=False)
 
 
 class Server:
-    def __init__(self, workers: int, vagen: tuple[str, str] | None = None) -> None:
+    def __init__(self, workers: int, vagen: tuple[str, str] | None = None, src: str | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         if vagen is not None:
@@ -272,7 +276,8 @@ class Server:
         else:
             cmd = [sys.executable, "-m", "vagent.service.server", "--port", str(self.port), "--workers", str(workers),
                    "--max-sessions", "4096"]
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL)
+        env = {**os.environ, "PYTHONPATH": src} if src else None
+        self.proc = subprocess.Popen(cmd, cwd=src or ROOT, stdout=subprocess.DEVNULL, env=env)
         import httpx
 
         for _ in range(1200):
@@ -331,19 +336,24 @@ def bench_env(env: str, args: argparse.Namespace) -> list[dict]:
     print(f"{'mode':>12} {'images':>9} {'clients':>7} {'steps/s':>9} {'p50 ms':>7} {'p99 ms':>7} {'x in-proc':>9} "
           f"  RSS MB: start / peak / after each round")
     plan = [(m, c) for m in args.modes for c in args.images]
+    if args.baseline_src:
+        plan = [(f"base-{m}", "png") for m in args.modes] + plan
     if args.vagen_src and env == "frozenlake":
         plan += [(f"vagen-{m}", "b64-json") for m in args.modes]
+    kind = lambda mode: "vagen" if mode.startswith("vagen") else "base" if mode.startswith("base-") else "vagent"  # noqa: E731
     for clients in args.clients:
         servers = {"vagent": _Watched(Server(args.workers))}
+        if args.baseline_src:
+            servers["base"] = _Watched(Server(args.workers, src=args.baseline_src))
         if any(m.startswith("vagen") for m, _ in plan):
             servers["vagen"] = _Watched(Server(1, (args.vagen_src, args.vagen_deps)))
         samples: dict[tuple[str, str], list[dict]] = {cfg: [] for cfg in plan}
         try:
             for _ in range(args.repeats):
                 for mode, codec in plan:
-                    w = servers["vagen" if mode.startswith("vagen") else "vagent"]
+                    w = servers[kind(mode)]
                     batched = mode.endswith("batch")
-                    extra = (args.vagen_src, args.vagen_deps) if mode.startswith("vagen") else ()
+                    extra = {"vagen": (args.vagen_src, args.vagen_deps), "base": (args.baseline_src,)}.get(kind(mode), ())
                     per_env = max(1, args.episodes // (clients * (args.batch if batched else 1)))
                     samples[(mode, codec)].append(run_clients(w.server.url, env, mode, clients, args.batch, per_env,
                                                               args.client_procs, codec, extra))
@@ -359,7 +369,7 @@ def bench_env(env: str, args: argparse.Namespace) -> list[dict]:
                    "batch": args.batch if mode.endswith("batch") else 1, "workers": 1 if vagen else args.workers,
                    **{k: round(v, 2) for k, v in med.items()}, "rounds_steps_per_s": [round(s["steps_per_s"], 1) for s in got],
                    "in_process_steps_per_s": round(base, 1), "ratio_to_in_process": round(med["steps_per_s"] / base, 3),
-                   "rss_mb": rss["vagen" if vagen else "vagent"]}
+                   "rss_mb": rss[kind(mode)]}
             rows.append(row)
             r = row["rss_mb"]
             print(f"{mode:>12} {codec:>9} {clients:>7} {med['steps_per_s']:>9,.0f} {med['p50_ms']:>7.2f} {med['p99_ms']:>7.2f} "
@@ -451,6 +461,8 @@ def main() -> int:
     p.add_argument("--breakdown", action="store_true", help="print where one step's time goes at --image-size")
     p.add_argument("--vagen-src", default="", help="a directory holding VAGEN's vagen package: also run VAGEN's service")
     p.add_argument("--vagen-deps", default="", help="a directory with flask installed (pip install --target DIR flask)")
+    p.add_argument("--baseline-src", default="", help="a checkout of an older vagent (e.g. `git worktree add DIR "
+                   "d4ade06`): also run its server and clients (modes base-*), interleaved with this one")
     args = p.parse_args()
     args.clients = [int(c) for c in args.clients.split(",")]
     args.modes = [m for m in args.modes.split(",") if m]

@@ -80,3 +80,14 @@ def test_tile_renderer_matches_pasting_tiles(module):
         g = ["".join(rng.choice(symbols) for _ in range(rng.randint(1, cols))) for _ in range(rows)]
         got = grid.render_tiles(g, module.TILES, size, (1, 2, 3))
         assert got.tobytes() == _paste_reference(g, module.TILES, size, (1, 2, 3)).tobytes(), (g, size)
+
+
+def test_docs_table_of_limits_matches_the_envs():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "envs.md").read_text()
+    for name in list_envs(builtin_only=True):
+        cls = env_class(name)
+        bounds = "; ".join(f"`{f}` {r}" for f, r in describe_limits(cls) if r != "server-only")
+        only = ", ".join(f"`{f}`" for f in server_only_fields(cls)) or "-"
+        assert f"| `{name}` | {bounds} | {only} |" in text, f"docs/envs.md 'Config limits' row of {name} is stale"
