@@ -307,3 +307,38 @@ def test_one_client_address_cannot_hold_more_than_its_connection_cap(start_serve
     finally:
         for s in held:
             s.close()
+
+
+def test_the_h11_fallback_has_the_same_guards():
+    """Without httptools uvicorn speaks h11: the same timeouts and cap (a real uvicorn on loopback)."""
+    import uvicorn
+
+    from tests.service.conftest import free_port
+    from vagent.service.connections import ConnectionLimits, _h11_guarded
+    from vagent.service.server import ServerConfig, create_app
+
+    port = free_port()
+    limits = ConnectionLimits(header_timeout=1.0, read_timeout=1.0, max_per_client=3)
+    server = uvicorn.Server(uvicorn.Config(create_app(ServerConfig(port=port)), host="127.0.0.1", port=port,
+                                           http=_h11_guarded(limits), log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.05)
+        t0 = time.monotonic()
+        idle, partial = _connect(port), _connect(port)
+        partial.sendall(b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{")
+        third = _connect(port)
+        time.sleep(0.1)
+        assert _read_until_closed(_connect(port)).startswith(b"HTTP/1.1 503")  # the fourth: over the cap
+        answers = [_read_until_closed(s) for s in (idle, partial, third)]
+        assert all(a.startswith(b"HTTP/1.1 408") for a in answers) and time.monotonic() - t0 < 4
+        with httpx.Client(timeout=10) as c:
+            for _ in range(2):
+                assert c.get(f"http://127.0.0.1:{port}/health").status_code == 200
+                time.sleep(0.3)
+    finally:
+        server.should_exit = True
+        thread.join(10)
