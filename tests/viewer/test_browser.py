@@ -98,10 +98,6 @@ def test_episode_turns_tokens_filters_and_compare(run, served, page, tmp_path):
     assert img.evaluate("i => i.complete && i.naturalWidth > 0")
     # highlighted tokens = the row's loss-mask count, and opening the prompts adds none
     assert page.locator(".episode .tok.m1").count() == loss_count(out, 0, 2) > 0
-    for det in page.locator("details.prompt").all():
-        det.locator("summary").click()
-    assert page.locator(".episode .tok.m1").count() == loss_count(out, 0, 2)
-    assert page.locator(".episode .tok.m0").count() > 0 and page.locator(".tok.img").count() > 0
     # hover card: the token's id and numbers
     tok = page.locator(".episode .tok.m1").nth(3)
     tok.hover()
@@ -116,6 +112,10 @@ def test_episode_turns_tokens_filters_and_compare(run, served, page, tmp_path):
     if os.environ.get("VAGENT_WRITE_SCREENSHOT") == "1":
         README_SHOT.parent.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(README_SHOT))
+    for det in page.locator("details.prompt").all():
+        det.locator("summary").click()
+    assert page.locator(".episode .tok.m1").count() == loss_count(out, 0, 2)
+    assert page.locator(".episode .tok.m0").count() > 0 and page.locator(".tok.img").count() > 0
 
     # step 1: 6 episodes + 120 summary-only clones -> paged, filters change the list
     page.locator("tr.group[data-group='step_000001']").click()

@@ -280,7 +280,8 @@ function renderTurn(key, ep, t) {
   const td = ep.token_data;
   const frames = el("div", { class: "frames" }, t.images.map((rel) => {
     const src = fileUrl(rel);
-    return src ? el("img", { src, alt: `turn ${t.index} image`, title: rel })
+    return src ? el("img", { src, alt: `turn ${t.index} image`, title: `${rel} (click to enlarge)`,
+      onclick: (e) => e.target.classList.toggle("big") })
       : el("div", { class: "missing", text: "frame not saved (rollouts_max_mb reached)" });
   }));
   const head = el("h3", {}, `turn ${t.index} `, t.format_ok ? el("span", { class: "badge", text: "format ok" })
@@ -336,7 +337,7 @@ function renderEpisode(ep, label) {
     });
   }
   if (ep.final_images.length) {
-    tail.push(el("div", { class: "frames" }, el("div", { class: "meta", text: "final observation" }),
+    tail.push(el("div", { class: "final" }, el("div", { class: "meta", text: "final observation" }),
       ep.final_images.map((rel) => (fileUrl(rel) ? el("img", { src: fileUrl(rel), alt: "final observation" }) : null))));
   }
   return el("div", { class: "episode", "data-episode": key }, head, info, turns, tail);
