@@ -37,12 +37,19 @@ def open_source(path: str | Path) -> "RunSource | EvalSource":
     if not root.is_dir():
         raise ViewerError(f"vagent view {str(root)!r}: no such directory. Pass a run directory (runs/<name>-<time>) "
                           "or an evaluation directory (the eval config's out_dir).")
-    if (root / "summary.json").is_file() or (root / "episodes").is_dir():
+    if (root / "episodes").is_dir() or _has_cells(root / "summary.json"):  # a run's summary.json has no cells
         return EvalSource(root)
     if (root / "rollouts").is_dir() or (root / "metrics.jsonl").is_file():
         return RunSource(root)
     raise ViewerError(f"vagent view {str(root)!r}: neither a run directory (no rollouts/ or metrics.jsonl) nor an "
                       "evaluation directory (no summary.json or episodes/).")
+
+
+def _has_cells(path: Path) -> bool:
+    try:
+        return path.is_file() and "cells" in json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
 
 
 # ---------------------------------------------------------------------- turns and rewards
