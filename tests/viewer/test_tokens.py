@@ -80,3 +80,18 @@ def test_split_row_by_loss_mask():
     spans, after = split_row(row)
     assert spans == {0: {"ctx": [0, 5], "reply": [5, 8]}, 1: {"ctx": [8, 11], "reply": [11, 13]}}
     assert after == [13, 15]
+
+
+def test_dump_reads_only(tmp_path, batch_and_arrays):
+    """The dump changes no tensor and draws no random number (torch, numpy, random)."""
+    import random
+
+    batch, arrays = batch_and_arrays
+    before = {k: v.clone() for k, v in arrays.items()}
+    ids, mask = batch.input_ids.clone(), batch.loss_mask.clone()
+    states = (torch.get_rng_state(), np.random.get_state()[1].copy(), random.getstate())
+    save_token_rows(tmp_path, 0, LOG, batch, FakeEncoder(CharTokenizer()), **arrays)
+    assert torch.equal(torch.get_rng_state(), states[0]) and np.array_equal(np.random.get_state()[1], states[1])
+    assert random.getstate() == states[2]
+    assert all(torch.equal(arrays[k], before[k]) for k in arrays)
+    assert torch.equal(batch.input_ids, ids) and torch.equal(batch.loss_mask, mask)
