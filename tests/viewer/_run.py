@@ -10,6 +10,7 @@ and returns are seeded random numbers on the loss mask. ``save_rollouts`` and
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -121,5 +122,6 @@ def make_run(root: Path, steps: int = 2, n_episodes: int = 6, rollouts_n: int | 
                           "rollout/format_accuracy": 0.5, "loss/policy": -0.01 * step})
         out[step] = (eps, batch, arrays)
     logger.close()
-    (run.root / "summary.json").write_text('{"run_dir": "%s", "val_curve": [[0, 0.0], [1, 0.25]]}' % run.root)  # as train writes
+    summary = {"run_dir": str(run.root), "val_curve": [[0, 0.0], [1, 0.25]]}  # as vagent train writes at the end
+    (run.root / "summary.json").write_text(json.dumps(summary))
     return out

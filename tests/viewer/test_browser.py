@@ -127,7 +127,8 @@ def test_episode_turns_tokens_filters_and_compare(run, served, page, tmp_path):
     assert f"of {n_failed} episodes" in count_text(page)
     page.locator("input[data-filter='failed']").uncheck()
     page.locator("input[data-filter='judge']").check()
-    n_judge = sum(any(t.reasoning_rewards for t in e.turns) for e in eps) + 120 * any(t.reasoning_rewards for t in eps[0].turns)
+    judged = [any(t.reasoning_rewards for t in e.turns) for e in eps]
+    n_judge = sum(judged) + 120 * judged[0]
     assert f"of {n_judge} episodes" in count_text(page) and n_judge != 126
     page.locator("input[data-filter='judge']").uncheck()
     page.locator("input[data-filter='topadv']").check()

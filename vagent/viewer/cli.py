@@ -40,7 +40,8 @@ def _view(args: argparse.Namespace) -> int:
     try:
         server = make_server(source, args.port)
     except OSError as exc:
-        print(f"error: cannot listen on 127.0.0.1:{args.port} ({exc}); pass --port 0 for any free port", file=sys.stderr)
+        print(f"error: cannot listen on 127.0.0.1:{args.port} ({exc}); pass --port 0 for any free port",
+              file=sys.stderr)
         return 2
     print(f"vagent view: serving {source.root} ({source.kind}) at http://127.0.0.1:{server.server_address[1]}/ "
           "(Ctrl-C to stop)", flush=True)

@@ -181,7 +181,8 @@ def attach_tokens(turns: list[dict], rows: list[Mapping[str, Any]], doc: Mapping
 
 
 def _max_abs_adv(rows: list[Mapping[str, Any]]) -> float | None:
-    vals = [abs(a) for row in rows for a, m in zip(row.get("advantages") or [], row["loss_mask"]) if m and a is not None]
+    vals = [abs(a) for row in rows for a, m in zip(row.get("advantages") or [], row["loss_mask"])
+            if m and a is not None]
     return max(vals) if vals else None
 
 
@@ -279,8 +280,8 @@ class RunSource:
             raise ViewerError(f"{group}: episode {i} out of range (0..{len(recs) - 1})")
         rec = recs[i]
         cfg = rec.get("env_config") or {}
-        turns = [turn_view(t, rec.get("env_name"), cfg, [f"rollouts/{f}" for f in t.get("frames") or []], t.get("observation", ""))
-                 for t in rec["turns"]]
+        turns = [turn_view(t, rec.get("env_name"), cfg, [f"rollouts/{f}" for f in t.get("frames") or []],
+                           t.get("observation", "")) for t in rec["turns"]]
         rows = rows_of.get(i, [])
         tokens = attach_tokens(turns, rows, doc) if rows else None
         why = None
@@ -345,8 +346,9 @@ class EvalSource:
         for t in rec["turns"]:
             obs = t.get("observation") or {}
             prompt = (rec.get("system_prompt", "") + "\n\n" if t["index"] == 0 else "") + obs.get("text", "")
-            turns.append(turn_view({**t, "format_ok": (t.get("parsed") or {}).get("format_ok")}, rec.get("env_name"), cfg,
-                                   list(obs.get("images") or []), prompt))
+            fmt_ok = (t.get("parsed") or {}).get("format_ok")
+            turns.append(turn_view({**t, "format_ok": fmt_ok}, rec.get("env_name"), cfg, list(obs.get("images") or []),
+                                   prompt))
         final = rec.get("final_observation") or {}
         return {"group": group, "i": i, **_summary(i, rec, rec["turns"]), "env_config": cfg,
                 "terminated": rec.get("terminated"), "truncated": rec.get("truncated"),
