@@ -273,7 +273,7 @@ function rewardTable(t) {
   t.judge.forEach((j) => rows.push(el("tr", {}, el("td", { class: "l", text: `judge: ${j.kind}` }),
     el("td", { text: `score ${fmt(j.score, 2)}` }), el("td", { text: "" }), el("td", { text: signed(j.reward) }),
     el("td", { class: "reason", text: j.reason }))));
-  return el("table", { class: "rewards" }, rows);
+  return el("div", { class: "rewards-wrap" }, el("table", { class: "rewards" }, rows));
 }
 
 function renderTurn(key, ep, t) {
