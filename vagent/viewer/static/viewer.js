@@ -331,7 +331,7 @@ function renderEpisode(ep, label) {
   if (td && td.after.length) {
     td.after.forEach(({ row, span }) => {
       const det = el("details", { class: "prompt" }, el("summary", {
-        text: `after the last reply: ${span[1] - span[0]} tokens (closing template${ep.truncated ? ", final observation for the bootstrap value" : ""})` }));
+        text: `after the last reply${td.rows.length > 1 ? ` of row ${row}` : ""}: ${span[1] - span[0]} tokens (closing template${ep.truncated ? ", final observation for the bootstrap value" : ""})` }));
       det.addEventListener("toggle", () => { if (det.open && det.childElementCount === 1) det.append(el("div", { class: "tokens" }, tokenRun(key, td, row, span[0], span[1]))); });
       tail.push(det);
     });
