@@ -46,7 +46,7 @@ def cpu(args: argparse.Namespace) -> None:
               "rollout.max_turns=3", "rollout.max_new_tokens=24", "rollout.temperature=0", "update.kl_coef=0",
               "ppo.critic_backbone=separate", "update.micro_batch_tokens=2048", f"model.path={model}",
               "model.cache_dir=UNUSED", "log.tensorboard=false", "log.progress=false", "log.rollouts_every=0",
-              "log.checkpoint_every=0", "log.plot_every=0", "--quiet"]
+              "log.checkpoint_every=0", "log.plot_every=0"]
     shapes = {"1 process x 1 thread": (None, 1), "1 process x 2 threads": (None, 2),
               "2 processes x 1 thread": (2, 1)}
     results: dict[str, list[float]] = {k: [] for k in shapes}
@@ -55,7 +55,7 @@ def cpu(args: argparse.Namespace) -> None:
         for name, (nproc, threads) in shapes.items():
             out = tmp / f"runs-{rep}-{nproc}-{threads}"
             cmd = [sys.executable, "-m", "vagent", "train", *(["--nproc", str(nproc)] if nproc else []),
-                   *common, f"threads={threads}", f"out_dir={out}"]
+                   *common, f"threads={threads}", f"out_dir={out}", "--quiet"]
             subprocess.run(cmd, check=True, cwd=tmp, env=dict(os.environ, OMP_NUM_THREADS=str(threads)))
             (run,) = list(out.iterdir())
             recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]

@@ -77,11 +77,12 @@ def run_job(cmd: list[str], cwd: Path, timeout: float = 150) -> subprocess.Compl
 
 def train(tmp: Path, model: Path, nproc: int | None, name: str, *extra: str, timeout: float = 150) -> Path:
     """One ``vagent train`` run (``nproc`` processes, or one plain process) under ``tmp/name``;
-    returns its run directory."""
+    returns its run directory. ``{out}`` in an override is ``tmp/name``."""
     out = tmp / name
+    extra = tuple(e.replace("{out}", str(out)) for e in extra)
     run_job(train_cmd(nproc, *SMALL, f"out_dir={out}", f"model.path={model}", "model.cache_dir=UNUSED", *extra),
             tmp, timeout)
-    (run,) = [p for p in out.iterdir() if p.is_dir()]
+    (run,) = [p for p in out.iterdir() if p.is_dir() and p.name != "cache"]
     return run
 
 

@@ -7,6 +7,7 @@ ranks and a plain process, compared checkpoint by checkpoint (the 2-rank ones sh
 from __future__ import annotations
 
 import pytest
+from safetensors.torch import load_file
 
 from tests.distributed.conftest import SFT_PPO, checkpoint_weights, max_rel_diff, metrics, train
 
@@ -14,10 +15,13 @@ CASES = {
     # one SFT step, then two PPO steps with a separate critic (its own FSDP root), no reference
     # (the 2-process run is the session's shared sft_ppo_two job)
     "sft+ppo-separate-critic": SFT_PPO,
-    # shared critic (value head replicated, under the policy's root) + a KL reference copy; 3 rows
-    # over 2 ranks, one row per micro-batch: rank 0 runs 2 micro-batches, rank 1 one + a padding one
-    "ppo-shared-critic-kl-unequal": ["ppo.critic_backbone=shared", "update.kl_coef=0.01", "envs.0.n_train=3",
-                                     "update.micro_batch_tokens=64"],
+    # the tiny model built and caption-pretrained by the job (3 sharded steps), then a PPO step with
+    # the shared critic (value head replicated, under the policy's root) + a KL reference copy; 3
+    # rows over 2 ranks, one row per micro-batch: rank 0 runs 2 micro-batches, rank 1 one + padding
+    "pretrain+ppo-shared-critic-kl-unequal": [
+        "model.path=tiny", "model.cache_dir={out}/cache", "model.tiny_hidden=64", "model.tiny_image_size=64",
+        "model.tiny_pretrain_steps=3", "model.tiny_pretrain_batch=4", "model.tiny_pretrain_relation_steps=0",
+        "ppo.critic_backbone=shared", "update.kl_coef=0.01", "envs.0.n_train=3", "update.micro_batch_tokens=64"],
     # GRPO groups of 2 on LoRA adapters, KL in the loss to the adapter-free policy
     "grpo-lora": ["recipe=grpo", "rollout.group_size=2", "envs.0.n_train=2", "model.lora_rank=4",
                   "update.kl_coef=0.01", "update.kl_in=loss", "update.clip_high=0.28"],
@@ -37,6 +41,14 @@ def test_two_processes_equal_one(case, tmp_path, tiny_vlm_dir, request):
         diff = max_rel_diff(w1, w2)
         print(f"{case} {name}: 2 vs 1 process weights differ by {diff:.2e} relative")
         assert diff < 1e-4, f"{case}: {name} differs by {diff:.2e} relative"
+    cache = one.parent / "cache"
+    built = [d for d in cache.iterdir() if d.is_dir()] if cache.is_dir() else []
+    assert len(built) == ("model.path=tiny" in extra)
+    for d in built:  # the caption-pretrained model each run built
+        w1, w2 = load_file(d / "model.safetensors"), load_file(two.parent / "cache" / d.name / "model.safetensors")
+        diff = max_rel_diff({f"model.{k}": v for k, v in w1.items()}, {f"model.{k}": v for k, v in w2.items()})
+        print(f"{case} caption-pretrained model: 2 vs 1 process weights differ by {diff:.2e} relative")
+        assert diff < 1e-4
     m1, m2 = metrics(one), metrics(two)
     assert [(r["phase"], r["step"]) for r in m1] == [(r["phase"], r["step"]) for r in m2]
     for r1, r2 in zip(m1, m2):  # the same batch, and the same losses up to float rounding

@@ -15,6 +15,11 @@ target is the reply prefix ``<think><observation>{describe_state(state, "symboli
 (the grid, one row per line), optionally followed by ``<reasoning>`` and the natural-language
 relation of some object types to the agent ("The goal is below and to the right of you."). Only
 that perception skill is taught: no actions, no rewards, no solver.
+
+Several processes (torchrun): the ranks share one model folder (Hugging Face's ``save_pretrained``
+writes from rank 0 only), every rank renders the same captions, the model is sharded (FSDP2) and
+each step's chats are split over the ranks like any SFT step (``sft_loss``); the full weights are
+gathered and rank 0 saves them.
 """
 
 from __future__ import annotations
@@ -105,6 +110,7 @@ def pretrain_captions(model_dir: Path, env_entries: Sequence[Any], steps: int, *
     ``stage`` names the pass (its captions go to ``pretrain/<stage>/``, its summary under that key
     in ``vagent_pretrain.json``); ``first_board`` is the first caption board used (see
     :func:`caption_records`), so a later stage can start after an earlier one's boards."""
+    from vagent.distributed import barrier, full_state_dict, root_of, shard_model, world
     from vagent.models.loading import load_policy
     from vagent.recipes.common import derive_seed, make_optimizer, make_scheduler
     from vagent.recipes.sft import sft_batch, sft_loss
@@ -113,12 +119,13 @@ def pretrain_captions(model_dir: Path, env_entries: Sequence[Any], steps: int, *
     (work / "images").mkdir(parents=True, exist_ok=True)
     records = caption_records(env_entries, n_per_env, seed, work / "images", relations, first_board)
     (work / "captions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    barrier("model and captions written")  # several processes: nobody reads a file another still writes
     tag = () if stage == "grid" else (stage,)  # the grid stage keeps the one-stage seeds
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derive_seed(seed, "pretrain", *tag))
         loaded = load_policy(model_dir)
         convs: dict[int, Any] = {}  # encoded when first drawn: a stage draws ~63% of its boards
-        model = loaded.model
+        model = shard_model(loaded.model)  # several processes: FSDP2; one: the model itself
         model.train()
         params = [p for p in model.parameters() if p.requires_grad]
         opt = make_optimizer(params, lr, 0.0)
@@ -139,11 +146,20 @@ def pretrain_captions(model_dir: Path, env_entries: Sequence[Any], steps: int, *
             if step % 100 == 0 or step == steps - 1:
                 say(f"  caption pretraining ({stage}) {step + 1}/{steps}: loss {stats['loss']:.3f}, "
                     f"token accuracy {stats['token_accuracy']:.3f} ({time.perf_counter() - t0:.0f}s)")
-        model.save_pretrained(model_dir)
+        if root_of(model) is None:
+            model.save_pretrained(model_dir)
+        else:  # sharded: gather the full weights on rank 0, which saves them
+            full = full_state_dict(model, to_all_ranks=False)
+            if world().is_main:
+                copy = load_policy(model_dir).model
+                copy.load_state_dict(full)
+                copy.save_pretrained(model_dir)
+            barrier("pretrained model saved")
     summary = {"steps": steps, "final_loss": stats.get("loss"), "final_token_accuracy": stats.get("token_accuracy"),
                "captions": len(records), "seconds": round(time.perf_counter() - t0, 1)}
     path = Path(model_dir) / "vagent_pretrain.json"
-    stages = json.loads(path.read_text()) if path.is_file() else {}
-    stages[stage] = summary
-    path.write_text(json.dumps(stages, indent=2) + "\n")
+    if world().is_main:
+        stages = json.loads(path.read_text()) if path.is_file() else {}
+        stages[stage] = summary
+        path.write_text(json.dumps(stages, indent=2) + "\n")
     return summary

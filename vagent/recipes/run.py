@@ -155,15 +155,18 @@ def train(cfg: RunConfig | None = None, resume: str | Path | None = None, quiet:
 
 
 def prepare_model_once(cfg: RunConfig, console: Any) -> Path:
-    """``prepare_model``; in a job, rank 0 runs it alone (it may build and caption-pretrain the
-    tiny model, on one process) while the other ranks wait for the model directory to appear, then
-    find it built. Rank 0 must see the same filesystem as the others (cache_dir)."""
+    """``prepare_model``; in a job, a tiny model that still has to be caption-pretrained is built
+    by every rank together (:func:`build_tiny_spmd`); anything else rank 0 prepares alone while the
+    other ranks wait for the model directory to appear. Every rank must see cache_dir."""
     from vagent.distributed import barrier, single_process, world
     from vagent.recipes.common import prepare_model, tiny_model_dir
 
     w = world()
     if not w.distributed:
         return prepare_model(cfg.model, cfg.envs, say=console.print)
+    m = cfg.model
+    if m.path == "tiny" and m.tiny_pretrain_steps > 0 and not (tiny_model_dir(m, cfg.envs) / "config.json").is_file():
+        build_tiny_spmd(cfg, console)
     if w.is_main:
         with single_process():
             path = prepare_model(cfg.model, cfg.envs, say=console.print)
@@ -172,6 +175,39 @@ def prepare_model_once(cfg: RunConfig, console: Any) -> Path:
         path = prepare_model(cfg.model, cfg.envs, say=console.print)
     barrier("model ready")
     return path
+
+
+def build_tiny_spmd(cfg: RunConfig, console: Any) -> None:
+    """Build and caption-pretrain the tiny model with every rank of the job, in one folder (Hugging
+    Face's ``save_pretrained`` writes from rank 0 only); the caption pretraining is sharded
+    (``pretrain.py``); rank 0 puts the folder in place under the cache's lock (``prepare_model``'s
+    protocol: a folder with config.json is whole; another process that built it first wins)."""
+    import shutil
+    import tempfile
+
+    from filelock import FileLock
+
+    from vagent.distributed import barrier, broadcast_object, world
+    from vagent.recipes.common import _build_tiny, tiny_model_dir
+
+    w, out = world(), tiny_model_dir(cfg.model, cfg.envs)
+    # not "<name>.tmp-*": prepare_model deletes those as left by killed builds, and ours is running
+    tmp = None
+    if w.is_main:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=f"{out.name}.spmd-", dir=out.parent)
+    tmp = Path(broadcast_object(tmp, "tiny model folder"))
+    try:
+        _build_tiny(cfg.model, cfg.envs, tmp, out.name, console.print)
+        barrier("tiny model built")
+        if w.is_main:
+            with FileLock(str(out) + ".lock"):
+                if not (out / "config.json").is_file():
+                    tmp.rename(out)
+    finally:
+        if w.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+    barrier("tiny model in place")
 
 
 def wait_for_file(path: Path | None, timeout_s: float = 6 * 3600.0) -> None:
