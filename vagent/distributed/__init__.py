@@ -21,7 +21,7 @@ from vagent.distributed.collectives import (
     global_token_count,
 )
 from vagent.distributed.fsdp import (
-    ShardedRoot, full_state_dict, generation_mode, on_root, reduce_replicated_grads, root_of, shard_model,
+    ShardedRoot, full_state_dict, generation_mode, on_root, reduce_replicated_grads, reshard_all, root_of, shard_model,
     unsharded_copy,
 )
 from vagent.distributed.split import Padding, per_row_split, rank_micro_batches, split_rows
@@ -33,5 +33,5 @@ __all__ = [
     "DistributedError", "Padding", "ShardedRoot", "World", "all_reduce_sum", "barrier", "broadcast_object", "collective",
     "full_state_dict", "gather_metrics", "gather_objects", "generation_mode", "global_max", "global_token_count",
     "init_world", "launched_by_torchrun", "on_root", "per_row_split", "rank_device", "rank_micro_batches",
-    "reduce_replicated_grads", "root_of", "shard_model", "shutdown_world", "single_process", "split_rows", "unsharded_copy", "world",
+    "reduce_replicated_grads", "reshard_all", "root_of", "shard_model", "shutdown_world", "single_process", "split_rows", "unsharded_copy", "world",
 ]

@@ -91,11 +91,15 @@ def shard_model(model: nn.Module, *, bf16: bool = False, cpu_offload: bool = Fal
     if root_of(model) is not None:
         for m in also:
             _ROOTS[id(m)] = (m, root_of(model))
+        reshard_all(model)  # the sharded parameters are the ones an optimizer built now must hold
         return model
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 
     device = next(model.parameters()).device
+    if cpu_offload and device.type == "cpu":
+        raise ValueError("dist.cpu_offload: true moves parameter shards, gradients and optimizer state from the GPU "
+                         "to CPU memory; this job runs on the CPU already. Set dist.cpu_offload: false.")
     mesh = collective("init_device_mesh", lambda: init_device_mesh(device.type, (w.size,)))
     kwargs: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
     if bf16:
@@ -105,6 +109,7 @@ def shard_model(model: nn.Module, *, bf16: bool = False, cpu_offload: bool = Fal
     for unit in _units(model):
         fully_shard(unit, **kwargs)
     root = ShardedRoot(model)
+    root.reshard_setting = reshard_after_forward
     fully_shard(root, **kwargs)
     for m in root.modules():
         if isinstance(m, FSDPModule):  # sums, not means (module docstring); on EVERY unit
@@ -114,6 +119,7 @@ def shard_model(model: nn.Module, *, bf16: bool = False, cpu_offload: bool = Fal
         _ROOTS[id(m)] = (m, root)
     with torch.no_grad():  # the root's first forward initialises FSDP (its lazy init) as THE root
         collective("fsdp root init", lambda: root(lambda: None))
+    reshard_all(model)  # (reshard_after_forward false would leave that forward's gathered weights)
     return model
 
 
@@ -142,7 +148,14 @@ def generation_mode(model: nn.Module) -> Iterator[None]:
     finally:
         for u in units:
             u.reshard()
-            u.set_reshard_after_forward(True, recurse=False)
+            u.set_reshard_after_forward(root_of(model).reshard_setting, recurse=False)
+
+
+def reshard_all(model: nn.Module) -> None:
+    """Put every FSDP unit of ``model`` back in its sharded state (the parameters the optimizer
+    holds), e.g. before a checkpoint when ``dist.reshard_after_forward`` is false. One process: nothing."""
+    for u in fsdp_units(model):
+        u.reshard()
 
 
 def full_state_dict(model: nn.Module, to_all_ranks: bool = True) -> dict[str, torch.Tensor]:

@@ -199,6 +199,10 @@ def _module_of(opt: torch.optim.Optimizer, modules: Mapping[str, torch.nn.Module
 def _sharded_state(modules: Mapping[str, torch.nn.Module], optimizers: Mapping[str, torch.optim.Optimizer]) -> dict:
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
+    from vagent.distributed import reshard_all
+
+    for m in modules.values():  # the sharded parameters, which the optimizers hold
+        reshard_all(m)
     out: dict[str, Any] = {f"model.{k}": get_model_state_dict(m) for k, m in modules.items()}
     out.update({f"optim.{k}": get_optimizer_state_dict(_module_of(o, modules), o) for k, o in optimizers.items()})
     return out
