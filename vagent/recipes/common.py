@@ -17,12 +17,10 @@ import hashlib
 import math
 import shutil
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
-from torch import Tensor
 
 from vagent.recipes.config import EnvEntry, ModelConfig, RunConfig
 from vagent.runs.errors import ModelError
