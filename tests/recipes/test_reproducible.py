@@ -1,7 +1,7 @@
 """The default pipeline gives the same numbers in any process, and runs can share a model cache.
 
 - Two ``vagent train`` processes of the default preset scaled down (caption pretraining in two
-  stages, solver demos, SFT, PPO, validation), one under competing CPU load and with another
+  stages, solver demos, SFT, PPO, validation), one beside a busy process and one with another
   OMP_NUM_THREADS, each building its own tiny model: identical ``metrics.jsonl`` apart from timing
   fields. With the environment the golden file was recorded in (same packages, CPU kernels and
   threads), also identical to ``golden/scaled_default_metrics.jsonl``: that pins the default run's
@@ -64,18 +64,18 @@ def _run_dir(tmp: Path, name: str) -> Path:
 @pytest.mark.slow
 @pytest.mark.timeout(2400)  # two short runs: ~2 min alone, far longer on a shared machine
 def test_scaled_default_pipeline_identical_across_processes_load_and_omp_threads(tmp_path):
-    # the competing load: a busy process on each core for the whole first run
-    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    # the competing load: a busy process beside the first run, for the whole run
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])]
     try:
         a = _train(tmp_path, "loaded", {})
-        out_a, _ = a.communicate(timeout=900)
+        out_a, _ = a.communicate()
     finally:
         for b in burners:
             b.kill()
             b.wait()
     assert a.returncode == 0, out_a[-3000:]
     b = _train(tmp_path, "omp1", {"OMP_NUM_THREADS": "1"})
-    out_b, _ = b.communicate(timeout=900)
+    out_b, _ = b.communicate()
     assert b.returncode == 0, out_b[-3000:]
 
     run_a, run_b = _run_dir(tmp_path, "loaded"), _run_dir(tmp_path, "omp1")
