@@ -74,6 +74,8 @@ class HubUploader:
             if self.pending is not None:
                 self._upload(self.pending)
             if stopping:
+                if self.pending is not None:  # the run's last upload failed: one more try (bounded by close)
+                    self._upload(self.pending)
                 return
 
     def _scan(self, final: bool) -> None:
