@@ -127,13 +127,19 @@ def save_checkpoint(
     if export is not None:
         export(tmp / "policy")
     torch.save(state, tmp / "state.pt")
+    _publish(tmp, final, d, phase, keep_last)
+    return final
+
+
+def _publish(tmp: Path, final: Path, d: Path, phase: str, keep_last: int) -> None:
+    """Move a complete checkpoint folder into place atomically, then keep the newest ``keep_last``
+    checkpoints of ``phase``."""
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
     _fsync_dir(d)
     for old in [c for c in list_checkpoints(d) if c.phase == phase][:-keep_last]:
         shutil.rmtree(old.path, ignore_errors=True)
-    return final
 
 
 def _fsync_dir(d: Path) -> None:
@@ -240,12 +246,7 @@ def _save_sharded(d: Path, phase: str, step: int, modules: Mapping[str, torch.nn
             "extra": dict(extra or {}), "world_size": w.size, "format": "dcp",
         }
         torch.save(state, tmp / "state.pt")
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        _fsync_dir(d)
-        for old in [c for c in list_checkpoints(d) if c.phase == phase][:-keep_last]:
-            shutil.rmtree(old.path, ignore_errors=True)
+        _publish(tmp, final, d, phase, keep_last)
     barrier("checkpoint in place")
     return final
 

@@ -2,7 +2,7 @@
 
 At the rollout-dump schedule (``log.rollouts_every``) the recipes call :func:`save_token_rows`
 once per RL step, after the advantages are computed. It writes
-``rollouts/step_XXXXXX.tokens.json`` beside the episodes' ``step_XXXXXX.jsonl``, for the batch
+``rollouts/step_<6-digit step>.tokens.json`` beside the episodes' ``step_<6-digit step>.jsonl``, for the batch
 rows whose episode is one of the ``log.rollouts_n`` saved there. One JSON object::
 
     {"schema": 1, "step", "image_token_id", "pad_token_id", "eos_token_ids",
@@ -110,7 +110,7 @@ def dump_rows(batch: Any, episodes: range | list[int], arrays: Mapping[str, Tens
 def save_token_rows(folder: str | Path, step: int, log: Any, batch: Any, encoder: Any, *, logprobs: Tensor,
                     advantages: Tensor, values: Tensor | None = None, returns: Tensor | None = None,
                     entropy: Tensor | None = None) -> Path | None:
-    """Write ``step_XXXXXX.tokens.json`` on the ``log.rollouts_every`` schedule (see the module
+    """Write ``step_<6-digit step>.tokens.json`` on the ``log.rollouts_every`` schedule (see the module
     docstring); returns its path, or None when this step has no dump (or this rank is not 0).
 
     batch: the trained ``TokenBatch`` (B rows, L positions); logprobs, advantages, values, returns,

@@ -666,7 +666,7 @@ def _add_service_routes(app: FastAPI, front: Front, cfg: ServerConfig) -> None:
 
 def check_env_config(cfg: ServerConfig) -> None:
     """Every ``--env-config`` env exists (and is served) and makes an env with the operator's values
-    (so a wrong path or field fails at start-up, not at a client's first session)."""
+    (so a wrong path or field fails at start-up, not when a client first creates an env)."""
     from vagent.config import ConfigError
     from vagent.envs import env_class, make
 

@@ -250,7 +250,7 @@ class RunSource:
         try:
             step = int(group.removeprefix("step_"))
         except ValueError as exc:
-            raise ViewerError(f"unknown group {group!r}: expected step_XXXXXX") from exc
+            raise ViewerError(f"unknown group {group!r}: expected step_ and a 6-digit step, e.g. step_000010") from exc
         if step not in self._steps:
             raise ViewerError(f"no rollouts dumped at step {step} (dumped: {self._steps[:20]})")
         return step

@@ -12,7 +12,7 @@ const STATIC = EMBED ? JSON.parse(EMBED.textContent) : null;
 
 const S = {            // page state
   index: null,
-  group: null,         // current group id (a run's step_XXXXXX or an eval cell)
+  group: null,         // current group id (a run's step_000010-style name or an eval cell)
   episodes: [],        // summaries of the current group
   other: null,         // compare: the other group's id
   otherEpisodes: [],
