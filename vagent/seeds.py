@@ -1,4 +1,4 @@
-"""Named seed splits: disjoint ranges for train, validation and test (REFERENCE.md bug 2).
+"""Named seed splits: disjoint ranges for train, validation and test (docs/algorithms.md reference bug 2).
 
 Legacy VAGEN's test seeds were a subset of its train seeds; here the splits are fixed,
 non-overlapping ranges and ``split_seeds`` refuses to hand out a seed outside its split.

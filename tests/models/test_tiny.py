@@ -22,7 +22,7 @@ def test_tiny_vlm_loads_like_a_checkpoint(tiny_vlm_dir, tiny_vlm):
             "generation_config.json"} <= names
     assert tiny_vlm.is_vision
     assert type(tiny_vlm.model).__name__ == "Qwen2_5_VLForConditionalGeneration"
-    assert 1_000_000 < count_parameters(tiny_vlm.model) < 1_600_000  # ~1.3M (REFERENCE.md section 12)
+    assert 1_000_000 < count_parameters(tiny_vlm.model) < 1_600_000  # ~1.3M (docs/algorithms.md reference section 12)
     config = tiny_vlm.model.config
     text = config.get_text_config()
     assert sum(text.rope_parameters["mrope_section"]) == text.hidden_size // text.num_attention_heads // 2

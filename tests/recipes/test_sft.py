@@ -1,4 +1,4 @@
-"""SFT: chat data reading, token identity with RL prompts (REFERENCE.md bug 9), loss goes down."""
+"""SFT: chat data reading, token identity with RL prompts (docs/algorithms.md reference bug 9), loss goes down."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ the images, in order), takes the model's whole raw reply in :meth:`Env.step` (th
 with its reasoning format), and returns a :class:`StepResult`. ``state()`` is the ground truth
 that the reasoning judges compare the model's descriptions against.
 
-Rules (REFERENCE.md section 11):
+Rules (docs/algorithms.md reference section 11):
 
 - a seed fully determines an episode in any process (no global RNG, no ``hash()``);
 - an environment error is an error, never a silent reward;
@@ -125,7 +125,7 @@ class SolvableEnv(Env, Protocol):
 def state_key(state: Mapping[str, Any]) -> str:
     """A process-independent key of a state (sha256 of canonical JSON), for step-level grouping.
 
-    Never use Python's ``hash()`` for this: it is salted per process (REFERENCE.md bug 1).
+    Never use Python's ``hash()`` for this: it is salted per process (docs/algorithms.md reference bug 1).
     """
     blob = json.dumps(state, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:32]

@@ -1,4 +1,4 @@
-"""The five visual-state reasoning formats of VAGEN (REFERENCE.md section 2) and their parser.
+"""The five visual-state reasoning formats of VAGEN (docs/algorithms.md reference section 2) and their parser.
 
 | name | the model must answer |
 |---|---|

@@ -5,7 +5,7 @@ A run evaluates every (env, format, model) cell on every seed of the cell's seed
 fill the same dataclasses; unknown keys are errors (``vagent.config.from_mapping``).
 
 Seed ranges name a split (``vagent.seeds``), never raw seeds, so evaluation seeds can never
-overlap training seeds (REFERENCE.md bug 2):
+overlap training seeds (docs/algorithms.md reference bug 2):
 
 - ``"val:0-19"``: seeds 0..19 of the ``val`` split (offsets inside the split, inclusive);
 - ``"test:100"``: the first 100 seeds of ``test``;

@@ -10,7 +10,7 @@
    ``retry_errors``; ``force`` reruns everything;
 3. per model, build its policy (:func:`vagent.eval.backends.make_policy`) and roll out the
    pending episodes with :func:`vagent.rollout.rollout` -- the very loop training uses, so the
-   prompts, parsing and rewards are the training ones (REFERENCE.md bug 9). API models run one
+   prompts, parsing and rewards are the training ones (docs/algorithms.md reference bug 9). API models run one
    rollout call per seed (``group_size`` episodes) in ``concurrency`` threads, all sharing the
    model's request semaphore; local (hf) models run ``batch_size`` episodes (``batch_size //
    group_size`` seeds) per call, one call at a time (batched generation). Each finished episode

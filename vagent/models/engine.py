@@ -3,7 +3,7 @@
 An engine turns token-level requests (prompt ids + the pixels of their images, as built by
 ``ChatEncoder``) into ``GenerationOutput``s holding EXACTLY the sampled token ids -- the rollout
 appends them to the training sequence as they are (mask 1), never re-encoding text
-(REFERENCE.md bug 6).
+(docs/algorithms.md reference bug 6).
 
 Semantics shared by all engines:
 

@@ -1,12 +1,12 @@
 """Chat and image encoding, turn by turn, without ever re-encoding a sampled reply.
 
 Why not ``AutoProcessor``: without torchvision, ``AutoProcessor.from_pretrained`` fails for
-Qwen-VL checkpoints ("Can't load video processor", REFERENCE.md section 12). ``ChatEncoder``
+Qwen-VL checkpoints ("Can't load video processor", docs/algorithms.md reference section 12). ``ChatEncoder``
 drives the tokenizer (with its chat template) and the PIL image processor itself, and expands
 each image placeholder the template writes (``<|vision_start|><|image_pad|><|vision_end|>``)
 into ``grid_thw.prod() // merge_size**2`` ``<|image_pad|>`` tokens -- what the HF processor does.
 
-Multi-turn without re-encoding (REFERENCE.md section 12, bug 6):
+Multi-turn without re-encoding (docs/algorithms.md reference section 12, bug 6):
 
     ids = enc.encode_system(system).input_ids                     # mask 0
     ids += enc.encode_user(obs_text, images).input_ids             # mask 0, ends with the

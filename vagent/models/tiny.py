@@ -22,7 +22,7 @@ Determinism: weights come from ``torch.manual_seed(seed)`` inside a forked RNG (
 global RNG is untouched); the same arguments (and the same set of registered envs) give
 byte-identical files.
 
-Sizes measured on 2 CPU cores (REFERENCE.md section 12): hidden 128 / 2 layers is ~1.3M params
+Sizes measured on 2 CPU cores (docs/algorithms.md reference section 12): hidden 128 / 2 layers is ~1.3M params
 (tied embeddings), a 96 x 96 image gives 9 image tokens.
 """
 

@@ -11,7 +11,7 @@ What it does:
 
 - **Token ids in, token ids out.** Prompts are ``{"prompt_token_ids": ids, "multi_modal_data":
   {"image": [PIL images]}}``; the reply is exactly vLLM's ``CompletionOutput.token_ids``, cut with
-  the same ``cut_reply`` rules as ``HFEngine`` (REFERENCE.md bug 6: train on the sampled ids). vLLM
+  the same ``cut_reply`` rules as ``HFEngine`` (docs/algorithms.md reference bug 6: train on the sampled ids). vLLM
   runs its own image processor, so each run of ``<|image_pad|>`` tokens is collapsed to one
   (TRL issue #6294: pre-expanded ids would be expanded twice) and the encoder's pixel range is
   passed as ``mm_processor_kwargs`` so vLLM's image grid equals ``ChatEncoder``'s.

@@ -12,7 +12,7 @@ Values are parsed as YAML scalars (``true``, ``3e-4``, ``[1, 2]``, ``null``). Th
 is printed at start-up and saved as ``config.yaml`` in the run directory; ``--resume`` reads it
 back from there.
 
-Sources of the defaults: VAGEN (REFERENCE.md section 6) for PPO (clip 0.2, entropy 0.001,
+Sources of the defaults: VAGEN (docs/algorithms.md reference section 6) for PPO (clip 0.2, entropy 0.001,
 gamma_token 1.0, gamma_turn 0.95, lam 1.0, grad clip 1.0, value clip 0.5) and ViGoRL for GRPO
 (clip-higher 0.2/0.28, dual-clip 3, KL in loss k3). Learning rates are NOT the paper's (1e-6 /
 1e-5 for a 3B model): the tiny CPU models need much larger ones, set per preset.

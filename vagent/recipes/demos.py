@@ -11,7 +11,7 @@ chat per episode (docs/training.md, "SFT data")::
      "meta": {"env_name", "env_config", "seed", "success", "turns": [{"actions", "random"}]}}
 
 The system prompt and observations are the env's own, exactly as the RL rollout shows them
-(REFERENCE.md bug 9): they come from the same ``make(name, **config)``, ``reset(seed)`` and
+(docs/algorithms.md reference bug 9): they come from the same ``make(name, **config)``, ``reset(seed)`` and
 ``step(reply)`` calls. Each reply is written with ``formats.render_response`` and its reasoning
 fields come from the TRUE state:
 

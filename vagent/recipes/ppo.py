@@ -17,9 +17,9 @@ How it departs from VAGEN / the paper:
 - ``log pi_old`` is recomputed with the training forward pass before the update instead of using
   the sampling-time log-probs, so the first PPO ratio is exactly 1 (the two differ by kernel and
   padding numerics; the mean absolute difference is logged as ``actor/logprob_diff``).
-- Truncated episodes (turn limit) bootstrap from V(final observation) (REFERENCE.md bug 4);
+- Truncated episodes (turn limit) bootstrap from V(final observation) (docs/algorithms.md reference bug 4);
   legacy VAGEN never bootstrapped.
-- The critic trains only where returns are defined (REFERENCE.md bug 3): every sampled token for
+- The critic trains only where returns are defined (docs/algorithms.md reference bug 3): every sampled token for
   masked/bi-level GAE, turn ends for turn_gae, the anchor token for no_concat_gae.
 - Learning-rate schedules step once per RL step (VAGEN: per optimizer step); the actor's starts
   after the critic warm-up.
@@ -28,7 +28,7 @@ How it departs from VAGEN / the paper:
   from the policy's scoring pass and the head trains on that pass's features, so a shared critic
   costs no backbone pass of its own.
 - Defaults are for the tiny CPU models (larger learning rates, fewer envs); the paper's are in
-  REFERENCE.md section 6.
+  docs/algorithms.md reference section 6.
 
 With several processes (``vagent train --nproc N``, or torchrun) the loop reads the same: each
 rank rolls out its block of the envs and gets everyone's episodes, so steps 2-4 and 6 see the

@@ -18,7 +18,7 @@ The loop, top to bottom (one optimizer step per iteration)::
                 <= update.micro_batch_tokens
         clip gradients, AdamW step, lr schedule step, log sft/*, checkpoint every K steps
 
-Prompts are identical to RL's (REFERENCE.md bug 9): a chat is turned into tokens by exactly the
+Prompts are identical to RL's (docs/algorithms.md reference bug 9): a chat is turned into tokens by exactly the
 code the rollout's HFPolicy uses (``vagent.rollout.encoding.encode_pending`` for system/user
 messages, ``append_reply`` for the assistant reply, whose ids are the tokenizer's encoding of the
 reply text and get loss mask 1; the template's end-of-turn ids after it get mask 0, as in RL

@@ -17,14 +17,14 @@ token mean), FSDP sums the gradients over ranks, and a rank with fewer micro-bat
 zero-weight padding ones so that every rank joins every collective
 (:func:`vagent.distributed.rank_micro_batches`).
 
-Actor loss per micro-batch (REFERENCE.md section 6)::
+Actor loss per micro-batch (docs/algorithms.md reference section 6)::
 
     loss = ppo_policy_loss(logp, old_logp, A, M, clip_low, clip_high, dual_clip, agg)
            - entropy_coef * aggregate(H, M)                        (entropy bonus)
            + kl_coef * aggregate(kl_penalty(logp, ref_logp), M)    (only when kl_in == "loss")
 
 Critic loss: ``value_loss(V, V_old, R, critic_mask, clip)`` where ``critic_mask`` marks the
-positions whose returns are defined (REFERENCE.md bug 3).
+positions whose returns are defined (docs/algorithms.md reference bug 3).
 
 A non-finite loss or gradient norm raises :class:`vagent.runs.NonFiniteError` BEFORE the optimizer
 step, so the weights stay the last good ones.

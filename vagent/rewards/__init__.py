@@ -1,5 +1,5 @@
 """Reasoning rewards: judges that score the agent's state descriptions (``<observation>``) and
-predictions (``<prediction>``) against the env's true state (REFERENCE.md section 7).
+predictions (``<prediction>``) against the env's true state (docs/algorithms.md reference section 7).
 
 - :class:`ReasoningReward` (``reasoning.py``): ``(episodes) -> metrics``, adds ``weight x score``
   to each correctly formatted turn's reward; pass it to ``rollout(..., reasoning_reward=...)``.

@@ -1,4 +1,4 @@
-"""Anti-hacking: guards against descriptions that game the judge (REFERENCE.md section 7).
+"""Anti-hacking: guards against descriptions that game the judge (docs/algorithms.md reference section 7).
 
 Two guards, both on by default and both counted in the metrics:
 

@@ -1,4 +1,4 @@
-"""The LLM judge: any OpenAI-compatible chat endpoint judges descriptions (REFERENCE.md section 7).
+"""The LLM judge: any OpenAI-compatible chat endpoint judges descriptions (docs/algorithms.md reference section 7).
 
 Two modes:
 

@@ -1,6 +1,6 @@
 """The reasoning reward: judge each turn's state descriptions and add the scores to its reward.
 
-VAGEN's WorldModeling reward (REFERENCE.md section 7). For every turn whose format was correct
+VAGEN's WorldModeling reward (docs/algorithms.md reference section 7). For every turn whose format was correct
 (``turn.parsed.format_ok``; a malformed turn is never judged and keeps its reward):
 
 - grounding:     ``<observation>`` judged against ``turn.state_before``;

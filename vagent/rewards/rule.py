@@ -1,6 +1,6 @@
 """The rule judge: parse a description into claims, score them against the state's relations.
 
-Score (REFERENCE.md section 7; VAGEN legacy's bipartite-matching F1, generalised):
+Score (docs/algorithms.md reference section 7; VAGEN legacy's bipartite-matching F1, generalised):
 
 For each object type ``t`` of the env's ``JudgeSpec.object_weights`` (weight ``w_t``), with
 ``P_t`` the claims of type ``t`` and ``T_t`` the true relations of type ``t``:

@@ -5,7 +5,7 @@ with :func:`masked_whiten` in the recipe), and zero outside the positions where 
 Inputs may be float32 or bfloat16 on CPU or GPU; all arithmetic runs in float32. Estimators run
 under ``torch.no_grad()``: advantages and returns are constants for the losses.
 
-Vocabulary (REFERENCE.md section 5): ``t`` a token position, ``M`` the loss mask (1 iff the policy
+Vocabulary (docs/algorithms.md reference section 5): ``t`` a token position, ``M`` the loss mask (1 iff the policy
 sampled the token), ``e_k`` the last sampled token of turn ``k`` (``turn_end_mask``), ``t'`` the
 next M=1 position after ``t``. Observation, image, template and padding tokens have M=0 and are
 skipped as if the M=1 tokens were contiguous; left and right padding are both fine.
@@ -14,7 +14,7 @@ Rewards live on sampled tokens. A non-zero reward on an M=0 token is an error (i
 silently dropped otherwise): put a trajectory reward on the final sampled token and a turn reward
 on e_k.
 
-Terminated vs truncated (Gymnasium semantics, REFERENCE.md section 11 bug 4): after the last
+Terminated vs truncated (Gymnasium semantics, docs/algorithms.md reference section 11 bug 4): after the last
 sampled token the next value is 0 when the episode terminated, and ``final_values[b]`` (the
 critic's value of the observation that followed, computed by the caller) when ``truncated[b]``.
 The legacy code never bootstrapped.
@@ -312,7 +312,7 @@ def bi_level_gae(
     truncated: Tensor | None = None,
     final_values: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Bi-Level GAE (VAGEN-Full, VAGEN arXiv 2510.16907, REFERENCE.md section 5).
+    """Bi-Level GAE (VAGEN-Full, VAGEN arXiv 2510.16907, docs/algorithms.md reference section 5).
 
     1. Turn level over the turn ends e_1..e_K with gamma_turn::
 
@@ -397,7 +397,7 @@ def turn_gae(
 def anchor_mask(loss_mask: Tensor, anchor: str = "first") -> Tensor:
     """Bool [N, L]: the first (``anchor="first"``) or last (``"last"``) M=1 token of each row.
 
-    In no-concat mode the critic is trained only here (REFERENCE.md section 11, bug 3).
+    In no-concat mode the critic is trained only here (docs/algorithms.md reference section 11, bug 3).
     """
     m = _bool_mask(loss_mask, "loss_mask")
     if anchor == "first":

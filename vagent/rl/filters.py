@@ -39,7 +39,7 @@ def variance_filter(
     - ``mode="top_k"``: keep ``max(1, ceil(value * G))`` groups, ``value`` in (0, 1]. ``scale`` = 1.
     - ``mode="top_p"``: keep the shortest prefix of the ranking whose variance sum reaches
       ``value * sum_g var_g`` (``value`` in (0, 1]); if every variance is 0, keep all groups.
-      ``scale = sqrt(G_kept / G)`` (REFERENCE.md section 6, as VAGEN Lite): multiply the kept
+      ``scale = sqrt(G_kept / G)`` (docs/algorithms.md reference section 6, as VAGEN Lite): multiply the kept
       advantages by it so that a smaller kept batch does not take larger steps.
 
     Args:

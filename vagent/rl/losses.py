@@ -103,7 +103,7 @@ def ppo_policy_loss(
         r_t = exp(logp_t - logp_old_t)
         l_t = max(-A_t r_t, -A_t clip(r_t, 1 - clip_low, 1 + clip_high))
         if dual_clip and A_t < 0:  l_t = min(l_t, -A_t * dual_clip)
-        loss = aggregate(l, M, agg)        (minimising it maximises REFERENCE.md section 6's J)
+        loss = aggregate(l, M, agg)        (minimising it maximises docs/algorithms.md reference section 6's J)
 
     Args:
         logprobs: [B, L] log pi(a_t) under the current policy (requires grad).
@@ -174,10 +174,10 @@ def value_loss(
         l_t = 0.5 * max((V - R)^2, (V_clip - R)^2)        (clip=None: 0.5 (V - R)^2)
         loss = aggregate(l, M, agg)
 
-    The 0.5 makes the gradient (V - R); REFERENCE.md section 6 writes the loss without it (a
+    The 0.5 makes the gradient (V - R); docs/algorithms.md reference section 6 writes the loss without it (a
     constant factor of the critic learning rate).
 
-    ``mask`` must be where returns are DEFINED (REFERENCE.md section 11 bug 3): the loss mask for
+    ``mask`` must be where returns are DEFINED (docs/algorithms.md reference section 11 bug 3): the loss mask for
     masked/bi-level GAE, ``turn_end_mask`` for :func:`turn_gae`, :func:`anchor_mask` for
     :func:`no_concat_gae`. All tensors [B, L]; ``values`` requires grad.
     """

@@ -18,7 +18,7 @@ How episodes become rows (:func:`build_token_batch`):
 Per-token tensors, for the row's token at position ``p``:
 
 - ``loss_mask[p]`` is True iff the policy sampled the token (segments with ``sampled=True``);
-  system, observation, image and template tokens are never trained on (REFERENCE.md bug 5);
+  system, observation, image and template tokens are never trained on (docs/algorithms.md reference bug 5);
 - ``old_logprobs[p]`` is its sampling-time log-prob (0 elsewhere);
 - ``turn_end_mask[p]`` marks the last sampled token of each turn (``e_k``);
 - ``token_rewards[e_k]`` = ``Turn.reward`` of turn ``k`` (env reward + reasoning rewards);
@@ -28,7 +28,7 @@ Per-token tensors, for the row's token at position ``p``:
 Images: ``pixel_values`` [P, D] are all rows' images in row order (then image order within the
 row), ``image_grid_thw`` [n_images, 3]; ``n_images[b]`` counts row ``b``'s images, so
 :meth:`TokenBatch.select` re-slices pixels with their rows. An image's tokens and pixels live in
-one segment and are never separated (REFERENCE.md bug 7).
+one segment and are never separated (docs/algorithms.md reference bug 7).
 """
 
 from __future__ import annotations

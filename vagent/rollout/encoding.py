@@ -7,7 +7,7 @@ A conversation's token sequence is the concatenation of its ``segments``. A toke
    assistant) becomes ONE segment with ``sampled=False`` (loss mask 0): the system message via
    ``encoder.encode_system(text)``, a user message via ``encoder.encode_user(text, images)``
    (which ends with the assistant generation prompt). Image placeholder tokens travel in the same
-   segment as their pixels, so no later cut can separate them (REFERENCE.md bug 7).
+   segment as their pixels, so no later cut can separate them (docs/algorithms.md reference bug 7).
 2. generation (the policy's business) from the concatenated ids and pixels;
 3. :func:`append_reply`: the pending segments, then ONE segment with exactly the sampled ids
    (``sampled=True``, their sampling-time log-probs), then -- only if generation did not end with
@@ -18,7 +18,7 @@ A conversation's token sequence is the concatenation of its ``segments``. A toke
 
 So the segments a policy adds for one call are ``[pending..., sampled, (end)]``; the rollout
 relies on this shape to map segments to turns (``vagent.rollout.loop``). The ids trained on are
-the sampled ids themselves: nothing is decoded and re-encoded (REFERENCE.md bug 6).
+the sampled ids themselves: nothing is decoded and re-encoded (docs/algorithms.md reference bug 6).
 
 The closing ids come from ``ChatEncoder.close_assistant(sampled_ids)``: all of
 ``assistant_end_ids()`` (``<|im_end|>\\n``) after a stop string or the length limit, only the
@@ -27,7 +27,7 @@ must learn to end its turn).
 
 Context limit: a policy with ``max_context_tokens`` answers ``Reply(finish_reason=
 "context_limit")`` and appends NOTHING when ``context + max_new_tokens`` would exceed it; whole
-messages are the unit, so an image's tokens are never cut from its pixels (REFERENCE.md bug 7).
+messages are the unit, so an image's tokens are never cut from its pixels (docs/algorithms.md reference bug 7).
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def encode_message(encoder: Any, message: Message) -> Segment:
         return segment_from_encoded(encoder.encode_user(message.text, list(message.images)))
     raise ValueError(
         "cannot encode an assistant message: its tokens must be the ones the policy sampled "
-        "(no decode/re-encode, REFERENCE.md bug 6). Append assistant messages only after the "
+        "(no decode/re-encode, docs/algorithms.md reference bug 6). Append assistant messages only after the "
         "policy's reply, which already recorded their tokens."
     )
 

@@ -12,7 +12,7 @@ For a batch of conversations, :meth:`HFPolicy.act`
 4. appends exactly the sampled ids as a ``Segment(sampled=True, logprobs=...)`` and the mask-0
    ids that close the assistant turn (see :mod:`vagent.rollout.encoding`).
 
-The training sequence is therefore exactly the sampled ids: no decode/re-encode (REFERENCE.md
+The training sequence is therefore exactly the sampled ids: no decode/re-encode (docs/algorithms.md
 bug 6); ``Reply.text`` (decoded, special tokens skipped) is only what the env reads.
 
 Threads: ``act`` may run in many threads at once (the asynchronous rollout) when the engine is

@@ -17,7 +17,7 @@ An episode ends when the env says ``terminated`` or ``truncated``, or after ``ma
 the observation after the last step, and token-level policies encode it in
 ``Episode.final_segment`` for the critic's bootstrap. ``Turn.truncated`` is the env's own flag.
 
-Failures are errors, never rewards (REFERENCE.md bug 8): a ``Reply.error`` marks the episode
+Failures are errors, never rewards (docs/algorithms.md reference bug 8): a ``Reply.error`` marks the episode
 ``error = "policy: ..."`` and stops it without stepping the env; an exception in
 ``reset``/``step``/``state`` marks it ``error = "env: <traceback>"``. Errored episodes are kept in
 the returned list (counted in ``rollout/errors``) and excluded by ``build_token_batch``. A reply
@@ -29,7 +29,7 @@ dict, from a remote env), ``Turn.parsed`` is that; otherwise the loop parses the
 ``vagent.envs.formats.parse_response`` and the env's ``config.format`` /
 ``config.max_actions_per_turn`` and ``action_sep`` (attribute of the env or its config).
 
-Context modes (REFERENCE.md section 4):
+Context modes (docs/algorithms.md reference section 4):
 
 - ``mode="concat"`` (window None): one Conversation per episode holding the whole history
   ``[system][obs_0][act_0][obs_1][act_1]...``; one training row per episode.

@@ -5,7 +5,7 @@ The rollout builds one :class:`Conversation` per training sample (the whole traj
 for the next assistant reply of many conversations at once. Token-level policies (local models)
 also record, on the conversation, the exact token ids they encoded and sampled, each with its
 loss mask (1 if and only if the policy sampled the token), so training never decodes and
-re-encodes (REFERENCE.md bug 6). API policies leave ``segments`` empty.
+re-encodes (docs/algorithms.md reference bug 6). API policies leave ``segments`` empty.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ class Reply:
     """A policy's answer to one conversation.
 
     ``error`` is set when the backend failed (API error after retries): the rollout marks the
-    episode as an error instead of stepping the env with an empty reply (REFERENCE.md bug 8).
+    episode as an error instead of stepping the env with an empty reply (docs/algorithms.md reference bug 8).
     """
 
     text: str

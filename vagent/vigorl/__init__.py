@@ -1,4 +1,4 @@
-"""ViGoRL on vagent: visually grounded reasoning (REFERENCE.md section 10, docs/vigorl.md).
+"""ViGoRL on vagent: visually grounded reasoning (docs/algorithms.md reference section 10, docs/vigorl.md).
 
 - :mod:`vagent.vigorl.grounding`  the grounded reply parser, the zoom tool call, the rewards
 - :mod:`vagent.vigorl.data`       JSONL datasets, the synthetic visual-search generator, geometry

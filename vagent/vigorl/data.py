@@ -1,6 +1,6 @@
 """ViGoRL datasets: JSONL examples, the synthetic visual-search generator, scoring and geometry.
 
-JSONL format (one example per line; REFERENCE.md section 10)::
+JSONL format (one example per line; docs/algorithms.md reference section 10)::
 
     {"image": "images/000123.png",          # path relative to the JSONL file
      "question": "Where is the red circle? ...",

@@ -1,6 +1,6 @@
 """ViGoRL envs: answer a question about an image with grounded thinking, optionally zooming in.
 
-Two envs (REFERENCE.md section 10), registered as ``vigorl_search`` (:class:`VigorlSearchEnv`,
+Two envs (docs/algorithms.md reference section 10), registered as ``vigorl_search`` (:class:`VigorlSearchEnv`,
 one turn) and ``vigorl_zoom`` (:class:`VigorlZoomEnv`, multi-turn with a zoom tool).
 
 Action format:

@@ -1,6 +1,6 @@
 """ViGoRL's grounded reasoning replies: the parser, the zoom tool call and the rewards.
 
-Grammar of one reply (REFERENCE.md section 10), surrounding whitespace allowed::
+Grammar of one reply (docs/algorithms.md reference section 10), surrounding whitespace allowed::
 
     answer turn:  <think> T </think> <answer> A </answer>
     tool turn:    <think> T </think> <tool_call> J </tool_call>       (multi-turn env only)
@@ -23,7 +23,7 @@ first ``</tool_call>`` (as a stop string would) before checking the grammar.
 
 :func:`parse_grounded` never raises on any input (a hypothesis property test checks it).
 
-Rewards (pure functions, REFERENCE.md section 10; the ViGoRL reward functions
+Rewards (pure functions, docs/algorithms.md reference section 10; the ViGoRL reward functions
 ``point_in_bbox_grounded_thinking`` / ``*_multicrop``):
 
 - single turn: ``r = w_acc * acc + w_fmt * fmt * g`` with ``w_acc = w_fmt = 0.5``; ``g = 1`` when

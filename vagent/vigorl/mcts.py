@@ -1,4 +1,4 @@
-"""Monte Carlo tree search over grounded thoughts (ViGoRL's data engine, REFERENCE.md section 10).
+"""Monte Carlo tree search over grounded thoughts (ViGoRL's data engine, docs/algorithms.md reference section 10).
 
 Each node below the root is ONE thought (a step citing one point ``(x, y)`` of the shown image)
 or a terminal thought that answered. One simulation, in order::

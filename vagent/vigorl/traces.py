@@ -19,7 +19,7 @@ Chains of one tree (:func:`tree_chains`):
 Chats (:func:`write_traces`): each chain becomes one line of the SFT chat format of
 ``vagent.recipes.sft`` (``{"messages", "images", "meta"}``) built by PLAYING the env: the system
 prompt and every user message are the env's own ``system_prompt()`` and observations for the
-tree's env config and seed (REFERENCE.md bug 9: SFT prompts equal RL prompts), and each reply is
+tree's env config and seed (docs/algorithms.md reference bug 9: SFT prompts equal RL prompts), and each reply is
 stepped through the env, whose reward and success go into ``meta``.
 
 - ``vigorl_search``: one reply ``<think>step step ...</think><answer>A</answer>``.

@@ -18,7 +18,7 @@ An API backend is an *adapter* (``send(conversation, sampling) -> Reply``, raisi
   (bad request, auth, not found, ...) are never retried.
 - **Failure is an error, not a reply**: after the last attempt the reply is
   ``Reply(text="", finish_reason="error", error="...")``; the rollout marks the episode as an
-  error (counted and reported), never a zero-reward success (REFERENCE.md bug 8).
+  error (counted and reported), never a zero-reward success (docs/algorithms.md reference bug 8).
 - **Usage**: ``Reply.usage`` holds ``prompt_tokens`` / ``completion_tokens`` when the API reports
   them, and always ``retries`` (the retries this reply needed).
 
