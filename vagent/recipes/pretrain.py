@@ -42,7 +42,7 @@ def caption_records(env_entries: Sequence[Any], n_per_env: int, seed: int, image
 
     from vagent.envs import make
     from vagent.envs.formats import render_response
-    from vagent.recipes.common import derive_seed
+    from vagent.recipes.optim import derive_seed
     from vagent.seeds import split_seeds
 
     records = []
@@ -112,7 +112,7 @@ def pretrain_captions(model_dir: Path, env_entries: Sequence[Any], steps: int, *
     :func:`caption_records`), so a later stage can start after an earlier one's boards."""
     from vagent.distributed import barrier, full_state_dict, root_of, shard_model, world
     from vagent.models.loading import load_policy
-    from vagent.recipes.common import derive_seed, make_optimizer, make_scheduler
+    from vagent.recipes.optim import derive_seed, make_optimizer, make_scheduler
     from vagent.recipes.sft import sft_batch, sft_loss
 
     work = Path(model_dir) / "pretrain" / stage

@@ -177,7 +177,7 @@ def sft_batch(convs: Sequence[Any], pad_token_id: int):
 def batch_rows(n_chats: int, batch_size: int, step: int, seed: int) -> tuple[list[int], int]:
     """Chat indices of SFT step ``step`` and its epoch: the stream is the concatenation of per-epoch
     permutations seeded by (seed, epoch), so the data position is just the step number."""
-    from vagent.recipes.common import derive_seed
+    from vagent.recipes.optim import derive_seed
 
     rows, epoch = [], 0
     for k in range(step * batch_size, (step + 1) * batch_size):
@@ -209,7 +209,7 @@ def sft_loss(model: torch.nn.Module, batch: Any, micro_tokens: int, chunk: int, 
     (``sft.shared_prefix``; :func:`vagent.recipes.common.shared_prefix`)."""
     from vagent.distributed import Padding, all_reduce_sum, rank_micro_batches
     from vagent.recipes.batching import accumulation_weight
-    from vagent.recipes.common import autocast
+    from vagent.recipes.optim import autocast
     from vagent.recipes.scoring import hidden_after_prefix, policy_forward, shared_prefix
 
     total_mask = batch.loss_mask
@@ -283,7 +283,7 @@ def demo_chats_path(session: Any) -> Path:
 
 def train_sft(session: Any, start_step: int = 0, resume_from: str | None = None) -> None:
     """Run SFT steps ``start_step .. sft.steps - 1`` on the session's policy (see module doc)."""
-    from vagent.recipes.common import clip_grads, make_optimizer, make_scheduler
+    from vagent.recipes.optim import clip_grads, make_optimizer, make_scheduler
     from vagent.recipes.sharding import policy_export, shard_for_training
     from vagent.runs import StepProgress, check_finite, load_checkpoint, save_checkpoint
     from vagent.runs.errors import check_module_finite
