@@ -21,6 +21,7 @@ _CLI_MODULES = (
     "vagent.rewards.cli",     # judge-audit
     "vagent.vigorl.cli",      # vigorl ...
     "vagent.viewer.cli",      # view
+    "vagent.sweep.cli",       # sweep, sweep report
 )
 
 
@@ -43,12 +44,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The (sub)parser of the command ``args`` selected, following nested subcommands."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            chosen = action.choices.get(getattr(args, action.dest, None) or "")
+            if chosen is not None:
+                return _command_parser(chosen, args)
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     from vagent.numerics import pin_cpu_kernels
 
     pin_cpu_kernels()  # before anything imports torch: the same CPU kernels on every AVX2 machine
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # the subcommand's own usage, not the top level's: "vagent train --foo"
+        _command_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -1,7 +1,9 @@
 """``vagent envs`` (list envs and their config fields) and ``vagent play`` (play an episode).
 
 ``vagent play ENV --policy human|random|solver`` prints each observation, the reply, its parsed
-fields and the reward; ``--save-dir`` writes every image frame as PNG, an animated GIF of the
+fields and the reward; the images of a vision env are written as PNG files whose paths are printed
+where the ``<image>`` placeholder stands (``--image-dir``, or a temporary folder for a human
+player); ``--save-dir`` writes every image frame as PNG, an animated GIF of the
 episode and ``episode.json`` (replies, rewards, infos, states). The solver policy writes replies
 in the chosen format with true state descriptions (``vagent.rollout.scripted.solver_reply``).
 A human may type a whole reply or just the actions (``up,left``), which are then wrapped in the
@@ -27,9 +29,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     q.add_argument("env", help="registered env name (see `vagent envs`)")
     q.add_argument("--seed", type=int, default=0, help="episode seed (default 0)")
     q.add_argument("--format", default=None, help="reasoning format (default: the env's)")
-    q.add_argument("--policy", choices=("human", "random", "solver"), default="human")
+    q.add_argument("--policy", choices=("human", "random", "solver"), default="human",
+                   help="who replies: human (you type a reply, or just the actions, e.g. up,left), random (random "
+                        "actions) or solver (the env's optimal actions with true state descriptions); default human")
     q.add_argument("--render", choices=("vision", "text"), default=None, help="observation render (default: the env's)")
     q.add_argument("--save-dir", default=None, help="write frames (PNG), episode.gif and episode.json here")
+    q.add_argument("--image-dir", default=None,
+                   help="write each turn's observation images here as PNG and print their paths (a human player "
+                        "of a vision env gets a new temporary folder when this is not given)")
     q.add_argument("--max-turns", type=int, default=100, help="stop after this many turns (default 100)")
     q.add_argument("--config", nargs="*", default=[], metavar="KEY=VALUE",
                    help="env config overrides; values are YAML (e.g. dim_room=[8,8] num_boxes=2)")
@@ -122,6 +129,29 @@ def _save_episode(save_dir: Path, frames: list, log: list[dict]) -> None:
     print(f"saved {len(frames)} frame(s){', episode.gif' if frames else ''} and episode.json to {save_dir}")
 
 
+def _image_dir(args: argparse.Namespace, obs: Any) -> Path | None:
+    """Where the observation images go: ``--image-dir``; for a human facing images, a new temporary
+    folder (a terminal shows only the ``<image>`` placeholder); else nowhere."""
+    import tempfile
+
+    if args.image_dir:
+        return Path(args.image_dir)
+    if args.policy == "human" and obs.images:
+        return Path(tempfile.mkdtemp(prefix=f"vagent-play-{args.env}-"))
+    return None
+
+
+def _show_images(images: Any, image_dir: Path | None, stem: str) -> None:
+    """Write ``images`` as ``<stem>_<i>.png`` under ``image_dir`` and print where each is."""
+    if image_dir is None or not images:
+        return
+    image_dir.mkdir(parents=True, exist_ok=True)
+    for i, im in enumerate(images):
+        path = image_dir / f"{stem}_{i}.png"
+        im.save(path)
+        print(f"[<image> {i + 1} of {len(images)}: {path}]")
+
+
 def cmd_play(args: argparse.Namespace) -> int:
     import numpy as np
 
@@ -152,9 +182,11 @@ def cmd_play(args: argparse.Namespace) -> int:
     rng = np.random.default_rng(args.seed)
     print("=== system prompt ===\n" + env.system_prompt())
     obs, _ = env.reset(args.seed)
+    image_dir = _image_dir(args, obs)
     frames, log, total, res = list(obs.images), [], 0.0, None
     for turn in range(args.max_turns):
         print(f"\n=== turn {turn} observation ===\n{obs.text}")
+        _show_images(obs.images, image_dir, f"turn_{turn:03d}")
         if args.policy == "solver":
             from vagent.rollout.scripted import solver_reply
 
@@ -184,6 +216,8 @@ def cmd_play(args: argparse.Namespace) -> int:
         frames += list(obs.images)
         if res.terminated or res.truncated:
             break
+    if res is not None and (res.terminated or res.truncated):
+        _show_images(obs.images, image_dir, "final")
     success = bool(res is not None and res.info.get("success"))
     print(f"\n=== episode over: success={success} return={total:+.3f} turns={len(log)} ===")
     if args.save_dir:

@@ -1,11 +1,19 @@
 """``vagent eval``: evaluate models on envs (see docs/evaluation.md).
 
+    vagent eval runs/frozenlake-ppo-20250101-120000      # a training run's newest checkpoint, as it validated
+    vagent eval runs/RUN/checkpoints/step_000010 --seeds test:100   # one checkpoint; flags override the run's
     vagent eval --config configs/eval_example.yaml [--force]
     vagent eval --backend openai --model gpt-4.1-mini --env frozenlake --seeds val:0-19 \\
                 --format no_think,grounding_worldmodeling --out runs/eval/gpt41mini
     vagent eval --backend hf --model runs/ppo/checkpoints/step_000200/policy --env sokoban --seeds test:100
     vagent eval --describe         # every config field with its default and meaning
     vagent eval --backend hf --model MODEL_DIR --env corridor --import mypackage.corridor
+
+``RUN_DIR`` (a training run, or a checkpoint or its ``policy/`` folder inside one) takes the run's
+env entries (config, ``val`` seeds), turn limit, context mode and sampling (greedy, its token
+limit and stop strings) and evaluates the checkpoint's policy with the ``hf`` backend into
+``RUN_DIR/eval/<checkpoint>`` (``vagent.eval.from_run``); ``--config`` and the flags override them.
+An ``hf`` model inside a training run whose eval env config differs from the run's gets a warning.
 
 Quick flags override the config file: ``--model`` replaces its ``models`` (with ``--backend``,
 ``--base-url``, ``--concurrency``, ``--name``); without ``--model`` those three apply to every
@@ -18,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 
@@ -25,6 +34,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     """Add the ``eval`` command to an argparse subparsers object."""
     p = subparsers.add_parser("eval", help="evaluate local or API models on envs (resumable, summary + HTML)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run", nargs="?", metavar="RUN_DIR",
+                   help="a training run directory (its newest checkpoint) or a checkpoint inside one: evaluate it "
+                        "on the run's envs, seeds and sampling (flags override them)")
     p.add_argument("--config", help="eval YAML (configs/eval_example.yaml)")
     p.add_argument("--model", help="model id (API) or local model directory (hf); replaces the config's models")
     p.add_argument("--backend", choices=("hf", "openai", "anthropic", "gemini"), help="backend of --model (default openai)")
@@ -65,7 +77,15 @@ def build_mapping(args: argparse.Namespace) -> dict[str, Any]:
     from vagent.config import ConfigError
     from vagent.eval.config import load_yaml
 
-    m: dict[str, Any] = load_yaml(args.config) if args.config else {}
+    m: dict[str, Any] = {}
+    base: dict[str, Any] = {}
+    if getattr(args, "run", None):
+        from vagent.eval.from_run import run_mapping
+
+        base, rc = run_mapping(args.run)
+        m = dict(base)
+    if args.config:
+        m.update(load_yaml(args.config))
     model_fields = {k: v for k, v in (("backend", args.backend), ("base_url", args.base_url),
                                       ("concurrency", args.concurrency)) if v is not None}
     if args.model:
@@ -108,7 +128,32 @@ def build_mapping(args: argparse.Namespace) -> dict[str, Any]:
         sampling["max_new_tokens"] = args.max_new_tokens
     if sampling:
         m["sampling"] = sampling
+    if base:
+        m["training_run"] = {"run_dir": str(rc.run_dir), "checkpoint": rc.checkpoint.name,
+                             "from_run": [k for k in base if m.get(k) == base[k]],
+                             "overridden": [k for k in base if m.get(k) != base[k]]}
     return m
+
+
+def check_training_envs(cfg: Any) -> None:
+    """Warn (stderr, and ``cfg.training_run["warnings"]``) for each eval env that differs from the
+    training env config of the run an hf model's directory belongs to."""
+    from vagent.eval.from_run import env_mismatches, find_checkpoint, load_run_config
+
+    lines = []
+    for model in cfg.models:
+        if model.backend != "hf" or not Path(model.model).expanduser().exists():
+            continue
+        rc = find_checkpoint(model.model)
+        if rc is None:
+            continue
+        if not cfg.training_run:
+            cfg.training_run = {"run_dir": str(rc.run_dir), "checkpoint": rc.checkpoint.name}
+        for line in env_mismatches(load_run_config(rc.run_dir), cfg.envs, cfg.formats):
+            lines.append(f"model {model.label}: {line}")
+            print(f"[eval] warning: {lines[-1]}", file=sys.stderr)
+    if lines:
+        cfg.training_run = {**cfg.training_run, "warnings": lines}
 
 
 def _describe() -> None:
@@ -137,6 +182,7 @@ def run(args: argparse.Namespace) -> int:
         from vagent.eval.config import load_config
 
         cfg = load_config(build_mapping(args))
+        check_training_envs(cfg)
         from vagent.eval.runner import run_eval
 
         result = run_eval(cfg)

@@ -194,6 +194,10 @@ class EvalConfig:
     #: modules to import first (your own envs' register calls; dotted names or .py paths;
     #: docs/custom_env.md); vagent eval --import MODULE adds to it
     imports: list[str] = field(default_factory=list)
+    #: the training run of the evaluated checkpoint, filled by ``vagent eval`` (run_dir, checkpoint,
+    #: the fields taken from the run's config and those set otherwise, warnings where an eval env
+    #: differs from the run's); recorded in summary.json, not part of an episode's fingerprint
+    training_run: dict = field(default_factory=dict)
 
 
 def parse_seed_range(spec: str) -> list[int]:

@@ -237,6 +237,8 @@ def collect(cfg: EvalConfig, cells: Sequence[Cell], out_dir: Path) -> tuple[dict
         "schema": 1,
         "run": {"out_dir": str(out_dir), "max_turns": cfg.max_turns, "mode": cfg.mode, "window": cfg.window,
                 "group_size": cfg.group_size, "sampling": to_dict(cfg.sampling),
+                "envs": [{"label": e.key, "name": e.name, "config": dict(e.config)} for e in cfg.envs],
+                "formats": list(cfg.formats), "training_run": dict(cfg.training_run),
                 "reasoning_reward": bool(cfg.reasoning_reward), "finished_at": time.time(),
                 "finished_at_text": time.strftime("%Y-%m-%d %H:%M:%S")},
         "cells": rows,
@@ -275,17 +277,17 @@ def run_eval(cfg: EvalConfig, *, policies: Mapping[str, Any] | None = None, stre
     """
     validate(cfg)
     out_dir = Path(cfg.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     cells = expand_cells(cfg)
     _remove_stale_tmp(out_dir)
     pending, done, retry = plan(cfg, cells, out_dir)
+    for model in cfg.models:  # fail before anything is written or run, not when the model's turn comes
+        if pending[model.label] and not (policies and model.label in policies):
+            _check_reachable(model)
+    out_dir.mkdir(parents=True, exist_ok=True)
     for line in _startup_lines(cfg, cells, pending, done, retry, out_dir):
         print(line, file=stream, flush=True)
     _save_config(cfg, out_dir)
     print(f"[eval] resolved config saved to {out_dir / 'config.yaml'}", file=stream, flush=True)
-    for model in cfg.models:  # fail before any episode runs, not when the model's turn comes
-        if pending[model.label] and model.backend != "hf" and not (policies and model.label in policies):
-            model.resolved_api_key()
     judge = _make_reasoning_reward(cfg.reasoning_reward)
     judge = _Locked(judge) if judge is not None else None
     result = EvalResult(summary={}, out_dir=out_dir, skipped=done)
@@ -321,6 +323,22 @@ def run_eval(cfg: EvalConfig, *, policies: Mapping[str, Any] | None = None, stre
         print_table(summary)
     result.summary = summary
     return result
+
+
+def _check_reachable(model: ModelSpec) -> None:
+    """ConfigError (one line, naming the fix) if an API model has no key or an hf model's local
+    directory is missing or not a model directory; a hub id (OWNER/NAME) is left to the loader."""
+    if model.backend != "hf":
+        model.resolved_api_key()
+        return
+    from vagent.models.loading import check_model_dir, is_hub_id
+
+    if is_hub_id(model.model):
+        return
+    try:
+        check_model_dir(Path(model.model).expanduser(), model.gguf_file or None)
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        raise ConfigError(f"model '{model.label}' (hf): {exc}") from exc
 
 
 def _remove_stale_tmp(out_dir: Path) -> None:

@@ -102,12 +102,15 @@ def run_train(args: argparse.Namespace) -> int:
 
             train(resume=args.resume, quiet=args.quiet)
             return 0
-        cfg = load_config(args.config, args.overrides)
-        if args.imports:  # --import: imported now, and saved in the run's config.yaml for --resume
-            from vagent.plugins import import_modules
+        if args.imports:  # --import: imported before the config's envs are checked, saved for --resume
+            from vagent.plugins import PluginImportError, import_modules
 
-            import_modules(args.imports)
-            cfg.imports += [m for m in args.imports if m not in cfg.imports]
+            try:
+                import_modules(args.imports)
+            except PluginImportError as exc:
+                raise ConfigError(f"--import: {exc}") from exc
+        cfg = load_config(args.config, args.overrides)
+        cfg.imports += [m for m in args.imports if m not in cfg.imports]
         from vagent.recipes.run import train
 
         train(cfg, quiet=args.quiet)

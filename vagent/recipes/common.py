@@ -106,9 +106,32 @@ def use_bf16(setting: str, device: torch.device) -> bool:
 # ----------------------------------------------------------------------------------------------
 
 
+#: env fields of the caption-pretraining boards (then ``image_size`` = ``model.tiny_image_size``,
+#: then ``model.tiny_pretrain_env_config``); fields an env does not declare are left out
+PRETRAIN_ENV_DEFAULTS = {"format": "grounding_worldmodeling", "render": "vision", "description_style": "symbolic"}
+
+
+def pretrain_env_entries(m: ModelConfig, envs: Sequence[EnvEntry]) -> list[EnvEntry]:
+    """The envs a tiny model is caption-pretrained on: each env name of the run once, in order,
+    with the model's own env settings (:data:`PRETRAIN_ENV_DEFAULTS`, ``image_size`` =
+    ``tiny_image_size``, then ``tiny_pretrain_env_config``), not the run's env config: the
+    captions, and so the model, stay the same when the run changes how its envs render."""
+    from vagent.config import field_types
+    from vagent.envs.registry import env_class
+
+    out = []
+    for name in dict.fromkeys(e.name for e in envs):
+        declared = field_types(env_class(name).Config)
+        config = {k: v for k, v in {**PRETRAIN_ENV_DEFAULTS, "image_size": m.tiny_image_size}.items() if k in declared}
+        out.append(EnvEntry(name=name, config={**config, **m.tiny_pretrain_env_config}))
+    return out
+
+
 def tiny_model_dir(m: ModelConfig, envs: Sequence[EnvEntry] = ()) -> Path:
-    """Where ``model.path: tiny`` lives: keyed by the sizes, the tokenizer corpus and (when caption
-    pretrained) the pretraining settings and the envs it saw."""
+    """Where ``model.path: tiny`` lives: keyed by what changes the model: its sizes, the tokenizer
+    corpus and (when caption pretrained) the pretraining settings and the envs whose boards it
+    saw (:func:`pretrain_env_entries`: their names and the model's pretraining env settings, never
+    the run's env config)."""
     from vagent.models.tiny import tokenizer_corpus
 
     corpus = hashlib.sha256("\n".join(tokenizer_corpus()).encode()).hexdigest()[:8]
@@ -118,7 +141,7 @@ def tiny_model_dir(m: ModelConfig, envs: Sequence[EnvEntry] = ()) -> Path:
     if m.tiny_pretrain_steps > 0:
         # the captions depend on what the envs show, not on how they reward (reward_* keys)
         key = (repr([(e.name, sorted((k, v) for k, v in e.config.items() if not k.startswith("reward")))
-                     for e in envs])
+                     for e in pretrain_env_entries(m, envs)])
                + f"{m.tiny_pretrain_lr}/{m.tiny_pretrain_batch}/{sorted(m.tiny_pretrain_relations)}"
                + (f"/{m.tiny_pretrain_relation_steps}" if m.tiny_pretrain_relation_steps else ""))
         name += f"-cap{m.tiny_pretrain_steps}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
@@ -185,6 +208,7 @@ def _build_tiny(m: ModelConfig, envs: Sequence[EnvEntry], tmp: Path, name: str,
     if m.tiny_pretrain_steps > 0:
         from vagent.recipes.pretrain import pretrain_captions
 
+        envs = pretrain_env_entries(m, envs)
         two_stage = m.tiny_pretrain_relation_steps > 0 and bool(m.tiny_pretrain_relations)
         say(f"caption-pretraining it for {m.tiny_pretrain_steps} steps (image -> board description) ...")
         pretrain_captions(tmp, envs, m.tiny_pretrain_steps, batch_size=m.tiny_pretrain_batch,

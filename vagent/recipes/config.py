@@ -56,9 +56,14 @@ class ModelConfig:
     #: A small base (100) gives a tiny model's 32-dim heads fine position resolution, so it learns
     #: to read boards off the image in fewer caption steps (docs/training.md; path "tiny" only)
     tiny_rope_theta: float = 0.0
-    #: caption-pretraining steps of the tiny model on the run's envs (image -> symbolic state), so
+    #: caption-pretraining steps of the tiny model on boards of the run's envs (image -> symbolic state), so
     #: that it can see; cached with the model (0 = random weights; see vagent/recipes/pretrain.py)
     tiny_pretrain_steps: int = 0
+    #: env config fields of the caption-pretraining boards, over the model's own settings (render
+    #: vision, image_size = tiny_image_size, description_style symbolic, format
+    #: grounding_worldmodeling); the run's env config is not used, so changing how the run's envs
+    #: render reuses the cached model
+    tiny_pretrain_env_config: dict = field(default_factory=dict)
     #: caption-pretraining learning rate
     tiny_pretrain_lr: float = 1e-3
     #: caption-pretraining batch size (images per step)
@@ -597,6 +602,25 @@ def load_config(
             import_modules(cfg.imports)
         except PluginImportError as exc:
             raise ConfigError(f"imports: {exc}") from exc
+    return validate_envs(cfg)
+
+
+def validate_envs(cfg: RunConfig) -> RunConfig:
+    """Check every ``envs.N`` entry against its env's declared Config (names, keys, types, limits),
+    so that a typo fails here, before a model is built; raise ConfigError naming the entry. An
+    entry served by ``vagent serve-env`` (``urls``) whose env is not registered in this process is
+    left to its server to check."""
+    from vagent.envs.registry import list_envs, make_config
+
+    for i, e in enumerate(cfg.envs):
+        if e.urls and e.name not in list_envs():
+            continue
+        try:
+            make_config(e.name, **e.config)
+        except KeyError as exc:  # unknown env name: the message lists the registered ones
+            raise ConfigError(f"envs.{i}.name: {str(exc).strip(chr(34) + chr(39))}") from exc
+        except (ConfigError, ValueError, TypeError) as exc:
+            raise ConfigError(f"envs.{i}.config: {exc}") from exc
     return cfg
 
 
@@ -620,22 +644,58 @@ def describe_rows(cls: type | None = None, prefix: str = "") -> list[tuple[str, 
     return rows
 
 
+def default_run_value(key: str) -> Any:
+    """The value of dotted ``key`` (as :func:`describe_rows` writes it; ``envs.N.*`` is the first
+    entry) in the default run (``vagent train`` with no arguments)."""
+    node: Any = _default_run_tree()
+    for part in key.split("."):
+        node = node[0] if part == "N" else node[part]
+    return node
+
+
+def _default_run_tree() -> dict:
+    global _DEFAULT_RUN_TREE
+    if _DEFAULT_RUN_TREE is None:
+        _DEFAULT_RUN_TREE = to_dict(load_config(None))
+    return _DEFAULT_RUN_TREE
+
+
+_DEFAULT_RUN_TREE: dict | None = None
+
+
+def _value_cells(key: str, default: Any) -> tuple[Any, Any | None]:
+    """(the default run's value, the dataclass default where it differs, else None)."""
+    used, plain = default_run_value(key), to_dict(default)
+    return used, (None if used == plain else plain)
+
+
 def describe_all() -> str:
-    """Every config field with type, default and doc (``vagent train --describe``)."""
-    return "\n".join(f"{k}:  # {doc}" if section else f"{k} ({tp}) = {default!r}  # {doc}"
-                     for k, tp, default, doc, section in describe_rows())
+    """Every config field with type, the default run's value (and the class default where it
+    differs) and doc (``vagent train --describe``)."""
+    lines = []
+    for k, tp, default, doc, section in describe_rows():
+        if section:
+            lines.append(f"{k}:  # {doc}")
+            continue
+        used, plain = _value_cells(k, default)
+        note = "" if plain is None else f" (class default {plain!r})"
+        lines.append(f"{k} ({tp}) = {used!r}{note}  # {doc}")
+    return "\n".join(lines)
 
 
 def configuration_markdown() -> str:
-    """The field tables of docs/configuration.md (tests/recipes/test_config.py keeps it current)."""
+    """The field tables of docs/configuration.md (tests/recipes/test_config.py keeps it current):
+    the default run's value of each field, and the class default where it differs."""
     out: list[str] = []
-    header = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    header = ["| key | type | default run | meaning |", "|---|---|---|---|"]
     out += ["### top level", ""] + header
     for k, tp, default, doc, section in describe_rows():
         if section:
             out += ["", f"### `{k}` ({tp})", "", doc[0].upper() + doc[1:] + ".", ""] + header
         else:
-            out.append(f"| `{k}` | {tp} | `{default!r}` | {doc.replace('|', '/')} |")
+            used, plain = _value_cells(k, default)
+            note = "" if plain is None else f" (class default `{plain!r}`)"
+            out.append(f"| `{k}` | {tp} | `{used!r}`{note} | {doc.replace('|', '/')} |")
     return "\n".join(out) + "\n"
 
 
