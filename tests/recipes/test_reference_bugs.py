@@ -1,4 +1,4 @@
-"""Reference bugs 2, 3 and 9 (docs/algorithms.md reference section 12), guarded at the recipe level: each test runs
+"""Reference bugs 2, 3 and 9 (docs/algorithms.md reference section 11), guarded at the recipe level: each test runs
 the recipe's own code path and spies on what it actually does, so it fails when the recipe's
 wiring breaks, not only when a library function does.
 

@@ -13,7 +13,7 @@ import pytest
 from tests.service.conftest import ROOT, TOKEN, free_port
 from vagent.service import RemoteEnv, ServiceError, ServiceUnavailable
 from vagent.service.protocol import decode_frames
-from vagent.service.server import ServerConfig, StartupError, is_loopback, validate_config
+from vagent.service.config import ServerConfig, StartupError, is_loopback, validate_config
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 

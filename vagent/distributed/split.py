@@ -33,14 +33,34 @@ def split_rows(lengths: list[int], n: int) -> list[list[int]]:
     return [sorted(p) for p in parts]
 
 
+def micro_batch_rows(batch: Any, max_tokens: int) -> list[list[int]]:
+    """Row groups of ``batch`` with rows x longest row <= ``max_tokens`` (a longer row alone).
+
+    Rows are taken longest first so that rows of similar length share a micro-batch and little
+    compute goes to padding; accumulation makes the order irrelevant to the gradient.
+    """
+    groups: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    lengths = batch.lengths.tolist()
+    for r in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        n = lengths[r]
+        if current and (len(current) + 1) * max(longest, n) > max_tokens:
+            groups.append(current)
+            current, longest = [], 0
+        current.append(r)
+        longest = max(longest, n)
+    if current:
+        groups.append(current)
+    return groups
+
+
 def rank_micro_batches(batch: Any, max_tokens: int) -> list[list[int]]:
     """This rank's micro-batches of ``batch`` (row lists, indices into ``batch``).
 
     Single process: ``micro_batch_rows(batch, max_tokens)``, unchanged. In a job: micro-batches of
     this rank's share of rows, then :class:`Padding` ones up to the largest count of any rank.
     """
-    from vagent.recipes.batching import micro_batch_rows
-
     w = world()
     if not w.distributed:
         return micro_batch_rows(batch, max_tokens)

@@ -14,28 +14,9 @@ import torch
 from torch import Tensor
 
 from vagent.distributed import per_row_split, world
+from vagent.distributed.split import micro_batch_rows
 
-
-def micro_batch_rows(batch: Any, max_tokens: int) -> list[list[int]]:
-    """Row groups of ``batch`` with rows x longest row <= ``max_tokens`` (a longer row alone).
-
-    Rows are taken longest first so that rows of similar length share a micro-batch and little
-    compute goes to padding; accumulation makes the order irrelevant to the gradient.
-    """
-    groups: list[list[int]] = []
-    current: list[int] = []
-    longest = 0
-    lengths = batch.lengths.tolist()
-    for r in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
-        n = lengths[r]
-        if current and (len(current) + 1) * max(longest, n) > max_tokens:
-            groups.append(current)
-            current, longest = [], 0
-        current.append(r)
-        longest = max(longest, n)
-    if current:
-        groups.append(current)
-    return groups
+__all__ = ["accumulation_weight", "micro_batch_rows", "mini_batches", "per_row"]
 
 
 @torch.no_grad()

@@ -29,7 +29,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Sequence
 
-from vagent.rollout.loop import (
+from vagent.rollout.trajectory import (
     EnvSpec, RolloutResult, _check_args, _close, _encode_final_observations, _engine_metrics, _Live,
     _next_conversation, _record, _start, _step, _turn_seed, rollout_metrics,
 )

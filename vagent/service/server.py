@@ -46,78 +46,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from vagent import __version__
 from vagent.service import protocol as P
-from vagent.service.protocol import is_loopback
+from vagent.service.config import ServerConfig, StartupError, validate_config
 from vagent.service.connections import ConnectionLimits, guarded_protocol
 from vagent.service.host import SessionHost, import_plugins
 from vagent.service.metrics import Metrics, rss_bytes
 from vagent.service.workers import LocalExecutor, ProcessExecutor, WorkerLost
-
-
-@dataclass
-class ServerConfig:
-    """Settings of ``vagent serve-env`` (each is also a command-line flag)."""
-
-    #: address to listen on; any address that is not loopback requires a token
-    host: str = "127.0.0.1"
-    #: TCP port to listen on
-    port: int = 8000
-    #: env names that may be created (empty: every registered env)
-    envs: tuple[str, ...] = ()
-    #: bearer token clients must send (None: no auth, allowed on loopback only); also read from
-    #: the VAGENT_SERVICE_TOKEN environment variable
-    token: str | None = None
-    #: the most live sessions; a create beyond it answers 503 with Retry-After
-    max_sessions: int = 1024
-    #: seconds a session may stay idle before the sweeper closes it
-    session_ttl: float = 600.0
-    #: env processes: 1 runs envs in the server's thread pool, W >= 2 in W worker processes
-    workers: int = 1
-    #: the largest request body accepted, in bytes (413 beyond)
-    max_body_bytes: int = 1 << 20
-    #: zlib level of the PNG encoder, 0-9 (lossless at every level; 1 is the fastest that compresses)
-    png_level: int = 1
-    #: modules (dotted names or .py paths) to import before serving: they register extra envs
-    imports: tuple[str, ...] = ()
-    #: uvicorn log level (critical, error, warning, info, debug)
-    log_level: str = "warning"
-    #: the operator's env config per env name ({"svg": {"svg_dir": "/data/svg"}}): merged under every
-    #: client config; the only way to set server-only fields (--env-config svg.svg_dir=/data/svg)
-    env_config: dict[str, dict[str, Any]] = field(default_factory=dict)
-    #: seconds a request's headers may take to arrive (from its first byte); 408 and close beyond
-    header_timeout: float = 10.0
-    #: seconds a request's body may take to arrive after its headers; 408 and close beyond
-    read_timeout: float = 30.0
-    #: seconds an idle keep-alive connection stays open between requests
-    keep_alive_timeout: float = 30.0
-    #: open connections one client address may hold (one more is answered 503 and closed)
-    max_connections_per_client: int = 128
-
-
-class StartupError(RuntimeError):
-    """The server refuses to start (e.g. a non-loopback host without a token)."""
-
-
-def validate_config(cfg: ServerConfig) -> None:
-    """Refuse configurations that are unsafe or meaningless, saying how to fix them."""
-    if not is_loopback(cfg.host) and not cfg.token:
-        raise StartupError(
-            f"refusing to listen on non-loopback host {cfg.host!r} without a token: anyone who can reach "
-            "the port could run envs. Pass --token T (or set VAGENT_SERVICE_TOKEN) and give clients the "
-            "same token, or listen on 127.0.0.1."
-        )
-    if cfg.token is not None and len(cfg.token) < 8:
-        raise StartupError("--token must be at least 8 characters (use e.g. `python -c 'import secrets; print(secrets.token_urlsafe())'`).")
-    for name, value, low in (("max_sessions", cfg.max_sessions, 1), ("workers", cfg.workers, 1),
-                             ("max_body_bytes", cfg.max_body_bytes, 1024),
-                             ("max_connections_per_client", cfg.max_connections_per_client, 1)):
-        if value < low:
-            raise StartupError(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
-    for name in ("session_ttl", "header_timeout", "read_timeout", "keep_alive_timeout"):
-        value = getattr(cfg, name)
-        if not (value > 0 and value < float("inf")):
-            raise StartupError(f"--{name.replace('_', '-')} must be a finite number of seconds > 0, got {value}")
-    if not 0 <= cfg.png_level <= 9:
-        raise StartupError(f"--png-level must be in 0..9, got {cfg.png_level}")
 
 
 # ----------------------------------------------------------------------------- the front
@@ -714,7 +647,7 @@ def serve(cfg: ServerConfig) -> None:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from vagent.service.cli import add_arguments, config_from_args
+    from vagent.service.config import add_arguments, config_from_args
 
     parser = argparse.ArgumentParser(prog="python -m vagent.service.server", description="Serve vagent envs over HTTP.")
     add_arguments(parser)

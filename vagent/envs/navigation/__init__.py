@@ -6,9 +6,9 @@ from vagent.envs.navigation.env import (
     ACTIONS, LEGEND, REWARD_PRESETS, NavigationConfig, NavigationEnv, describe_state, parse_navigation_response,
     relation_phrase, view_text,
 )
+from vagent.envs.navigation.raycast import RaycastWorld
 from vagent.envs.navigation.world import (
-    CATALOG, COLORS, Furniture, GenerationError, Pose, RaycastWorld, Room, RoomParams, generate_room, parse_layout,
-    plan_path,
+    CATALOG, COLORS, Furniture, GenerationError, Pose, Room, RoomParams, generate_room, parse_layout, plan_path,
 )
 
 __all__ = [

@@ -58,9 +58,8 @@ from vagent.envs.formats import DESCRIPTION_STYLES, FormatExample, format_instru
 from vagent.envs.grid import (
     EpisodeClock, ParsedActions, check_common_config, feedback_line, parse_actions, resolve_rewards, step_info,
 )
-from vagent.envs.navigation.world import (
-    ACTIONS, CATALOG, LEGEND, GenerationError, NavBackend, RaycastWorld, RoomParams, parse_layout,
-)
+from vagent.envs.navigation.raycast import RaycastWorld
+from vagent.envs.navigation.world import ACTIONS, CATALOG, LEGEND, GenerationError, NavBackend, RoomParams, parse_layout
 from vagent.envs.registry import EnvConfig
 
 REWARD_PRESETS = {

@@ -27,15 +27,24 @@ renderer returns an id buffer (object index per pixel, -1 elsewhere): the env's 
 lists the objects that are actually visible in the image from it.
 
 Speed: see ``bench/navigation.py`` and docs/envs_navigation.md (about 1-2 ms per 96 px frame).
+
+:class:`RaycastWorld` (the procedural :class:`~vagent.envs.navigation.world.NavBackend`: a generated
+room, the agent pose and this renderer) is defined at the end.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+from PIL import Image
 
-from vagent.envs.navigation.world import COLORS, WALL, Pose, Room
+from vagent.envs.navigation.world import (
+    COLORS, COMPASS, WALL, Pose, Room, RoomParams, apply_action, egocentric_map, free_ahead, generate_room, is_success,
+    object_relation, plan_path, target_distance,
+)
 
 CAMERA_HEIGHT = 1.5
 CEILING_HEIGHT = 2.5
@@ -185,3 +194,93 @@ def render(room: Room, pose: Pose, size: int = 96, fov: float = 90.0) -> tuple[n
             img[painted] = table[code[painted]]
             ids[painted] = k[code[painted] % n_runs]
     return np.clip(img + 0.5, 0, 255).astype(np.uint8), ids
+
+
+# ---------------------------------------------------------------------------------------------
+# The procedural backend (NavBackend) on this renderer
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class RaycastWorld:
+    """The procedural backend: a generated room, the agent pose and the raycast renderer."""
+
+    params: RoomParams
+    image_size: int = 96
+    max_visible: int = 5
+    room: Room | None = None
+    target: int = 0
+    pose: Pose | None = None
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    def reset(self, seed: int) -> None:
+        self.room, self.target, self.pose = generate_room(np.random.default_rng(seed), self.params)
+        self._cache = {}
+
+    def set_scene(self, room: Room, target: int, pose: Pose) -> None:
+        """Use a given room (tests, examples) instead of a generated one."""
+        self.room, self.target, self.pose, self._cache = room, target, pose, {}
+
+    def apply(self, action: str) -> bool:
+        new = apply_action(self.room, self.pose, action)
+        moved, self.pose = new != self.pose, new
+        return moved
+
+    def _render(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._cache.get("pose") != self.pose:
+            rgb, ids = render(self.room, self.pose, self.image_size, self.params.fov)
+            self._cache = {"pose": self.pose, "rgb": rgb, "ids": ids}
+        return self._cache["rgb"], self._cache["ids"]
+
+    def frame(self) -> Image.Image:
+        return Image.fromarray(self._render()[0], "RGB")
+
+    def visible_objects(self) -> list[int]:
+        """Indices of the objects shown in the image (at least ``max(1, size^2 // 2000)`` pixels)."""
+        ids = self._render()[1]
+        counts = np.bincount(ids[ids >= 0].ravel(), minlength=len(self.room.objects))
+        min_px = max(1, self.image_size * self.image_size // 2000)
+        return [k for k in range(len(self.room.objects)) if counts[k] >= min_px]
+
+    def observe(self) -> dict[str, Any]:
+        room, pose = self.room, self.pose
+        x, z = pose.position(room.cell)
+        visible = self.visible_objects()
+        target = object_relation(room, pose, room.objects[self.target])
+        target["visible"] = self.target in visible
+        seen = sorted((object_relation(room, pose, room.objects[k]) | {"is_target": k == self.target}
+                       for k in visible), key=lambda r: (r["distance"], r["object"]))[: self.max_visible]
+        relations = [_rel(target)] + [_rel(r) for r in seen if not r["is_target"]]
+        return {
+            "instruction": f"navigate to the {room.objects[self.target].label}",
+            "agent": {"x": round(x, 3), "z": round(z, 3), "yaw": pose.yaw, "pitch": pose.pitch,
+                      "facing": COMPASS[pose.yaw]},
+            "target": target,
+            "visible_objects": seen,
+            "obstacle_ahead": self.obstacle_ahead(),
+            "relations": relations,
+            "success": self.success(),
+            "map": egocentric_map(room, pose),
+        }
+
+    def obstacle_ahead(self) -> float:
+        """Metres from the agent to the first wall or object straight ahead (its near face)."""
+        n = free_ahead(self.room.grid, self.pose.ix, self.pose.iz, self.pose.yaw)
+        return round((n + 0.5) * self.room.cell, 2)
+
+    def success(self) -> bool:
+        p = self.params
+        return is_success(self.room, self.pose, self.target, p.success_distance, p.require_facing, p.fov)
+
+    def target_distance(self) -> float:
+        return round(target_distance(self.room, self.pose, self.target), 3)
+
+    def plan(self) -> list[str] | None:
+        p = self.params
+        return plan_path(self.room, self.pose, self.target, p.success_distance, p.require_facing, p.fov)
+
+    def close(self) -> None:
+        self._cache = {}
+
+
+def _rel(r: dict[str, Any]) -> dict[str, str]:
+    return {"object": r["object"], "vertical": r["vertical"], "horizontal": r["horizontal"]}

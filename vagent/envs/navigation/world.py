@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
 import numpy as np
@@ -454,11 +454,11 @@ def egocentric_map(room: Room, pose: Pose) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------
-# The backend protocol (raycast here, AI2-THOR in ai2thor_backend.py)
+# The backend protocol (RaycastWorld in raycast.py, AI2-THOR in ai2thor_backend.py)
 # ---------------------------------------------------------------------------------------------
 
 class NavBackend(Protocol):
-    """What NavigationEnv needs from a world: the raycast world below or the AI2-THOR one."""
+    """What NavigationEnv needs from a world: ``raycast.RaycastWorld`` or the AI2-THOR one."""
 
     def reset(self, seed: int) -> None: ...
 
@@ -479,91 +479,3 @@ class NavBackend(Protocol):
     def plan(self) -> list[str] | None: ...
 
     def close(self) -> None: ...
-
-
-@dataclass
-class RaycastWorld:
-    """The procedural backend: a generated room, the agent pose and the raycast renderer."""
-
-    params: RoomParams
-    image_size: int = 96
-    max_visible: int = 5
-    room: Room | None = None
-    target: int = 0
-    pose: Pose | None = None
-    _cache: dict = field(default_factory=dict, repr=False)
-
-    def reset(self, seed: int) -> None:
-        self.room, self.target, self.pose = generate_room(np.random.default_rng(seed), self.params)
-        self._cache = {}
-
-    def set_scene(self, room: Room, target: int, pose: Pose) -> None:
-        """Use a given room (tests, examples) instead of a generated one."""
-        self.room, self.target, self.pose, self._cache = room, target, pose, {}
-
-    def apply(self, action: str) -> bool:
-        new = apply_action(self.room, self.pose, action)
-        moved, self.pose = new != self.pose, new
-        return moved
-
-    def _render(self) -> tuple[np.ndarray, np.ndarray]:
-        from vagent.envs.navigation.raycast import render
-
-        if self._cache.get("pose") != self.pose:
-            rgb, ids = render(self.room, self.pose, self.image_size, self.params.fov)
-            self._cache = {"pose": self.pose, "rgb": rgb, "ids": ids}
-        return self._cache["rgb"], self._cache["ids"]
-
-    def frame(self) -> Image.Image:
-        return Image.fromarray(self._render()[0], "RGB")
-
-    def visible_objects(self) -> list[int]:
-        """Indices of the objects shown in the image (at least ``max(1, size^2 // 2000)`` pixels)."""
-        ids = self._render()[1]
-        counts = np.bincount(ids[ids >= 0].ravel(), minlength=len(self.room.objects))
-        min_px = max(1, self.image_size * self.image_size // 2000)
-        return [k for k in range(len(self.room.objects)) if counts[k] >= min_px]
-
-    def observe(self) -> dict[str, Any]:
-        room, pose = self.room, self.pose
-        x, z = pose.position(room.cell)
-        visible = self.visible_objects()
-        target = object_relation(room, pose, room.objects[self.target])
-        target["visible"] = self.target in visible
-        seen = sorted((object_relation(room, pose, room.objects[k]) | {"is_target": k == self.target}
-                       for k in visible), key=lambda r: (r["distance"], r["object"]))[: self.max_visible]
-        relations = [_rel(target)] + [_rel(r) for r in seen if not r["is_target"]]
-        return {
-            "instruction": f"navigate to the {room.objects[self.target].label}",
-            "agent": {"x": round(x, 3), "z": round(z, 3), "yaw": pose.yaw, "pitch": pose.pitch,
-                      "facing": COMPASS[pose.yaw]},
-            "target": target,
-            "visible_objects": seen,
-            "obstacle_ahead": self.obstacle_ahead(),
-            "relations": relations,
-            "success": self.success(),
-            "map": egocentric_map(room, pose),
-        }
-
-    def obstacle_ahead(self) -> float:
-        """Metres from the agent to the first wall or object straight ahead (its near face)."""
-        n = free_ahead(self.room.grid, self.pose.ix, self.pose.iz, self.pose.yaw)
-        return round((n + 0.5) * self.room.cell, 2)
-
-    def success(self) -> bool:
-        p = self.params
-        return is_success(self.room, self.pose, self.target, p.success_distance, p.require_facing, p.fov)
-
-    def target_distance(self) -> float:
-        return round(target_distance(self.room, self.pose, self.target), 3)
-
-    def plan(self) -> list[str] | None:
-        p = self.params
-        return plan_path(self.room, self.pose, self.target, p.success_distance, p.require_facing, p.fov)
-
-    def close(self) -> None:
-        self._cache = {}
-
-
-def _rel(r: dict[str, Any]) -> dict[str, str]:
-    return {"object": r["object"], "vertical": r["vertical"], "horizontal": r["horizontal"]}

@@ -1,0 +1,320 @@
+"""One trajectory's life in a rollout, shared by the lockstep (:mod:`vagent.rollout.loop`) and the
+asynchronous (:mod:`vagent.rollout.async_loop`) schedules: the env spec, a live episode, starting
+and stepping its env, recording a turn, the next turn's conversation, and the rollout's metrics.
+The semantics (turn seeds, context modes, errors as errors) are documented in
+:mod:`vagent.rollout.loop`.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from vagent.envs.base import Observation, StepResult
+from vagent.envs.formats import ParsedResponse, parse_response
+from vagent.rollout.encoding import TokenPolicy, context_copy
+from vagent.rollout.policy import Conversation, Message, Reply, Segment
+from vagent.rollout.records import Episode, Turn
+
+logger = logging.getLogger(__name__)
+
+MODES = ("concat", "no_concat")
+SCHEDULES = ("lockstep", "async")
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """One environment instance to roll out: ``vagent.envs.make(name, **config)`` reset with ``seed``.
+
+    ``factory`` (optional) makes the env instead, e.g. ``lambda: RemoteEnv(url, name, config)``;
+    ``name``/``config`` are then only recorded on the episodes.
+    """
+
+    #: registered env name (``vagent.envs.list_envs()``)
+    name: str
+    #: env config (keys of the env's declared Config)
+    config: Mapping[str, Any] = field(default_factory=dict)
+    #: reset seed; the same seed and config give the same initial state in any process
+    seed: int = 0
+    #: zero-argument callable returning an Env (remote envs); None = vagent.envs.make
+    factory: Callable[[], Any] | None = None
+
+
+class RolloutResult(list):
+    """The episodes (a ``list[Episode]``) plus ``metrics: dict[str, float]``."""
+
+    def __init__(self, episodes: Sequence[Episode] = (), metrics: dict[str, float] | None = None):
+        super().__init__(episodes)
+        self.metrics: dict[str, float] = dict(metrics or {})
+
+
+@dataclass
+class _Block:
+    """One completed turn as context: its messages and (token policies) its segments."""
+
+    user: Message
+    assistant: Message
+    user_segments: list[Segment]
+    reply_segments: list[Segment]
+
+
+@dataclass
+class _Live:
+    """An episode being rolled out."""
+
+    episode: Episode
+    env: Any = None
+    obs: Observation | None = None
+    done: bool = False
+    system: Message | None = None
+    system_segments: list[Segment] = field(default_factory=list)
+    blocks: list[_Block] = field(default_factory=list)
+    conv: Conversation | None = None  # the current sample's conversation
+    n_pending: int = 0  # messages of conv the policy has to encode this turn
+    n_segments_before: int = 0
+
+
+def _turn_seed(seed: int, turn: int) -> int:
+    return (int(seed) * 1_000_003 + int(turn)) % (2**63)
+
+
+def _make_env(spec: EnvSpec, env_factory: Callable[[EnvSpec], Any] | None) -> Any:
+    if spec.factory is not None:
+        return spec.factory()
+    if env_factory is not None:
+        return env_factory(spec)
+    from vagent.envs import make
+
+    return make(spec.name, **dict(spec.config))
+
+
+def _env_error(exc: BaseException) -> str:
+    return "env: " + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).strip()
+
+
+def _start(live: _Live, spec: EnvSpec, env_factory) -> None:
+    """Make and reset the env (in a worker thread); errors mark the episode."""
+    try:
+        live.env = _make_env(spec, env_factory)
+        obs, _info = live.env.reset(spec.seed)
+        if not isinstance(obs, Observation):
+            raise TypeError(f"env.reset must return (Observation, dict), got {type(obs).__name__}")
+        live.obs = obs
+        live.episode.system_prompt = live.env.system_prompt()
+        live.system = Message("system", live.episode.system_prompt)
+    except Exception as exc:  # noqa: BLE001 -- recorded as an episode error, never a reward
+        live.episode.error = _env_error(exc)
+        live.done = True
+        logger.warning("env %s seed %s failed at reset: %s", spec.name, spec.seed, exc)
+
+
+def _step(live: _Live, text: str) -> tuple[StepResult, dict, dict] | None:
+    try:
+        before = live.env.state()
+        result = live.env.step(text)
+        if not isinstance(result, StepResult):
+            raise TypeError(f"env.step must return a StepResult, got {type(result).__name__}")
+        after = live.env.state()
+        return result, before, after
+    except Exception as exc:  # noqa: BLE001 -- recorded as an episode error, never a reward
+        live.episode.error = _env_error(exc)
+        live.done = True
+        logger.warning("env %s seed %s failed at step: %s", live.episode.env_name, live.episode.seed, exc)
+        return None
+
+
+def _close(live: _Live) -> None:
+    if live.env is None:
+        return
+    try:
+        live.env.close()
+    except Exception as exc:  # noqa: BLE001 -- closing must not lose the rollout; logged
+        logger.warning("env %s close failed: %s", live.episode.env_name, exc)
+
+
+def _parsed(info: Mapping[str, Any], env: Any, reply: str, episode: Episode) -> ParsedResponse:
+    """The env's parse of the reply (authoritative), else a parse with the env's config.
+
+    The config is ``env.config``; for an env without one (a remote client) the registered env's
+    declared config built from the episode's ``env_config``; ``action_sep`` comes from the env
+    (or its registered class), default ``","``.
+    """
+    p = info.get("parsed")
+    if isinstance(p, ParsedResponse):
+        return p
+    if isinstance(p, Mapping):
+        d = dict(p)
+        d["actions"] = tuple(d.get("actions", ()))
+        return ParsedResponse(**d)
+    cfg, sep_owner = getattr(env, "config", None), env
+    if getattr(cfg, "format", None) is None:
+        from vagent.envs.registry import env_class, make_config
+
+        try:
+            cfg, sep_owner = make_config(episode.env_name, **episode.env_config), env_class(episode.env_name)
+        except KeyError as exc:
+            raise TypeError(
+                f"{type(env).__name__}: cannot tell how the reply was parsed. An env should return "
+                "info['parsed'] (the ParsedResponse it used), have a config with a 'format' field, "
+                f"or be registered under its EnvSpec name ({exc})."
+            ) from exc
+    sep = getattr(sep_owner, "action_sep", getattr(cfg, "action_sep", ","))
+    return parse_response(reply, cfg.format, sep, getattr(cfg, "max_actions_per_turn", 3))
+
+
+def _next_conversation(live: _Live, window: int | None) -> None:
+    """Set ``live.conv`` to the conversation of this turn's sample (see the module docstring)."""
+    user = Message("user", live.obs.text, live.obs.images)
+    if window is None:  # concat: one growing conversation
+        if live.conv is None:
+            live.conv = Conversation(messages=[live.system], key=live.episode.traj_id)
+            live.episode.samples.append(live.conv)
+        live.conv.messages.append(user)
+    else:
+        blocks = live.blocks[len(live.blocks) - window:] if window > 0 else []
+        messages, segments = [live.system], list(live.system_segments)
+        for b in blocks:
+            messages += [b.user, b.assistant]
+            segments += b.user_segments + [context_copy(s) for s in b.reply_segments]
+        messages.append(user)
+        live.conv = Conversation(messages, segments, n_encoded=len(messages) - 1 if segments else 0,
+                                 key=live.episode.traj_id)
+        live.episode.samples.append(live.conv)
+    live.n_pending = len(live.conv.messages) - live.conv.n_encoded
+    live.n_segments_before = len(live.conv.segments)
+
+
+def _split_new_segments(live: _Live) -> tuple[list[Segment], list[Segment]]:
+    """(pending-message segments, reply segments) the policy added this turn; [] for text policies."""
+    new = live.conv.segments[live.n_segments_before:]
+    if not new:
+        return [], []
+    k = live.n_pending
+    ok = (len(new) in (k + 1, k + 2) and not any(s.sampled for s in new[:k]) and new[k].sampled
+          and not any(s.sampled for s in new[k + 1:]))
+    if not ok:
+        shape = ["sampled" if s.sampled else "context" for s in new]
+        raise RuntimeError(
+            f"a token-level policy must append one segment per new message ({k}), then one sampled "
+            f"segment, then at most one end-of-turn segment; it appended {shape} "
+            "(see vagent.rollout.encoding)"
+        )
+    return new[:k], new[k:]
+
+
+def _record(live: _Live, t: int, reply: Reply, stepped, max_turns: int, window: int | None) -> None:
+    result, before, after = stepped
+    user_segs, reply_segs = _split_new_segments(live)
+    if t == 0 and user_segs and live.conv.messages[0].role == "system":
+        live.system_segments = user_segs[:1]
+    info = dict(result.info)
+    parsed = _parsed(info, live.env, reply.text, live.episode)
+    info.pop("parsed", None)
+    if window is None:
+        prompt_ids = [i for s in user_segs for i in s.input_ids]
+    else:  # a per-turn sample: its whole context is this turn's prompt
+        prompt_ids = [i for s in live.conv.segments[: len(live.conv.segments) - len(reply_segs)] for i in s.input_ids]
+    obs = live.obs
+    live.episode.turns.append(Turn(
+        index=t, observation=obs, reply=reply.text, parsed=parsed, env_reward=float(result.reward),
+        reward=float(result.reward), terminated=bool(result.terminated), truncated=bool(result.truncated),
+        info=info, state_before=before, state_after=after, prompt_token_ids=prompt_ids,
+        sampled_token_ids=list(reply.token_ids or []), sampled_logprobs=list(reply.logprobs or []),
+        n_images=len(obs.images), finish_reason=reply.finish_reason, usage=dict(reply.usage),
+        weights_version=getattr(reply, "weights_version", None),
+    ))
+    assistant = live.conv.messages[-1]
+    live.blocks.append(_Block(live.conv.messages[-2], assistant, user_segs[-1:], reply_segs))
+    live.obs = result.obs
+    if result.terminated or result.truncated:
+        live.episode.terminated = bool(result.terminated)
+        live.episode.truncated = bool(result.truncated) and not result.terminated
+        live.done = True
+    elif t == max_turns - 1:
+        live.episode.truncated = True
+        live.done = True
+    if live.episode.truncated:
+        live.episode.final_observation = result.obs
+
+
+def _check_args(env_specs, group_size, max_turns, mode, window, policy) -> int | None:
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if mode == "no_concat" and window not in (None, 0):
+        raise ValueError("window applies to mode='concat' only (no_concat already shows only the "
+                         "current observation); drop window or use mode='concat'")
+    if window is not None and window < 0:
+        raise ValueError(f"window must be >= 0 (turns of history), got {window}")
+    if group_size < 1 or max_turns < 1:
+        raise ValueError(f"group_size and max_turns must be >= 1, got {group_size} and {max_turns}")
+    if not hasattr(policy, "act"):
+        raise TypeError(f"policy must have act(conversations, sampling) (Policy protocol), got {type(policy).__name__}")
+    for i, s in enumerate(env_specs):
+        if not isinstance(s, EnvSpec):
+            raise TypeError(f"env_specs[{i}] must be an EnvSpec(name, config, seed, factory=None), got {s!r}")
+    return 0 if mode == "no_concat" else window
+
+
+def _engine_metrics(engine_stats: Any, stats_before: dict | None) -> dict[str, float]:
+    """``perf/prompt_cache_frac`` (HFEngine prefix reuse) and ``rollout/engine_retries`` (requests
+    sent again after their engine replica died) over this rollout, where the engine counts them."""
+    if stats_before is None:
+        return {}
+    out = {}
+    if "retried_requests" in engine_stats:
+        out["rollout/engine_retries"] = float(engine_stats["retried_requests"] - stats_before.get("retried_requests", 0))
+        dead = engine_stats.get("dead_replicas", 0) - stats_before.get("dead_replicas", 0)
+        if dead:
+            logger.warning("%d engine replica(s) died during this rollout; %d request(s) finished on the "
+                           "others (rollout/engine_retries)", dead, int(out["rollout/engine_retries"]))
+    if "retried_requests" not in engine_stats or "prompt_tokens" in engine_stats:
+        prompt = engine_stats.get("prompt_tokens", 0) - stats_before.get("prompt_tokens", 0)
+        reused = engine_stats.get("reused_tokens", 0) - stats_before.get("reused_tokens", 0)
+        out["perf/prompt_cache_frac"] = reused / prompt if prompt > 0 else 0.0
+    return out
+
+
+def _encode_final_observations(episodes: list[Episode], policy: Any) -> None:
+    """Encode each truncated episode's final observation (token-level policies only)."""
+    if not isinstance(policy, TokenPolicy):
+        return
+    for ep in episodes:
+        if ep.error is None and ep.truncated and ep.final_observation is not None and ep.turns:
+            obs = ep.final_observation
+            ep.final_segment = policy.encode_message(Message("user", obs.text, obs.images))
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return float(sum(xs) / len(xs)) if xs else 0.0
+
+
+def rollout_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
+    """Summary metrics of a rollout (documented in docs/metrics/rollout.md).
+
+    Rates are over episodes (or turns) WITHOUT error; ``rollout/errors`` counts the errored ones.
+    ``action_valid_rate`` / ``effective_action_rate`` average ``info["action_is_valid"]`` /
+    ``info["action_is_effective"]`` over the turns whose info has the key.
+    """
+    ok = [e for e in episodes if e.error is None]
+    turns = [t for e in ok for t in e.turns]
+    valid = [float(t.info["action_is_valid"]) for t in turns if "action_is_valid" in t.info]
+    effective = [float(t.info["action_is_effective"]) for t in turns if "action_is_effective" in t.info]
+    resp = [len(t.sampled_token_ids) or t.usage.get("completion_tokens", 0) for t in turns]
+    return {
+        "rollout/episodes": float(len(episodes)),
+        "rollout/errors": float(len(episodes) - len(ok)),
+        "rollout/error_frac": (len(episodes) - len(ok)) / len(episodes) if episodes else 0.0,
+        "rollout/success_rate": _mean([float(e.success) for e in ok]),
+        "rollout/return_mean": _mean([e.total_reward for e in ok]),
+        "rollout/env_return_mean": _mean([e.env_return for e in ok]),
+        "rollout/turns_mean": _mean([float(len(e.turns)) for e in ok]),
+        "rollout/format_accuracy": _mean([float(t.parsed.format_ok) for t in turns]),
+        "rollout/action_valid_rate": _mean(valid),
+        "rollout/effective_action_rate": _mean(effective),
+        "rollout/response_tokens_mean": _mean([float(x) for x in resp]),
+        "rollout/finish_length_frac": _mean([float(t.finish_reason == "length") for t in turns]),
+        "rollout/terminated_frac": _mean([float(e.terminated) for e in ok]),
+        "rollout/truncated_frac": _mean([float(e.truncated) for e in ok]),
+    }
