@@ -64,6 +64,6 @@ def test_one_step_updates_and_stays_finite(name, small_cfg, initial_weights):
         assert not torch.equal(critic["value_head.weight"], torch.zeros_like(critic["value_head.weight"]))
     # the run directory: resolved config, saved rollouts with frames, an exported model, a summary
     assert (run / "config.yaml").is_file() and (run / "summary.json").is_file()
-    ep = json.loads((run / "rollouts" / "step_000000.jsonl").read_text().splitlines()[0])
+    ep = json.loads((run / "rollouts" / "step_000001.jsonl").read_text().splitlines()[0])
     assert ep["turns"] and (run / "rollouts" / ep["turns"][0]["frames"][0]).is_file()
     assert (ck / "policy" / "config.json").is_file()

@@ -3,7 +3,6 @@ TensorBoard events written."""
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
@@ -29,18 +28,25 @@ def test_undocumented_prefix_raises(tmp_path):
 
 
 def test_truncate_after_resume_point(tmp_path):
+    # records as a run writes them: step k = after k updates, validation at RL step 0 and after updates
     log = MetricsLogger(tmp_path, tensorboard=False)
-    for s in range(3):
-        log.log(s, {"sft/loss": 1.0 / (s + 1)}, phase="sft")
-    for s in range(5):
+    for s in range(1, 4):
+        log.log(s, {"sft/loss": 1.0 / s}, phase="sft")
+    log.log(0, {"val/success_rate": 0.0})
+    for s in range(1, 6):
         log.log(s, {"reward/mean": float(s)})
+        log.log(s, {"val/success_rate": s / 10})
     with open(tmp_path / "metrics.jsonl", "a") as f:
-        f.write('{"phase": "rl", "step": 5, "rew')  # a line torn by SIGKILL
-    assert log.truncate_after(("sft", "rl"), "rl", 3) == 2
+        f.write('{"phase": "rl", "step": 6, "rew')  # a line torn by SIGKILL
+    # checkpoint rl step 3 was written after update 3's record and the validation after it
+    assert log.truncate_after(("sft", "rl"), "rl", 3) == 4
     recs = read_metrics(tmp_path / "metrics.jsonl")
-    assert [(r["phase"], r["step"]) for r in recs] == [("sft", 0), ("sft", 1), ("sft", 2), ("rl", 0), ("rl", 1), ("rl", 2)]
-    # resuming an unfinished SFT phase drops every RL record and the later SFT ones
+    assert [(r["phase"], r["step"]) for r in recs] == [
+        ("sft", 1), ("sft", 2), ("sft", 3), ("rl", 0), ("rl", 1), ("rl", 1), ("rl", 2), ("rl", 2), ("rl", 3), ("rl", 3)]
+    # resuming an unfinished SFT phase (checkpoint sft step 1) drops every RL record and the later SFT ones
     log.truncate_after(("sft", "rl"), "sft", 1)
-    assert [(r["phase"], r["step"]) for r in read_metrics(tmp_path / "metrics.jsonl")] == [("sft", 0)]
-    assert all(json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines())
+    assert [(r["phase"], r["step"]) for r in read_metrics(tmp_path / "metrics.jsonl")] == [("sft", 1)]
+    # no checkpoint at all: nothing is kept
+    log.truncate_after(("sft", "rl"), "sft", 0)
+    assert read_metrics(tmp_path / "metrics.jsonl") == []
     assert not math.isnan(recs[0]["sft/loss"])

@@ -11,7 +11,10 @@ A group is ``rollout.group_size`` episodes of the same env, seed and config. Eac
                    group that saw the same env state (key: sha256 of env.state() before the turn)
     5. update      PPO-clip with clip-higher / dual-clip, entropy bonus, KL to the reference in
                    the loss (k3), epochs x mini-batches x micro-batches
-    6. log         rollout/ reward/ filter/ loss/ actor/ optim/ perf/; samples, checkpoint, plots
+    6. log         rollout/ reward/ filter/ loss/ actor/ optim/ perf/; validation every val.every
+                   steps (and at step 0); samples, checkpoint, plots (``ppo.after_step``)
+
+Steps count updates done: the k-th update is RL step k (1..steps), as in ``ppo.py``.
 
 How it departs from GRPO (DeepSeekMath) / ViGoRL:
 
@@ -114,15 +117,15 @@ def filter_groups(cfg, batch, settings=None) -> tuple[Any, float, dict[str, floa
 
 
 def train_grpo(session: Session, start_step: int = 0, resume_from: str | None = None) -> dict[str, float]:
-    """Run GRPO steps ``start_step .. steps - 1`` (see the module docstring); returns the last
-    validation metrics."""
+    """Run GRPO steps ``start_step + 1 .. steps`` (``start_step`` updates were done before: a
+    resume); returns the last validation metrics run by this call."""
     from vagent.models.value import reference_model
     from vagent.rl.advantages import masked_mean
     from vagent.rl.losses import kl_penalty
     from vagent.rollout.batch import build_token_batch
     from vagent.rollout.driver import make_driver
     from vagent.rollout.hf_policy import HFPolicy
-    from vagent.runs import StepProgress, load_checkpoint, save_token_rows
+    from vagent.runs import StepProgress, load_checkpoint
 
     cfg, u = session.cfg, session.cfg.update
     loaded, device = session.loaded, session.device
@@ -144,13 +147,13 @@ def train_grpo(session: Session, start_step: int = 0, resume_from: str | None = 
     # where training rollouts are generated (rollout.engine / replicas / schedule / overlap); the
     # default is train_rollout(session, policy, step, reasoning) with this in-process policy
     driver = make_driver(cfg, loaded, policy, lambda pol, k: train_rollout(session, pol, k, reasoning),
-                         model_dir=session.model_dir)
+                         model_dir=session.model_dir, fresh_model=session.load_fresh_model)
     bar = StepProgress(cfg.steps, cfg.recipe.upper(), session.console, cfg.log.progress, start=start_step)
     last_val: dict[str, float] = {}
     try:
-        for step in range(start_step, cfg.steps):
-            if cfg.val.every and step % cfg.val.every == 0:
-                last_val = log_validation(session, policy, step)
+        if cfg.val.every and start_step == 0:  # step 0: the policy before RL (after SFT)
+            last_val = log_validation(session, policy, 0)
+        for step in range(start_step, cfg.steps):  # `step` updates done; this one makes RL step step + 1
             t_step = time.perf_counter()
 
             # 1-2. rollout; each episode's score is the sum of its turn rewards
@@ -195,11 +198,9 @@ def train_grpo(session: Session, start_step: int = 0, resume_from: str | None = 
             })
             if ref_logprobs is not None:
                 metrics["actor/kl_ref"] = float(masked_mean(kl_penalty(old_logprobs, ref_logprobs, u.kl_kind), M))
-            save_token_rows(session.run.rollouts, step, cfg.log, batch, loaded.encoder, logprobs=old_logprobs,
-                            advantages=advantages)  # for `vagent view`
-            after_step(session, step, metrics, episodes, modules, optimizers, schedulers, bar)
-        if cfg.val.every:
-            last_val = log_validation(session, policy, cfg.steps)
+            dump = dict(batch=batch, logprobs=old_logprobs, advantages=advantages)
+            last_val = after_step(session, step + 1, metrics, episodes, dump, policy, modules, optimizers,
+                                  schedulers, bar) or last_val
     finally:
         bar.close()
         driver.close()

@@ -9,8 +9,13 @@ Each RL step, in the order it runs::
     4. advantages  masked_gae | bi_level_gae | turn_gae | no_concat_gae, then whitened over M
     5. update      critic: clipped value loss where returns are defined; actor: PPO-clip +
                    entropy bonus (+ KL in loss); epochs x mini-batches x micro-batches
-    6. log         rollout/ reward/ loss/ actor/ critic/ optim/ perf/; samples, checkpoint, plots
-    (validation with greedy decoding on the val split every val.every steps, before the step)
+    6. log         rollout/ reward/ loss/ actor/ critic/ optim/ perf/; validation (greedy, val
+                   split) every val.every steps; samples, checkpoint, plots
+    (validation also before the first step: step 0 is the policy after SFT)
+
+Steps are counted as updates done: the loop's k-th update is RL step k (1..steps), and its
+metrics, rollouts and checkpoint carry k (docs/metrics.md, "Steps"). Seeds of the rollout and of
+the mini-batch order are functions of (run seed, k - 1).
 
 How it departs from VAGEN / the paper:
 
@@ -38,6 +43,7 @@ tokens) with FSDP2-sharded models (``vagent.recipes.sharding``, docs/distributed
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -97,8 +103,8 @@ def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:
 
 
 def train_ppo(session: Session, start_step: int = 0, resume_from: str | None = None) -> dict[str, float]:
-    """Run PPO steps ``start_step .. steps - 1`` (see the module docstring); returns the last
-    validation metrics."""
+    """Run PPO steps ``start_step + 1 .. steps`` (``start_step`` updates were done before: a
+    resume); returns the last validation metrics run by this call."""
     from vagent.models.loading import count_parameters
     from vagent.models.value import build_critic, reference_model
     from vagent.rl.advantages import masked_mean, masked_whiten
@@ -106,7 +112,7 @@ def train_ppo(session: Session, start_step: int = 0, resume_from: str | None = N
     from vagent.rollout.batch import build_token_batch
     from vagent.rollout.driver import make_driver
     from vagent.rollout.hf_policy import HFPolicy
-    from vagent.runs import StepProgress, load_checkpoint, save_token_rows
+    from vagent.runs import StepProgress, load_checkpoint
 
     cfg, u, p = session.cfg, session.cfg.update, session.cfg.ppo
     loaded, device = session.loaded, session.device
@@ -139,13 +145,13 @@ def train_ppo(session: Session, start_step: int = 0, resume_from: str | None = N
     # where training rollouts are generated (rollout.engine / replicas / schedule / overlap); the
     # default is train_rollout(session, policy, step, reasoning) with this in-process policy
     driver = make_driver(cfg, loaded, policy, lambda pol, k: train_rollout(session, pol, k, reasoning),
-                         model_dir=session.model_dir)
+                         model_dir=session.model_dir, fresh_model=session.load_fresh_model)
     bar = StepProgress(cfg.steps, cfg.recipe.upper(), session.console, cfg.log.progress, start=start_step)
     last_val: dict[str, float] = {}
     try:
-        for step in range(start_step, cfg.steps):
-            if cfg.val.every and step % cfg.val.every == 0:
-                last_val = log_validation(session, policy, step)
+        if cfg.val.every and start_step == 0:  # step 0: the policy before RL (after SFT)
+            last_val = log_validation(session, policy, 0)
+        for step in range(start_step, cfg.steps):  # `step` updates done; this one makes RL step step + 1
             t_step = time.perf_counter()
 
             # 1-2. rollout; turn rewards (env + reasoning judges) sit on each turn's last token
@@ -229,11 +235,9 @@ def train_ppo(session: Session, start_step: int = 0, resume_from: str | None = N
             })
             if kl_ref is not None:
                 metrics["actor/kl_ref"] = kl_ref
-            save_token_rows(session.run.rollouts, step, cfg.log, batch, loaded.encoder, logprobs=old_logprobs,
-                            advantages=advantages, values=values, returns=returns)  # for `vagent view`
-            after_step(session, step, metrics, episodes, modules, optimizers, schedulers, bar)
-        if cfg.val.every:
-            last_val = log_validation(session, policy, cfg.steps)
+            dump = dict(batch=batch, logprobs=old_logprobs, advantages=advantages, values=values, returns=returns)
+            last_val = after_step(session, step + 1, metrics, episodes, dump, policy, modules, optimizers,
+                                  schedulers, bar) or last_val
     finally:
         bar.close()
         driver.close()
@@ -253,29 +257,37 @@ def log_validation(session: Session, policy: Any, step: int) -> dict[str, float]
     return metrics
 
 
-def after_step(session: Session, step: int, metrics: dict, episodes: Any, modules: dict, optimizers: dict,
-               schedulers: dict, bar: Any) -> None:
-    """Log a step's metrics, save samples, checkpoint and redraw plots on their schedules."""
-    from vagent.runs import plot_run, save_checkpoint, save_rollouts
+def after_step(session: Session, done: int, metrics: dict, episodes: Any, dump: dict, policy: Any,
+               modules: dict, optimizers: dict, schedulers: dict, bar: Any) -> dict[str, float] | None:
+    """After RL step ``done`` (1..steps): log its metrics, validate on the ``val.every`` schedule,
+    save its rollouts and token rows (``dump``: the trained batch and its per-token arrays), then
+    checkpoint and redraw plots on their schedules; returns the validation metrics if it ran.
+    Everything labelled ``done`` is written before checkpoint ``done`` (a resume keeps it)."""
+    from vagent.runs import plot_run, save_checkpoint, save_rollouts, save_token_rows
+    from vagent.runs.rundir import due
 
     cfg, log = session.cfg, session.cfg.log
-    session.logger.log(step, metrics, phase="rl")
+    session.logger.log(done, metrics, phase="rl")
     errors = [e for e in episodes if e.error is not None]
     if errors:  # counted in rollout/errors and left out of the batch; say what happened
         first = errors[0].error.strip().splitlines()
-        session.console.print(f"step {step}: {len(errors)} episode(s) failed and were left out; first: "
+        session.console.print(f"step {done}: {len(errors)} episode(s) failed and were left out; first: "
                               f"{first[0]} ... {first[-1] if len(first) > 1 else ''}")
-    bar.update(step, {k: metrics[k] for k in ("reward/mean", "rollout/success_rate", "loss/policy", "loss/value")
-                      if k in metrics})
-    done = step + 1
-    if log.rollouts_every and step % log.rollouts_every == 0:
-        save_rollouts(session.run.rollouts, step, episodes, log.rollouts_n, log.rollouts_max_mb)
-    if done == cfg.steps or (log.checkpoint_every and done % log.checkpoint_every == 0):
+    shown = {"reward": "reward/mean", "success": "rollout/success_rate", "policy_loss": "loss/policy",
+             "value_loss": "loss/value"}
+    bar.update(done, {name: metrics[k] for name, k in shown.items() if k in metrics})
+    val = log_validation(session, policy, done) if due(cfg.val.every, done, cfg.steps) else None
+    if due(log.rollouts_every, done, cfg.steps):  # the episodes update `done` trained on, for `vagent view`
+        save_rollouts(session.run.rollouts, done, episodes, log.rollouts_n, log.rollouts_max_mb)
+        every_step = dataclasses.replace(log, rollouts_every=1)  # the schedule is decided here
+        save_token_rows(session.run.rollouts, done, every_step, dump.pop("batch"), session.loaded.encoder, **dump)
+    if done == cfg.steps or due(log.checkpoint_every, done, cfg.steps):  # the last step always
         ck = save_checkpoint(
             session.run.checkpoints, "rl", done, modules, optimizers, schedulers,
             data_position={"rl_step": done}, keep_last=log.keep_last,
             export=policy_export(session, modules["policy"]),
         )
         session.last_checkpoint = str(ck)
-    if log.plot_every and (done % log.plot_every == 0 or done == cfg.steps):
+    if due(log.plot_every, done, cfg.steps):
         plot_run(session.run.metrics, session.run.plots)
+    return val

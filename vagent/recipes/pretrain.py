@@ -109,11 +109,13 @@ def pretrain_captions(model_dir: Path, env_entries: Sequence[Any], steps: int, *
 
     ``stage`` names the pass (its captions go to ``pretrain/<stage>/``, its summary under that key
     in ``vagent_pretrain.json``); ``first_board`` is the first caption board used (see
-    :func:`caption_records`), so a later stage can start after an earlier one's boards."""
+    :func:`caption_records`), so a later stage can start after an earlier one's boards. ``say``
+    gets the progress lines (with ETA); a :class:`vagent.runs.Console` shows a bar on a terminal."""
     from vagent.distributed import barrier, full_state_dict, root_of, shard_model, world
     from vagent.models.loading import load_policy
     from vagent.recipes.optim import derive_seed, make_optimizer, make_scheduler
     from vagent.recipes.sft import sft_batch, sft_loss
+    from vagent.runs.progress import StepProgress
 
     work = Path(model_dir) / "pretrain" / stage
     (work / "images").mkdir(parents=True, exist_ok=True)
@@ -132,20 +134,22 @@ def pretrain_captions(model_dir: Path, env_entries: Sequence[Any], steps: int, *
         sched = make_scheduler(opt, 10, steps, "constant")
         rng = np.random.default_rng(derive_seed(seed, "pretrain-order", *tag))
         t0, stats = time.perf_counter(), {}
-        for step in range(steps):
-            rows = rng.choice(len(records), size=min(batch_size, len(records)), replace=False)
-            for r in rows:
-                if r not in convs:
-                    convs[r] = encode_caption(records[r], work, loaded.encoder)
-            batch = sft_batch([convs[r] for r in rows], loaded.encoder.pad_token_id)
-            opt.zero_grad(set_to_none=True)
-            stats = sft_loss(model, batch, micro_batch_tokens, 1024, False, torch.device("cpu"))
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            sched.step()
-            if step % 100 == 0 or step == steps - 1:
-                say(f"  caption pretraining ({stage}) {step + 1}/{steps}: loss {stats['loss']:.3f}, "
-                    f"token accuracy {stats['token_accuracy']:.3f} ({time.perf_counter() - t0:.0f}s)")
+        bar = StepProgress(steps, f"caption pretraining ({stage})", say)
+        try:
+            for step in range(steps):
+                rows = rng.choice(len(records), size=min(batch_size, len(records)), replace=False)
+                for r in rows:
+                    if r not in convs:
+                        convs[r] = encode_caption(records[r], work, loaded.encoder)
+                batch = sft_batch([convs[r] for r in rows], loaded.encoder.pad_token_id)
+                opt.zero_grad(set_to_none=True)
+                stats = sft_loss(model, batch, micro_batch_tokens, 1024, False, torch.device("cpu"))
+                torch.nn.utils.clip_grad_norm_(params, 1.0)
+                opt.step()
+                sched.step()
+                bar.update(step + 1, {"loss": stats["loss"], "token_accuracy": stats["token_accuracy"]})
+        finally:
+            bar.close()
         if root_of(model) is None:
             model.save_pretrained(model_dir)
         else:  # sharded: gather the full weights on rank 0, which saves them

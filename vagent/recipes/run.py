@@ -2,9 +2,11 @@
 
 The order, top to bottom::
 
-    run dir (new, or the one being resumed) <- config.yaml, train.log
+    run dir being resumed: finished (summary.json)? then say so and change nothing
     seeds, threads, device, bf16
     model directory (the tiny model is built once under model.cache_dir) -> load -> compatible?
+    new run dir <- config.yaml; train.log <- what was printed so far (the build's progress)
+    config summary, start-up arithmetic
     latest checkpoint (resume) -> metrics.jsonl cut back to it
     SFT warm start (sft.steps > 0), skipped when an SFT-complete checkpoint exists
     PPO or GRPO (recipe), from step 0 or the checkpoint's step
@@ -13,7 +15,12 @@ The order, top to bottom::
 Resuming (``--resume RUN_DIR``) continues exactly: the config is read from the run directory, the
 newest complete checkpoint restores weights, optimizers, schedules and RNG states, rollout seeds
 and sampling seeds are functions of (run seed, step), and records the killed process wrote after
-that checkpoint are dropped from ``metrics.jsonl``.
+that checkpoint are dropped from ``metrics.jsonl``. Resuming a finished run (one with
+``summary.json``) prints that it is finished and writes nothing.
+
+While the run runs, Python warnings and the messages of transformers / huggingface_hub go to
+``train.log`` only and their progress bars are off (``vagent.runs.progress``); every long phase
+shows one progress display with ETA, on the console and in ``train.log``.
 """
 
 from __future__ import annotations
@@ -34,15 +41,9 @@ from vagent.recipes.config import RunConfig, config_to_yaml, load_config
 def train(cfg: RunConfig | None = None, resume: str | Path | None = None, quiet: bool = False) -> Path:
     """Run (or resume) a training run; returns its run directory. Errors raise
     :class:`vagent.runs.TrainingError` (or ConfigError) with the fix in the message."""
-    from vagent.recipes.common import check_compatible, load_model, resolve_device, use_bf16
-    from vagent.recipes.session import Session
-    from vagent.distributed import broadcast_object, init_world, rank_device
-    from vagent.recipes.session import SilentLogger
-    from vagent.runs import (
-        Console, MetricsLogger, TrainingError, existing_run_dir, is_oom, list_checkpoints, load_checkpoint,
-        new_run_dir, oom_message, plot_run, startup_arithmetic,
-    )
-    from vagent.runs.rundir import RunDir
+    from vagent.distributed import init_world
+    from vagent.runs import Console, existing_run_dir
+    from vagent.runs.progress import library_output_to_log
 
     t_start = time.time()
     run = None
@@ -50,12 +51,33 @@ def train(cfg: RunConfig | None = None, resume: str | Path | None = None, quiet:
         if cfg is not None:
             raise ConfigError("--resume continues a run with its saved config.yaml; do not pass a config or overrides.")
         run = existing_run_dir(resume)
+        if (run.root / "summary.json").is_file():  # written last: nothing is left to do
+            if not quiet:
+                print(f"{run.root} is finished (it has summary.json); nothing to resume, nothing changed. "
+                      "Start a new run to train further.", flush=True)
+            return run.root
         cfg = load_config(run.config)
     cfg = cfg if cfg is not None else load_config()
     world = init_world(cfg.device, cfg.dist.timeout_s)  # started by torchrun: join the job; else nothing
-    console = Console(run.log if run and world.is_main else None, quiet=quiet or not world.is_main)
-    console.print("resolved config:", config_to_yaml(cfg).rstrip(), "")
+    console = Console(run.log if run and world.is_main else None, quiet=quiet or not world.is_main,
+                      buffer=world.is_main)
+    with library_output_to_log(console):
+        return _train(cfg, run, resume is not None, console, t_start)
 
+
+def _train(cfg: RunConfig, run: Any, resuming: bool, console: Any, t_start: float) -> Path:
+    """``train`` after the run directory to resume (if any) and the console are known."""
+    from vagent.distributed import broadcast_object, rank_device, world as current_world
+    from vagent.recipes.common import check_compatible, load_model, resolve_device, use_bf16
+    from vagent.recipes.session import Session, SilentLogger
+    from vagent.runs import (
+        MetricsLogger, TrainingError, is_oom, list_checkpoints, load_checkpoint, new_run_dir, oom_message, plot_run,
+        startup_arithmetic,
+    )
+    from vagent.runs.progress import config_summary
+    from vagent.runs.rundir import RunDir
+
+    world = current_world()
     random.seed(cfg.seed)
     np.random.seed(cfg.seed % 2**32)
     torch.manual_seed(cfg.seed)
@@ -71,10 +93,10 @@ def train(cfg: RunConfig | None = None, resume: str | Path | None = None, quiet:
     if run is None and world.is_main:  # rank 0 alone writes the run directory
         run = new_run_dir(cfg.out_dir, cfg.name)
         run.config.write_text(config_to_yaml(cfg))
-        console.log_path = run.log
-        console.log_path.write_text("resolved config:\n" + config_to_yaml(cfg) + "\n")
+        console.attach(run.log)  # with the lines printed so far (the model build's)
     if world.distributed:
         run = RunDir(Path(broadcast_object(str(run.root) if world.is_main else None, "run directory")))
+    console.print(*config_summary(cfg, load_config(), run.config))
     from vagent.runs.environment import record_environment
 
     if world.is_main:
@@ -88,7 +110,7 @@ def train(cfg: RunConfig | None = None, resume: str | Path | None = None, quiet:
         dropped = logger.truncate_after(("sft", "rl"), latest.phase, latest.step)
         console.print(f"resuming from {latest.path} ({latest.phase} step {latest.step}); "
                       f"dropped {dropped} metric records written after it")
-    elif resume is not None:
+    elif resuming:
         logger.truncate_after(("sft", "rl"), "sft", 0)
         console.print("resuming: no checkpoint yet, starting over in the same run directory")
     from vagent.models.loading import count_parameters
@@ -163,16 +185,16 @@ def prepare_model_once(cfg: RunConfig, console: Any) -> Path:
 
     w = world()
     if not w.distributed:
-        return prepare_model(cfg.model, cfg.envs, say=console.print)
+        return prepare_model(cfg.model, cfg.envs, say=console)  # a Console: progress bars on a terminal
     m = cfg.model
     if m.path == "tiny" and m.tiny_pretrain_steps > 0 and not (tiny_model_dir(m, cfg.envs) / "config.json").is_file():
         build_tiny_spmd(cfg, console)
     if w.is_main:
         with single_process():
-            path = prepare_model(cfg.model, cfg.envs, say=console.print)
+            path = prepare_model(cfg.model, cfg.envs, say=console)
     else:
         wait_for_file(tiny_model_dir(cfg.model, cfg.envs) / "config.json" if cfg.model.path == "tiny" else None)
-        path = prepare_model(cfg.model, cfg.envs, say=console.print)
+        path = prepare_model(cfg.model, cfg.envs, say=console)
     barrier("model ready")
     return path
 
@@ -198,7 +220,7 @@ def build_tiny_spmd(cfg: RunConfig, console: Any) -> None:
         tmp = tempfile.mkdtemp(prefix=f"{out.name}.spmd-", dir=out.parent)
     tmp = Path(broadcast_object(tmp, "tiny model folder"))
     try:
-        _build_tiny(cfg.model, cfg.envs, tmp, out.name, console.print)
+        _build_tiny(cfg.model, cfg.envs, tmp, out.name, console)
         barrier("tiny model built")
         if w.is_main:
             with FileLock(str(out) + ".lock"):

@@ -11,12 +11,12 @@ Data format (JSONL, one chat per line; docs/training.md "SFT data")::
 The loop, top to bottom (one optimizer step per iteration)::
 
     chats  = read_chats(path) -> Conversation segments via the RL encoder  (once)
-    for step in range(start, sft.steps):
+    for step in range(start, sft.steps):      # the update makes SFT step step + 1 (1..sft.steps)
         rows  = the next batch_size chats of a per-epoch permutation seeded by (run seed, epoch)
         loss  = token-mean of -log pi(token) over assistant tokens (loss mask; the <answer> part
                 weighted by sft.answer_weight), accumulated over micro-batches of
                 <= update.micro_batch_tokens
-        clip gradients, AdamW step, lr schedule step, log sft/*, checkpoint every K steps
+        clip gradients, AdamW step, lr schedule step, log sft/* at step + 1, checkpoint every K steps
 
 Prompts are identical to RL's (docs/algorithms.md reference bug 9): a chat is turned into tokens by exactly the
 code the rollout's HFPolicy uses (``vagent.rollout.encoding.encode_pending`` for system/user
@@ -264,16 +264,22 @@ def demo_chats_path(session: Any) -> Path:
     if out.is_file():
         barrier("demonstrations written")
         return out
+    from vagent.runs import StepProgress
+    from vagent.seeds import split_seeds
+
     image_dir = session.run.root / "demos_images"
     image_dir.mkdir(exist_ok=True)
     lines = []
-    for i, e in enumerate(cfg.envs):
-        settings = demo_settings(cfg, e)
-        from vagent.seeds import split_seeds
-
-        for seed in split_seeds("train", settings.n, offset=900_000 + i * 10_000):
-            rec = play_demo(settings, seed, image_dir, f"{image_dir.name}/")
-            lines.append(json.dumps(rec))
+    bar = StepProgress(sum(demo_settings(cfg, e).n for e in cfg.envs), "demos", session.console, cfg.log.progress)
+    try:
+        for i, e in enumerate(cfg.envs):
+            settings = demo_settings(cfg, e)
+            for seed in split_seeds("train", settings.n, offset=900_000 + i * 10_000):
+                rec = play_demo(settings, seed, image_dir, f"{image_dir.name}/")
+                lines.append(json.dumps(rec))
+                bar.update(len(lines))
+    finally:
+        bar.close()
     tmp = out.with_suffix(".tmp")
     tmp.write_text("\n".join(lines) + "\n")
     tmp.replace(out)
@@ -282,7 +288,8 @@ def demo_chats_path(session: Any) -> Path:
 
 
 def train_sft(session: Any, start_step: int = 0, resume_from: str | None = None) -> None:
-    """Run SFT steps ``start_step .. sft.steps - 1`` on the session's policy (see module doc)."""
+    """Run SFT steps ``start_step + 1 .. sft.steps`` on the session's policy (``start_step`` updates
+    were done before: a resume; see the module docstring)."""
     from vagent.recipes.optim import clip_grads, make_optimizer, make_scheduler
     from vagent.recipes.sharding import policy_export, shard_for_training
     from vagent.runs import StepProgress, check_finite, load_checkpoint, save_checkpoint
@@ -319,19 +326,19 @@ def train_sft(session: Any, start_step: int = 0, resume_from: str | None = None)
             stats = sft_loss(model, batch, cfg.update.micro_batch_tokens, cfg.update.logprob_chunk,
                              session.bf16, session.device, weights=weights, shared=s.shared_prefix)
             grad_norm = clip_grads(params, cfg.update.grad_clip)
-            check_finite({"sft/loss": stats["loss"], "sft/grad_norm": grad_norm}, "sft", step,
+            done = step + 1  # SFT step `done`: after `done` updates
+            check_finite({"sft/loss": stats["loss"], "sft/grad_norm": grad_norm}, "sft", done,
                          session.last_checkpoint)
             lr = opt.param_groups[0]["lr"]
             opt.step()
-            check_module_finite(model, "policy weights after the update", "sft", step, session.last_checkpoint)
+            check_module_finite(model, "policy weights after the update", "sft", done, session.last_checkpoint)
             sched.step()
             dt = time.perf_counter() - t0
             metrics = {"sft/loss": stats["loss"], "sft/token_accuracy": stats["token_accuracy"],
                        "sft/grad_norm": grad_norm, "sft/lr": lr, "sft/epoch": float(epoch),
                        "perf/sft_step_time_s": dt, "perf/sft_tokens_per_s": batch.num_tokens / dt}
-            session.logger.log(step, metrics, phase="sft")
-            bar.update(step, {"loss": stats["loss"], "acc": stats["token_accuracy"]})
-            done = step + 1
+            session.logger.log(done, metrics, phase="sft")
+            bar.update(done, {"loss": stats["loss"], "acc": stats["token_accuracy"]})
             if done == s.steps or (cfg.log.checkpoint_every and done % cfg.log.checkpoint_every == 0):
                 ck = save_checkpoint(session.run.checkpoints, "sft", done, {"policy": model}, {"sft": opt},
                                      {"sft": sched}, data_position={"sft_step": done},

@@ -53,10 +53,16 @@ class UpdateContext:
     device: torch.device
     bf16: bool
     seed: int
+    #: updates done before this one (seeds the mini-batch order); this update is RL step ``step + 1``
     step: int
     last_checkpoint: str | None
     #: log-probs are of logits / temperature (the rollout's sampling temperature)
     temperature: float = 1.0
+
+    @property
+    def label(self) -> int:
+        """The RL step this update makes (1..steps), as metrics and errors name it."""
+        return self.step + 1
 
 
 def take(x: Tensor | None, rows: Sequence[int], length: int) -> Tensor | None:
@@ -129,14 +135,14 @@ def actor_update(
                     loss = loss + u.kl_coef * kl
                     values["actor/kl_loss"] = float(kl.detach())
                 check_finite({"loss/policy": pl.loss, "actor/entropy": entropy, "loss/actor_total": loss},
-                             "rl", ctx.step, ctx.last_checkpoint)
+                             "rl", ctx.label, ctx.last_checkpoint)
                 (loss * w).backward()
                 stats.add(values, w)
             grad_norm = clip_grads(params, u.grad_clip)
-            check_finite({"actor/grad_norm": grad_norm}, "rl", ctx.step, ctx.last_checkpoint)
+            check_finite({"actor/grad_norm": grad_norm}, "rl", ctx.label, ctx.last_checkpoint)
             stats.add({"actor/grad_norm": grad_norm}, 1.0)
             opt.step()
-            check_module_finite(model, "policy weights after the update", "rl", ctx.step, ctx.last_checkpoint)
+            check_module_finite(model, "policy weights after the update", "rl", ctx.label, ctx.last_checkpoint)
     model.zero_grad(set_to_none=True)
     return stats.result()
 
@@ -184,15 +190,15 @@ def critic_update(
                         v = shift_right(critic_forward(critic, mb))
                 vl = value_loss(v, take(m_old, sub, ml), take(m_ret, sub, ml), mask,
                                 clip=value_clip if value_clip > 0 else None, agg=u.loss_agg)
-                check_finite({"loss/value": vl.loss}, "rl", ctx.step, ctx.last_checkpoint)
+                check_finite({"loss/value": vl.loss}, "rl", ctx.label, ctx.last_checkpoint)
                 (vl.loss * w).backward()
                 metrics = vl.metrics()
                 metrics.pop("loss/explained_variance")  # a ratio of variances: computed on the batch below
                 stats.add(metrics, w)
             grad_norm = clip_grads(params, u.grad_clip)
-            check_finite({"critic/grad_norm": grad_norm}, "rl", ctx.step, ctx.last_checkpoint)
+            check_finite({"critic/grad_norm": grad_norm}, "rl", ctx.label, ctx.last_checkpoint)
             stats.add({"critic/grad_norm": grad_norm}, 1.0)
             opt.step()
-            check_module_finite(critic, "critic weights after the update", "rl", ctx.step, ctx.last_checkpoint)
+            check_module_finite(critic, "critic weights after the update", "rl", ctx.label, ctx.last_checkpoint)
     critic.zero_grad(set_to_none=True)
     return stats.result()

@@ -2,13 +2,13 @@
 
 Recipes (``vagent.recipes``) call these small pieces; none of them knows about an algorithm.
 
-- :mod:`vagent.runs.rundir`     the run directory layout, new and resumed runs
+- :mod:`vagent.runs.rundir`     the run directory layout and step convention, new and resumed runs
 - :mod:`vagent.runs.metrics`    ``metrics.jsonl`` + TensorBoard (+ optional W&B), fixed prefixes
 - :mod:`vagent.runs.checkpoint` atomic checkpoints with RNG states, keep-last-N, exact resume
 - :mod:`vagent.runs.samples`    sampled rollouts as JSONL + PNG frames, size-capped
 - :mod:`vagent.runs.tokens`     the sampled rows' tokens, masks, log-probs, values, advantages (``vagent view``)
 - :mod:`vagent.runs.plots`      learning-curve PNGs
-- :mod:`vagent.runs.progress`   start-up arithmetic, progress bar, ``train.log``
+- :mod:`vagent.runs.progress`   config summary, start-up arithmetic, progress with ETA, ``train.log``, library output
 - :mod:`vagent.runs.errors`     NaN/inf, out-of-memory and model errors with the fix in the message
 """
 

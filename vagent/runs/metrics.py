@@ -102,11 +102,12 @@ class MetricsLogger:
         """Drop records later than (``phase``, ``step``) in the order ``phase_order``; returns how many.
 
         A record is kept when its phase comes before ``phase`` or it is the same phase with a
-        step below ``step`` (the resumed run logs ``step`` again).
+        step up to ``step``: a checkpoint of step k is written after every record labelled k
+        (the k-th update's metrics and the validation after it), and the resumed run logs k + 1 next.
         """
         order = {p: i for i, p in enumerate(phase_order)}
         records = read_metrics(self.path)
-        kept = [r for r in records if (order.get(r.get("phase"), 0), r.get("step", 0)) < (order[phase], step)]
+        kept = [r for r in records if (order.get(r.get("phase"), 0), r.get("step", 0)) <= (order[phase], step)]
         tmp = self.path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
         os.replace(tmp, self.path)

@@ -1,31 +1,102 @@
-"""What a run prints: the start-up arithmetic, a rich progress bar with ETA and key metrics.
+"""What a run prints: the config summary, the start-up arithmetic, one progress display per phase.
 
-Everything printed also goes to ``train.log`` in the run directory. When stdout is not a
-terminal (CI, a subprocess, ``| tee``) the bar is replaced by one plain line per step.
+Everything printed also goes to ``train.log`` in the run directory; what is printed before the
+run directory exists (the tiny model's build and caption pretraining) is kept and written to
+``train.log`` when it is attached. Every long phase (caption pretraining, demonstrations, SFT,
+PPO / GRPO) shows one :class:`StepProgress`: a rich bar with ETA on a terminal, plain lines with
+ETA otherwise (CI, a subprocess, ``| tee``), and the plain lines in ``train.log`` either way.
+While a run runs, Python warnings and the log messages of ``transformers`` / ``huggingface_hub``
+go to ``train.log`` only, and their own progress bars are off (:func:`library_output_to_log`).
 """
 
 from __future__ import annotations
 
+import math
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 
 class Console:
-    """Prints to stdout and appends to the run's ``train.log``."""
+    """Prints to stdout and appends to the run's ``train.log``.
 
-    def __init__(self, log_path: str | Path | None = None, quiet: bool = False):
+    Lines printed while ``log_path`` is None are kept (``buffer``) and written by :meth:`attach`.
+    A console is also a ``say(text)`` callable, so code that reports through ``say`` can be
+    handed the console itself (and then shows a progress bar on a terminal)."""
+
+    def __init__(self, log_path: str | Path | None = None, quiet: bool = False, buffer: bool = True):
         self.log_path = Path(log_path) if log_path else None
         self.quiet = quiet
+        self.buffer = buffer
+        self.pending: list[str] = []
+
+    def __call__(self, text: str) -> None:
+        self.print(text)
 
     def print(self, *lines: str) -> None:
         text = "\n".join(lines)
         if not self.quiet:
             print(text, flush=True)
+        self.log(text)
+
+    def log(self, text: str) -> None:
+        """Write ``text`` to ``train.log`` only (kept until :meth:`attach` while there is none)."""
         if self.log_path is not None:
             with open(self.log_path, "a") as f:
                 f.write(text + "\n")
+        elif self.buffer:
+            self.pending.append(text)
+
+    def attach(self, log_path: str | Path) -> None:
+        """Log to ``log_path`` from now on, first appending what was printed before."""
+        self.log_path = Path(log_path)
+        pending, self.pending = self.pending, []
+        for text in pending:
+            self.log(text)
+
+
+def config_summary(cfg: Any, default: Any, config_path: str | Path, width: int = 110, max_lines: int = 4) -> list[str]:
+    """A few lines instead of the whole resolved config: where it is written and the keys where
+    ``cfg`` differs from ``default`` (the default preset; ``key=value``, dotted as in overrides)."""
+    from vagent.config import to_dict
+
+    now, default = _flatten(to_dict(cfg)), _flatten(to_dict(default))
+    changed = [f"{k}={_short(v)}" for k, v in now.items() if k not in default or default[k] != v]
+    changed += [f"{k}=(unset)" for k in default if k not in now]
+    head = f"config: {config_path} (resolved; {cfg.recipe}, seed {cfg.seed}, model {cfg.model.path})"
+    if not changed:
+        return [head, "  the default preset, unchanged"]
+    lines, line = [head], f"  {len(changed)} changed from the default preset:"
+    for i, item in enumerate(changed):
+        if len(line) + len(item) + 1 > width:
+            if len(lines) == max_lines:
+                lines.append(f"  ... and {len(changed) - i} more (see config.yaml)")
+                return lines
+            lines.append(line)
+            line = "   "
+        line += f" {item}"
+    return lines + [line]
+
+
+def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict) and tree:
+        out: dict[str, Any] = {}
+        for k, v in tree.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+        return out
+    if isinstance(tree, list) and tree and all(isinstance(x, dict) for x in tree):
+        out = {}
+        for i, v in enumerate(tree):
+            out.update(_flatten(v, f"{prefix}{i}."))
+        return out
+    return {prefix[:-1]: tree}
+
+
+def _short(v: Any, limit: int = 40) -> str:
+    text = {True: "true", False: "false", None: "null"}.get(v, str(v)) if v is None or isinstance(v, bool) else str(v)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def startup_arithmetic(cfg: Any, run_root: str | Path, n_params: int | None = None,
@@ -62,19 +133,36 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-class StepProgress:
-    """A progress bar over ``total`` steps with ETA and a few metrics; plain lines off a TTY."""
+def format_duration(seconds: float) -> str:
+    """``42s``, ``3m05s``, ``1h02m``."""
+    s = int(round(max(0.0, seconds)))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
-    def __init__(self, total: int, description: str, console: Console, enabled: bool = True,
-                 start: int = 0):
-        self.total, self.console = total, console
-        self.description = description
-        self.start_time = time.time()
-        self.done = start
-        self.first = start
+
+class StepProgress:
+    """Progress over ``total`` steps of one phase, with ETA and a few metrics.
+
+    ``console``: a :class:`Console` (a rich bar on a terminal when ``enabled``; plain lines
+    otherwise; plain lines in ``train.log`` always) or any ``say(text)`` callable (plain lines).
+    Plain lines come at most every ``every`` steps (default: total / 20) or ``interval_s``
+    seconds, whichever is first, and at the last step. Steps are counted as done: ``update(k)``
+    after the k-th step of the phase (1..total); ``start`` steps were done before (a resume)."""
+
+    def __init__(self, total: int, description: str, console: Console | Callable[[str], None],
+                 enabled: bool = True, start: int = 0, every: int | None = None, interval_s: float = 30.0):
+        self.total, self.description, self.console = total, description, console
+        self.every = every or max(1, math.ceil(total / 20))
+        self.interval_s = interval_s
+        self.start_time = self._last_time = time.time()
+        self.done = self.first = self._last_line = start
         self._bar = None
         self._task = None
-        if enabled and sys.stdout.isatty() and not console.quiet:
+        tty = isinstance(console, Console) and not console.quiet and sys.stdout.isatty()
+        if enabled and tty and total > 0:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
             self._bar = Progress(
@@ -85,22 +173,77 @@ class StepProgress:
             self._bar.start()
             self._task = self._bar.add_task(description, total=total, completed=start, metrics="")
 
-    def update(self, step: int, metrics: Mapping[str, Any]) -> None:
-        """Mark step ``step`` (0-based) done and show ``metrics``."""
-        self.done = step + 1
-        text = "  ".join(f"{k.split('/')[-1]}={_fmt(v)}" for k, v in metrics.items())
+    def eta_s(self) -> float:
+        """Seconds left at the mean pace of the steps done in this process."""
+        per = (time.time() - self.start_time) / max(1, self.done - self.first)
+        return per * (self.total - self.done)
+
+    def line(self, metrics: Mapping[str, Any] | None = None) -> str:
+        text = "  ".join(f"{k.split('/')[-1]}={_fmt(v)}" for k, v in (metrics or {}).items())
+        elapsed = time.time() - self.start_time
+        return (f"{self.description} {self.done}/{self.total} [{format_duration(elapsed)}, "
+                f"ETA {format_duration(self.eta_s())}] {text}").rstrip()
+
+    def update(self, done: int, metrics: Mapping[str, Any] | None = None) -> None:
+        """Mark ``done`` steps (1..total) as done and show ``metrics``."""
+        self.done = done
+        now = time.time()
+        due = (done >= self.total or done - self._last_line >= self.every
+               or now - self._last_time >= self.interval_s)
         if self._bar is not None:
-            self._bar.update(self._task, completed=self.done, metrics=text)
-            if self.console.log_path:
-                with open(self.console.log_path, "a") as f:
-                    f.write(f"{self.description} {self.done}/{self.total} {text}\n")
+            text = "  ".join(f"{k.split('/')[-1]}={_fmt(v)}" for k, v in (metrics or {}).items())
+            self._bar.update(self._task, completed=done, metrics=text)
+        if not due:
+            return
+        self._last_line, self._last_time = done, now
+        line = self.line(metrics)
+        if self._bar is not None:
+            self.console.log(line)  # the bar shows it on the terminal
+        elif isinstance(self.console, Console):
+            self.console.print(line)
         else:
-            elapsed = time.time() - self.start_time
-            per = elapsed / max(1, self.done - self.first)
-            eta = per * (self.total - self.done)
-            self.console.print(f"{self.description} {self.done}/{self.total} [{elapsed:.0f}s, ETA {eta:.0f}s] {text}")
+            self.console(line)
 
     def close(self) -> None:
         if self._bar is not None:
             self._bar.stop()
             self._bar = None
+
+
+@contextmanager
+def library_output_to_log(console: Console) -> Iterator[None]:
+    """Within the block, Python warnings (``FutureWarning`` and the like) and the records of the
+    ``transformers`` and ``huggingface_hub`` loggers go to ``console.log`` (``train.log``) instead
+    of the terminal, and the tqdm bars of transformers / huggingface_hub (weight loading, shard
+    writing) are off; everything is restored on exit."""
+    import logging
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    def show(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001 (warnings' signature)
+        console.log(f"{category.__name__}: {message} ({filename}:{lineno})")
+
+    class ToLog(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            console.log(f"{record.name} {record.levelname.lower()}: {record.getMessage()}")
+
+    handler = ToLog(level=logging.WARNING)
+    loggers = [logging.getLogger(n) for n in ("transformers", "huggingface_hub")]
+    saved = [(lg.handlers[:], lg.propagate) for lg in loggers]
+    hf_logging.get_verbosity()  # sets up transformers' own handler now, so that it is the one replaced
+    bars = hf_logging.is_progress_bar_enabled()
+    show_before = warnings.showwarning
+    warnings.showwarning = show
+    hf_logging.disable_progress_bar()
+    for lg in loggers:
+        lg.handlers = [handler]
+        lg.propagate = False
+    try:
+        yield
+    finally:
+        warnings.showwarning = show_before
+        for lg, (handlers, propagate) in zip(loggers, saved):
+            lg.handlers, lg.propagate = handlers, propagate
+        if bars:
+            hf_logging.enable_progress_bar()

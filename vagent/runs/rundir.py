@@ -8,7 +8,15 @@ Layout (``runs/<name>-<timestamp>/`` by default)::
     rollouts/step_XXXXXX.jsonl + rollouts/step_XXXXXX/*.png   sampled episodes (size-capped)
     checkpoints/step_XXXXXX/   policy, critic, optimizers, schedulers, RNG states (keep-last-N)
     plots/*.png            learning curves, redrawn as the run goes
-    train.log              what was printed (start-up arithmetic, per-step lines, errors)
+    train.log              what was printed (config summary, start-up arithmetic, model build and
+                           progress lines with ETA, library warnings, errors)
+    summary.json           key numbers, written when the run has finished (``--resume`` then does nothing)
+
+Steps: step k of a phase (SFT, or RL) is the state after k updates of that phase. Metrics of the
+k-th update, its rollouts (``rollouts/step_k``, the episodes the update trained on), its checkpoint
+(``checkpoints/step_k``) and the progress bar count 1..N; validation runs at RL step 0 (the policy
+after SFT, before RL) and after updates, so its steps run 0..N. Everything labelled k is written
+before checkpoint k, so a resume from it keeps the records up to k (docs/metrics.md).
 """
 
 from __future__ import annotations
@@ -52,6 +60,12 @@ class RunDir:
         for p in (self.root, self.rollouts, self.checkpoints, self.plots):
             p.mkdir(parents=True, exist_ok=True)
         return self
+
+
+def due(every: int, step: int, last: int) -> bool:
+    """Whether a periodic action (checkpoint, rollout dump, plot, validation) runs at ``step``
+    (1..``last``): every ``every`` steps and at the last step; never when ``every`` is 0."""
+    return bool(every) and (step % every == 0 or step == last)
 
 
 def new_run_dir(out_dir: str | Path, name: str, now: float | None = None) -> RunDir:

@@ -1,0 +1,88 @@
+"""What a run prints: the console and train.log, progress lines with ETA, library output kept
+off the console, the config summary."""
+
+from __future__ import annotations
+
+import logging
+import re
+import warnings
+
+from vagent.runs.progress import Console, StepProgress, config_summary, format_duration, library_output_to_log
+
+
+def test_console_keeps_lines_until_the_log_exists(tmp_path, capsys):
+    console = Console()
+    console.print("building tiny model ...")
+    console.log("only in the log")
+    assert capsys.readouterr().out == "building tiny model ...\n"
+    log = tmp_path / "train.log"
+    console.attach(log)
+    console("after")  # a Console is a say(text) callable
+    assert log.read_text() == "building tiny model ...\nonly in the log\nafter\n"
+
+
+def test_progress_lines_have_eta_and_are_rationed(tmp_path, capsys):
+    console = Console(tmp_path / "train.log")
+    bar = StepProgress(100, "caption pretraining (grid)", console, interval_s=1e9)
+    for k in range(1, 101):
+        bar.update(k, {"sft/loss": 1.0 / k})
+    bar.close()
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 20  # every 5 steps (total / 20), the last included
+    assert out[-1].startswith("caption pretraining (grid) 100/100 [") and "ETA 0s] loss=0.01" in out[-1]
+    assert re.match(r"caption pretraining \(grid\) 5/100 \[\d+s, ETA \d+s\] loss=0\.2$", out[0])
+    assert (tmp_path / "train.log").read_text().splitlines() == out
+
+
+def test_progress_to_a_say_callable_and_after_a_resume():
+    said: list[str] = []
+    bar = StepProgress(4, "PPO", said.append, start=2)
+    bar.update(3)
+    bar.update(4)
+    assert [s.split(" [")[0] for s in said] == ["PPO 3/4", "PPO 4/4"]
+
+
+def test_format_duration():
+    assert [format_duration(s) for s in (0.4, 42, 185, 3720)] == ["0s", "42s", "3m05s", "1h02m"]
+
+
+def test_library_warnings_and_transformers_messages_go_to_the_log_only(tmp_path, capfd):
+    from transformers.utils import logging as hf_logging
+
+    console = Console(tmp_path / "train.log")
+    with library_output_to_log(console):
+        assert not hf_logging.is_progress_bar_enabled()
+        warnings.warn("`foo` is deprecated", FutureWarning)
+        hf_logging.get_logger("transformers.modeling_utils").warning("some weights were not initialized")
+        logging.getLogger("huggingface_hub.file_download").warning("hub says")
+    out, err = capfd.readouterr()
+    assert out == "" and err == ""
+    log = (tmp_path / "train.log").read_text()
+    assert "FutureWarning: `foo` is deprecated" in log
+    assert "transformers.modeling_utils warning: some weights were not initialized" in log
+    assert "huggingface_hub.file_download warning: hub says" in log
+    # restored afterwards
+    assert hf_logging.is_progress_bar_enabled()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warnings.warn("after", FutureWarning)
+    assert [str(w.message) for w in caught] == ["after"]
+
+
+def test_config_summary_is_a_few_lines_naming_the_changes(tmp_path):
+    from vagent.recipes.config import load_config
+
+    default = load_config()
+    same = config_summary(default, default, tmp_path / "config.yaml")
+    assert same[0].startswith(f"config: {tmp_path / 'config.yaml'}") and "unchanged" in same[1]
+    cfg = load_config(None, ["steps=3", "envs.0.n_train=2", "log.progress=false", "update.actor_lr=0.001"])
+    lines = config_summary(cfg, default, tmp_path / "config.yaml")
+    assert len(lines) == 2 and "4 changed from the default preset" in lines[1]
+    for item in ("steps=3", "envs.0.n_train=2", "log.progress=false", "update.actor_lr=0.001"):
+        assert item in lines[1]
+    many = load_config(None, [
+        "steps=3", "seed=5", "sft.steps=1", "sft.lr=0.1", "sft.batch_size=3", "val.every=2", "update.epochs=3",
+        "update.mini_batches=3", "update.micro_batch_tokens=77", "ppo.lam=0.5", "ppo.critic_lr=0.1",
+        "log.keep_last=5", "log.plot_every=3", "log.rollouts_n=2", "rollout.max_turns=3", "rollout.max_new_tokens=9"])
+    short = config_summary(many, default, "c.yaml", width=60, max_lines=3)
+    assert len(short) == 4 and short[-1].startswith("  ... and ") and short[-1].endswith("more (see config.yaml)")
