@@ -39,8 +39,12 @@ def test_pretraining_updates_and_saves_the_model(tmp_path, tiny_vlm):
     model_dir = tmp_path / "tiny"
     shutil.copytree(tiny_vlm, model_dir)
     before = {k: v.clone() for k, v in load_policy(model_dir).model.state_dict().items()}
+    said: list[str] = []
     summary = pretrain_captions(model_dir, [EnvEntry("frozenlake", {"image_size": 64})], steps=3,
-                                batch_size=2, n_per_env=4, say=lambda s: None)
+                                batch_size=2, n_per_env=4, say=said.append)
+    # one progress line per step here (3 steps), each with elapsed time and ETA
+    assert [s.split(" [")[0] for s in said] == [f"caption pretraining (grid) {k}/3" for k in (1, 2, 3)]
+    assert all(", ETA " in s and "loss=" in s for s in said) and "ETA 0s]" in said[-1]
     after = load_policy(model_dir).model.state_dict()
     assert summary["steps"] == 3 and json.loads((model_dir / "vagent_pretrain.json").read_text())["grid"]["captions"] == 4
     assert any(not torch.equal(before[k], after[k]) for k in before)
