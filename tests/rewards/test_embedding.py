@@ -57,8 +57,10 @@ def test_correct_description_scores_higher_than_wrong_ones(judge):
 def test_reference_written_from_relations_when_none_is_given(judge):
     text = reference_text(STATE)
     assert text.startswith("The goal is above and to the right of you.")
-    [r] = judge.score([JudgeItem(text, STATE, FL)])
+    [r, empty] = judge.score([JudgeItem(text, STATE, FL), JudgeItem("  ", STATE, FL)])
     assert r.score == pytest.approx(1.0, abs=1e-4)
+    assert r.reason.startswith(f"embedding judge: cosine 1.000 to the reference {text[:40]!r}"[:-1])
+    assert empty.reason == "embedding judge: empty description, score 0"
 
 
 def test_missing_model_directory_is_a_clear_error():

@@ -227,3 +227,26 @@ def test_pure_helpers():
     with pytest.raises(Exception, match="mode"):
         LLMJudgeConfig(mode="maybe")
     assert json.loads(json.dumps(LLMJudgeConfig().__dict__))  # plain, serialisable config
+
+
+def test_reasons_quote_the_judge_model_and_say_why_a_fallback_answered(server_factory):
+    def script(request, attempt):
+        d = description_of(request)
+        if "broken" in d:
+            return ScriptedReply(status=503)
+        return ScriptedReply(content="YES, it is right." if "goal" in d else "NO")
+
+    j = judge(server_factory(script), max_retries=0)
+    yes, no, broken = j.score([item("The goal is above and to the right."), item("Nothing here."),
+                               item("broken: the goal is above and to the right.")])
+    assert yes.reason == "LLM judge scripted answered 'YES, it is right.': score 1"
+    assert no.reason == "LLM judge scripted answered 'NO': score 0"
+    assert broken.fallback and broken.reason.startswith("LLM judge gave no verdict (http_503); fallback rule judge")
+    assert "goal F1 1.00: said (above, right), true (above, right): match" in broken.reason
+    zero = judge(server_factory(script), max_retries=0, fallback="zero").score([item("broken: the goal")])[0]
+    assert zero.reason == "LLM judge gave no verdict (http_503); fallback zero: score 0"
+
+    answer = '[{"object": "goal", "vertical": "above", "horizontal": "right"}]'
+    parse = judge(server_factory(lambda req, n: ScriptedReply(content=answer)), mode="parse")
+    [r] = parse.score([item("only the goal")])
+    assert r.reason == f"LLM judge scripted read 1 claims, rule F1 {r.score:.2f}: {answer}"

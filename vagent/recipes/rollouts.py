@@ -66,8 +66,17 @@ def rollout_on_ranks(specs: Sequence[Any], policy: Any, sampling: Any, *, group_
     return RolloutResult(episodes, metrics)
 
 
-def validate(policy: Any, cfg: Any) -> dict[str, float]:
-    """Greedy episodes on the ``val`` split of every env entry.
+@dataclasses.dataclass
+class Validation:
+    """One validation point: its ``val/*`` metrics and every episode it played, in env-entry then
+    seed order (errored ones included: the metrics leave them out)."""
+
+    metrics: dict[str, float]
+    episodes: list
+
+
+def validation_rollout(policy: Any, cfg: Any) -> Validation:
+    """Greedy episodes on the ``val`` split of every env entry (the same seeds at every call).
 
     Metrics per env ``val/<env>/{success_rate, return, turns, format_accuracy}`` and over all
     val episodes ``val/{success_rate, return, turns, format_accuracy, time_s}``.
@@ -76,13 +85,14 @@ def validate(policy: Any, cfg: Any) -> dict[str, float]:
     greedy = sampling_for(cfg, 0, greedy=True)
     max_turns = cfg.val.max_turns or cfg.rollout.max_turns
     out: dict[str, float] = {}
-    all_eps = []
+    all_eps, played = [], []
     names = [e.name for e in cfg.envs]
     for e in cfg.envs:
         if e.n_val <= 0:
             continue
         eps = rollout_on_ranks(val_env_specs(e), policy, greedy, group_size=1, max_turns=max_turns,
                                mode=cfg.rollout.mode, window=cfg.rollout.window)
+        played += list(eps)
         eps = [x for x in eps if x.error is None]
         all_eps += eps
         key = e.name if names.count(e.name) == 1 else f"{e.name}{names.index(e.name)}"
@@ -90,7 +100,12 @@ def validate(policy: Any, cfg: Any) -> dict[str, float]:
     if all_eps:
         out.update({f"val/{k}": v for k, v in episode_summary(all_eps).items()})
     out["val/time_s"] = time.perf_counter() - t0
-    return out
+    return Validation(out, played)
+
+
+def validate(policy: Any, cfg: Any) -> dict[str, float]:
+    """The ``val/*`` metrics of :func:`validation_rollout`."""
+    return validation_rollout(policy, cfg).metrics
 
 
 def episode_summary(eps: Sequence[Any]) -> dict[str, float]:

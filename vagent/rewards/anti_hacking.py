@@ -109,6 +109,13 @@ class CheckResult:
     def ok(self) -> bool:
         return not self.missing and not self.too_long
 
+    @property
+    def reason(self) -> str:
+        """Why the check failed ("" when it passed), e.g. ``"does not mention goal"``."""
+        if self.too_long:
+            return "longer than anti_hacking.max_chars"
+        return f"does not mention {', '.join(self.missing)}" if self.missing else ""
+
 
 def required_types(item: JudgeItem, required_weight: float) -> tuple[str, ...]:
     """Object types present in ``item.state`` whose spec weight is >= ``required_weight``."""

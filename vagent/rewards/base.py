@@ -48,11 +48,16 @@ class JudgeItem:
 
 @dataclass(frozen=True)
 class JudgeResult:
-    """A verdict: ``score`` in [0, 1]; ``fallback`` True if a fallback produced it; ``detail`` for logs."""
+    """A verdict: ``score`` in [0, 1]; ``fallback`` True if a fallback produced it; ``detail`` for
+    logs; ``reason``: why the score is what it is, in one short human-readable line (the rule
+    judge: which claimed relations matched the true ones; the LLM judge: the judge model's answer;
+    a fallback: why the LLM gave no verdict). :class:`~vagent.rewards.ReasoningReward` stores it
+    per turn (``Turn.judge_reasons``) and ``vagent view`` shows it."""
 
     score: float
     fallback: bool = False
     detail: Mapping[str, Any] = field(default_factory=dict)
+    reason: str = ""
 
     def __post_init__(self) -> None:
         s = float(self.score)

@@ -102,9 +102,11 @@ class EmbeddingJudge:
         out = []
         for it, ref in zip(items, refs):
             if not it.description.strip():
-                out.append(JudgeResult(0.0, False, {"judge": "embedding", "empty": True}))
+                out.append(JudgeResult(0.0, False, {"judge": "embedding", "empty": True},
+                                       "embedding judge: empty description, score 0"))
                 continue
             cos = float(emb[index[it.description]] @ emb[index[ref]])
-            out.append(JudgeResult(min(1.0, max(0.0, cos)), False, {"judge": "embedding", "cosine": cos}))
+            why = f"embedding judge: cosine {cos:.3f} to the reference {' '.join(ref.split())[:200]!r}"
+            out.append(JudgeResult(min(1.0, max(0.0, cos)), False, {"judge": "embedding", "cosine": cos}, why))
         self.last_stats = {"judgments": float(len(items)), "embedded_texts": float(len(texts))}
         return out

@@ -46,7 +46,7 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar
 from vagent.config import ConfigError
 from vagent.rewards.base import JudgeItem, JudgeResult
 from vagent.rewards.parse import _load_structured, _structured, truth_claims, vocabulary
-from vagent.rewards.rule import RuleJudge, RuleJudgeConfig, score_claims
+from vagent.rewards.rule import RuleJudge, RuleJudgeConfig, clip_reason, score_claims
 
 T = TypeVar("T")
 
@@ -402,12 +402,16 @@ class LLMJudge:
                 continue
             answer = answers[key]
             detail: dict[str, Any] = {"judge": "llm", "mode": self.config.mode, "answer": answer[:300]}
+            said = " ".join(answer.split())
             if self.config.mode == "yesno":
-                results[i] = JudgeResult(parse_yesno(answer), False, detail)
+                score = parse_yesno(answer)
+                reason = f"LLM judge {self.config.model} answered {said[:300]!r}: score {score:g}"
+                results[i] = JudgeResult(score, False, detail, clip_reason(reason))
             else:
                 score, n = score_parsed_answer(answer, item, self.rule_config)
                 detail["n_claims"] = n
-                results[i] = JudgeResult(score, False, detail)
+                reason = f"LLM judge {self.config.model} read {n} claims, rule F1 {score:.2f}: {said[:300]}"
+                results[i] = JudgeResult(score, False, detail, clip_reason(reason))
         stats["failed"] = float(len(fallback_idx))
         stats["fallbacks"] = float(len(fallback_idx))
         if fallback_idx:
@@ -417,6 +421,8 @@ class LLMJudge:
                 fb = [JudgeResult(0.0) for _ in fallback_idx]
             for i, r in zip(fallback_idx, fb):
                 reason = failures.get(keys[i], "deadline")
+                why = (f"LLM judge gave no verdict ({reason}); fallback "
+                       + (r.reason if self.config.fallback == "rule" else "zero: score 0"))
                 results[i] = JudgeResult(r.score, True, {"judge": self.config.fallback, "fallback_reason": reason,
-                                                         **dict(r.detail)})
+                                                         **dict(r.detail)}, clip_reason(why))
         return [r for r in results if r is not None]

@@ -9,6 +9,7 @@ VAGEN's WorldModeling reward (docs/algorithms.md reference section 7). For every
 (a field the format does not have, or an empty one, is not judged). For each judged field::
 
     s      = judge score in [0, 1]                      -> turn.reasoning_scores[kind]
+                                                           (its reason, and the guards' -> turn.judge_reasons[kind])
     s'     = 0 if the rule checks fail, else s           (anti_hacking.rule_checks)
     r      = penalty if the description is one of the top-k frequent recent ones and s' < threshold
              else weight_kind * s'                       -> turn.reasoning_rewards[kind]
@@ -35,7 +36,7 @@ from typing import Any, Mapping, Sequence
 
 from vagent.config import ConfigError, from_mapping
 from vagent.rewards.anti_hacking import AntiHackingConfig, FrequencyTracker, rule_checks
-from vagent.rewards.base import KINDS, EnvJudgeInfo, Judge, JudgeItem, env_judge_info
+from vagent.rewards.base import KINDS, EnvJudgeInfo, Judge, JudgeItem, JudgeResult, env_judge_info
 from vagent.rewards.embedding import EmbeddingJudgeConfig
 from vagent.rewards.llm import LLMJudgeConfig
 from vagent.rewards.rule import RuleJudgeConfig
@@ -145,6 +146,21 @@ class ReasoningReward:
                                                            ep.env_name)))
         return jobs
 
+    def _reason(self, job: _Job, res: JudgeResult, score: float, reward: float, check_failed: str,
+                penalized: bool) -> str:
+        """The turn's judge reason for one field: the judge's own, then what the guards made of it."""
+        ah = self.config.anti_hacking
+        why = res.reason or f"{type(self.judge).__name__} score {res.score:.3f}"
+        if check_failed:
+            why += f"; rule check failed ({check_failed}): score set to 0"
+        if penalized:
+            seen = self.trackers[job.kind].count(job.item.description)
+            why += (f"; anti-hacking penalty {reward:+.3f}: a frequent description (seen {seen} times in the last "
+                    f"{ah.window}) scoring {score:.2f} < {ah.threshold:g}")
+        else:
+            why += f"; reward {self.weight(job.kind):g} x {score:.3f} = {reward:+.3f}"
+        return why
+
     def __call__(self, episodes: Sequence[Any]) -> dict[str, float]:
         t0 = time.perf_counter()
         jobs = self._jobs(episodes)
@@ -158,12 +174,14 @@ class ReasoningReward:
         judged_turns = set()
         for job, res in zip(jobs, results):
             score = res.score
+            check_failed = ""
             if ah.rule_checks:
                 check = rule_checks(job.item, ah)
                 counts["missing_entities"] += bool(check.missing)
                 counts["too_long"] += check.too_long
                 if not check.ok:
                     score = 0.0
+                    check_failed = check.reason
             penalized = ah.frequency_penalty and self.trackers[job.kind].observe(job.item.description, score)
             reward = ah.penalty if penalized else self.weight(job.kind) * score
             counts["hacking_penalties"] += penalized
@@ -172,6 +190,7 @@ class ReasoningReward:
             turn.reward += reward - turn.reasoning_rewards.get(job.kind, 0.0)
             turn.reasoning_rewards[job.kind] = reward
             turn.reasoning_scores[job.kind] = res.score
+            turn.judge_reasons[job.kind] = self._reason(job, res, score, reward, check_failed, penalized)
             scores[job.kind].append(res.score)
             rewards[job.kind].append(reward)
             judged_turns.add(id(turn))

@@ -199,17 +199,65 @@ def score_claims(claims: Sequence[Claim], truth: Sequence[Claim], spec: JudgeSpe
     return min(1.0, max(0.0, score)), per_type
 
 
+#: the longest reason text a judge writes (characters); longer ones end in "..."
+MAX_REASON_CHARS = 400
+
+
+def clip_reason(text: str, limit: int = MAX_REASON_CHARS) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _where(c: Claim) -> str:
+    if c.position is not None:
+        return "(" + ", ".join(f"{x:g}" for x in c.position) + ")"
+    return f"({c.vertical or '?'}, {c.horizontal or '?'})"
+
+
+def explain_claims(claims: Sequence[Claim], truth: Sequence[Claim], spec: JudgeSpec,
+                   config: RuleJudgeConfig | None = None) -> str:
+    """Why :func:`score_claims` gives its score, per object type: each claimed position beside the
+    true one it was matched with (match / half: one axis right / wrong), claims matched with
+    nothing (extra) and true positions no claim matched (not said), and the type's F1. E.g.
+    ``"goal F1 0.50: said (below, right), true (below, same): half"``. Display only: the score
+    is computed by :func:`score_claims` alone."""
+    cfg = config or RuleJudgeConfig()
+    parts = []
+    for kind in spec.object_weights:
+        preds = [c for c in claims if c.object == kind]
+        trues = [t for t in truth if t.object == kind]
+        if not preds and not trues:
+            continue
+        q = [[match_quality(p, t, cfg.partial_credit, cfg.position_tolerance) for t in trues] for p in preds]
+        pairs = hungarian([[-x for x in row] for row in q]) if preds and trues else []
+        bits = [f"said {_where(preds[p])}, true {_where(trues[t])}: "
+                + ("match" if q[p][t] >= 1 else "half" if q[p][t] > 0 else "wrong") for p, t in sorted(pairs)]
+        extra = [_where(preds[i]) for i in range(len(preds)) if i not in {p for p, _ in pairs}]
+        missed = [_where(trues[i]) for i in range(len(trues)) if i not in {t for _, t in pairs}]
+        if extra:
+            bits.append("extra " + ", ".join(extra))
+        if missed:
+            bits.append("not said " + ", ".join(missed))
+        tp = sum(q[p][t] for p, t in pairs)
+        parts.append(f"{kind} F1 {f1(tp, len(preds), len(trues)):.2f}: " + "; ".join(bits))
+    return " | ".join(parts) if parts else "nothing to describe and nothing claimed"
+
+
 def rule_score(description: str, state: dict, spec: JudgeSpec, legend: str | None = None,
                config: RuleJudgeConfig | None = None) -> JudgeResult:
     """Parse ``description`` and score it against ``state`` (pure, deterministic)."""
     cfg = config or RuleJudgeConfig()
     parsed = parse_description(description, spec, legend)
     claims = parsed.claims[: cfg.max_claims]
-    score, per_type = score_claims(claims, truth_claims(state), spec, cfg)
+    truth = truth_claims(state)
+    score, per_type = score_claims(claims, truth, spec, cfg)
     detail = {"style": parsed.style, "n_claims": len(parsed.claims), "per_type_f1": per_type}
     if parsed.notes:
         detail["notes"] = list(parsed.notes)
-    return JudgeResult(score, False, detail)
+    n = len(parsed.claims)
+    why = explain_claims(claims, truth, spec, cfg)
+    reason = f"rule judge ({parsed.style}, {n} claim{'' if n == 1 else 's'}) {score:.2f}: {why}"
+    return JudgeResult(score, False, detail, clip_reason(reason))
 
 
 class RuleJudge:

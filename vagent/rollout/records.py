@@ -38,6 +38,9 @@ class Turn:
     reasoning_rewards: dict[str, float] = field(default_factory=dict)
     #: raw judge scores in [0, 1] (before weights and penalties), for logging
     reasoning_scores: dict[str, float] = field(default_factory=dict)
+    #: why each judged field scored what it did, one short line per field (the judge's reason, a
+    #: failed rule check, the anti-hacking penalty; ``vagent.rewards``), for the rollout dumps
+    judge_reasons: dict[str, str] = field(default_factory=dict)
     #: observation/prompt tokens (loss mask 0) appended before this turn's reply
     prompt_token_ids: list[int] = field(default_factory=list)
     #: exactly the token ids the policy sampled (loss mask 1)

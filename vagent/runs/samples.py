@@ -1,4 +1,5 @@
-"""Saving sampled rollouts for reading: ``rollouts/step_XXXXXX.jsonl`` plus PNG frames.
+"""Saving sampled rollouts for reading: ``rollouts/step_<6-digit step>.jsonl`` plus PNG frames,
+and the validation episodes: ``rollouts/val_<6-digit step>.jsonl`` (:func:`save_validation`).
 
 One JSON object per episode::
 
@@ -7,10 +8,13 @@ One JSON object per episode::
      "turns": [{"index", "observation", "frames": ["step_000010/e0_t0_0.png", ...], "reply",
                 "parsed": {"observation", "reasoning", "prediction", "answer", "actions", "error"},
                 "format_ok", "state_before", "state_after", "reward", "env_reward",
-                "reasoning_rewards", "reasoning_scores", "info", "finish_reason"}],
+                "reasoning_rewards", "reasoning_scores", "judge_reasons", "info", "finish_reason",
+                "n_sampled_tokens"}],
      "final_frames": [...]}
 
-Frame paths are relative to the ``rollouts/`` folder. The folder is size-capped
+Frame paths are relative to the ``rollouts/`` folder (``step_<6-digit step>/e<episode>_t<turn>_<image>.png``,
+``..._final_<image>.png`` for the observation after the last step; ``val_<6-digit step>/...`` for
+validation). The folder is size-capped
 (``log.rollouts_max_mb``): once it holds more than the cap, frames are no longer written (the
 JSONL still is, with ``"frames_skipped": true``) so a long run cannot fill the disk.
 """
@@ -62,6 +66,7 @@ def episode_record(ep: Any, frames: list[list[str]] | None = None, final_frames:
             "env_reward": float(t.env_reward),
             "reasoning_rewards": _plain(t.reasoning_rewards),
             "reasoning_scores": _plain(t.reasoning_scores),
+            "judge_reasons": _plain(t.judge_reasons),
             "info": _plain(t.info),
             "finish_reason": t.finish_reason,
             "n_sampled_tokens": len(t.sampled_token_ids),
@@ -75,15 +80,14 @@ def episode_record(ep: Any, frames: list[list[str]] | None = None, final_frames:
     }
 
 
-def save_rollouts(folder: str | Path, step: int, episodes: Sequence[Any], n: int, max_mb: float) -> Path:
-    """Write the first ``n`` episodes of a step; returns the JSONL path."""
-    folder = Path(folder)
+def _write_episodes(folder: Path, name: str, episodes: Sequence[Any], max_mb: float) -> Path:
+    """``<folder>/<name>.jsonl`` (one record per episode) and its frames under ``<folder>/<name>/``,
+    frames left out once ``folder`` holds more than ``max_mb`` (see the module docstring)."""
     folder.mkdir(parents=True, exist_ok=True)
-    name = f"step_{step:06d}"
     cap = int(max_mb * 1024 * 1024)
     used = folder_bytes(folder)
     lines = []
-    for e, ep in enumerate(list(episodes)[:n]):
+    for e, ep in enumerate(episodes):
         skip = used >= cap
         frames: list[list[str]] = []
         final: list[str] = []
@@ -111,3 +115,22 @@ def save_rollouts(folder: str | Path, step: int, episodes: Sequence[Any], n: int
     out = folder / f"{name}.jsonl"
     out.write_text("".join(line + "\n" for line in lines))
     return out
+
+
+def save_rollouts(folder: str | Path, step: int, episodes: Sequence[Any], n: int, max_mb: float) -> Path:
+    """Write the first ``n`` episodes of a step; returns the JSONL path."""
+    return _write_episodes(Path(folder), f"step_{step:06d}", list(episodes)[:n], max_mb)
+
+
+def save_validation(folder: str | Path, step: int, episodes: Sequence[Any], max_mb: float) -> Path | None:
+    """Write every episode of the validation at ``step`` (RL steps completed) as
+    ``val_<6-digit step>.jsonl`` with its frames under ``val_<6-digit step>/`` (the same records
+    and size cap as :func:`save_rollouts`); returns the path, or None on a rank other than 0.
+
+    Validation plays the same val-split seeds at every validation point, so two points' files
+    hold the same boards: ``vagent view`` pairs them by (env, seed)."""
+    from vagent.distributed import world
+
+    if not world().is_main:
+        return None
+    return _write_episodes(Path(folder), f"val_{step:06d}", list(episodes), max_mb)
