@@ -133,7 +133,7 @@ def _import_tune() -> Any:
     return tune
 
 
-def start_local_ray(num_cpus: int | None, num_gpus: int | None, say: Callable[[str], None], tries: int = 3) -> None:
+def start_local_ray(num_cpus: int | None, num_gpus: int | None, say: Callable[[str], None], tries: int = 5) -> None:
     """``ray.init`` of a local cluster; tried again when its raylet did not register in Ray's fixed
     30 s (seen on a 2-core machine under load), with what to do in the last error."""
     import ray
@@ -153,15 +153,19 @@ def start_local_ray(num_cpus: int | None, num_gpus: int | None, say: Callable[[s
 
 
 def _kill_ray_children() -> None:
-    """SIGKILL this process's own child processes that run Ray's binaries or scripts, by pid."""
+    """SIGKILL, by pid, the processes of this process's own Ray sessions (their command lines name
+    the session folder ``session_<time>_<this pid>``; the agents of a raylet that crashed are
+    orphans by then, so children() alone misses them)."""
+    import re
+
     import psutil
 
-    for child in psutil.Process().children():
+    mark = re.compile(rf"session_[0-9_-]+_{os.getpid()}\b")
+    for proc in psutil.process_iter(["pid", "cmdline"]):
         try:
-            if "/ray/" in " ".join(child.cmdline()):
-                child.kill()
-                child.wait(10)
-        except (psutil.NoSuchProcess, psutil.TimeoutExpired):
+            if proc.pid != os.getpid() and mark.search(" ".join(proc.info["cmdline"] or [])):
+                proc.kill()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
 
 
