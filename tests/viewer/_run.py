@@ -1,6 +1,9 @@
 """A two-step tiny run directory, written in seconds with the run's own writers.
 
-Real FrozenLake episodes (vision render, env rewards and info) with scripted replies; token rows
+Real FrozenLake episodes (vision render, env rewards and info) with scripted replies in the
+grounding format, judged by the real rule judge (``ReasoningReward``: scores, anti-hacking
+penalties and the judge's reasons); validation episodes on the same three seeds at every step
+(``save_validation``); token rows
 laid out as the concat batch does (system, [observation + image tokens + generation prompt],
 sampled reply + end id, closing newline) through ``build_token_batch``; a fake character-level
 encoder (id = code point) stands in for the tokenizer, so no model is built. Advantages, values
@@ -26,13 +29,19 @@ from vagent.runs import MetricsLogger, RunDir, save_rollouts, save_token_rows
 
 IM_START, IM_END, IMAGE, PAD = 1, 2, 5, 0
 SPECIAL = {IM_START: "<|im_start|>", IM_END: "<|im_end|>", IMAGE: "<|image_pad|>", PAD: "<pad>"}
-ENV_CONFIG = {"render": "vision", "image_size": 48, "format": "free_think", "max_steps": 3}
+ENV_CONFIG = {"render": "vision", "image_size": 48, "format": "grounding", "max_steps": 3}
 REPLIES = [
-    "<think>The goal is to my right.</think><answer>Right</answer>",
-    "<think>Go down.</think><answer>Down</answer>",
+    "<think><observation>The goal is below and to the right of you.</observation>"
+    "<reasoning>Go right.</reasoning></think><answer>Right</answer>",
+    "<think><observation>The goal is above you.</observation><reasoning>Go down.</reasoning></think>"
+    "<answer>Down</answer>",
     "I will go left",  # no tags: a format error
-    "<think>Up.</think><answer>Up, Left</answer>",
+    "<think><observation>The goal is above you.</observation><reasoning>Up.</reasoning></think>"
+    "<answer>Up, Left</answer>",
 ]
+VAL_SEEDS = (7, 8, 9)
+#: the rule judge; a description repeated twice in the window is "frequent" (anti-hacking penalty)
+JUDGE = {"judge": "rule", "anti_hacking": {"min_count": 2}}
 
 
 class CharTokenizer:
@@ -71,16 +80,13 @@ def episode(seed: int, traj: int, step: int, gen: torch.Generator) -> Episode:
     ep = Episode("frozenlake", dict(ENV_CONFIG), seed, traj, traj, env.system_prompt(), samples=[conv])
     for k in range(3):
         reply = REPLIES[(seed + k + step) % len(REPLIES)]
+        before = env.state()
         res = env.step(reply)
         sampled = ids(reply) + [IM_END]
         lp = (-torch.rand(len(sampled), generator=gen)).tolist()
-        judge = {}
-        if k == 1 and seed % 2 == 0:  # a judge penalty (anti-hacking) on some turns
-            judge = {"grounding": -0.1}
-        turn = Turn(k, obs, reply, parse_response(reply, "free_think"), res.reward, res.reward + sum(judge.values()),
-                    res.terminated, res.truncated, dict(res.info), reasoning_rewards=judge,
-                    reasoning_scores={"grounding": 0.2} if judge else {}, sampled_token_ids=sampled,
-                    sampled_logprobs=lp, n_images=len(obs.images))
+        turn = Turn(k, obs, reply, parse_response(reply, "grounding"), res.reward, res.reward,
+                    res.terminated, res.truncated, dict(res.info), state_before=before, state_after=env.state(),
+                    sampled_token_ids=sampled, sampled_logprobs=lp, n_images=len(obs.images))
         ep.turns.append(turn)
         conv.segments += [_user_segment(obs), Segment(sampled, True, logprobs=lp), Segment(ids("\n"), False)]
         obs = res.obs
@@ -95,16 +101,24 @@ def episode(seed: int, traj: int, step: int, gen: torch.Generator) -> Episode:
 
 def make_run(root: Path, steps: int = 2, n_episodes: int = 6, rollouts_n: int | None = None,
              extra_clones: int = 0) -> dict:
-    """Write the run under ``root``; returns {step: (episodes, batch, arrays)} for the checks.
+    """Write the run under ``root``; returns {step: (episodes, batch, arrays, validation episodes)}.
     extra_clones: add this many summary-only copies of the first episode to the last step's JSONL
     (with distinct seeds, no token rows) to exercise paging."""
+    from vagent.rewards import ReasoningReward
+    from vagent.runs.samples import save_validation
+
     run = RunDir(root).make()
+    judge = ReasoningReward(JUDGE)
     log = SimpleNamespace(rollouts_every=1, rollouts_n=rollouts_n or n_episodes, rollouts_max_mb=50.0)
     logger = MetricsLogger(run.root, tensorboard=False)
     enc, out = FakeEncoder(CharTokenizer()), {}
     for step in range(steps):
         gen = torch.Generator().manual_seed(step)
         eps = [episode(100 * step + s, s, step, gen) for s in range(n_episodes)]
+        judge(eps)
+        val = [episode(seed, v, step, gen) for v, seed in enumerate(VAL_SEEDS)]
+        judge(val)
+        save_validation(run.rollouts, step, val, log.rollouts_max_mb)
         batch = build_token_batch(eps, mode="concat", pad_token_id=PAD)
         M = batch.loss_mask
         arrays = {"logprobs": batch.old_logprobs + 0.01 * M, "advantages": torch.randn(M.shape, generator=gen) * M,
@@ -120,7 +134,7 @@ def make_run(root: Path, steps: int = 2, n_episodes: int = 6, rollouts_n: int | 
         logger.log(step, {"rollout/success_rate": sum(e.success for e in eps) / len(eps),
                           "rollout/return_mean": sum(e.total_reward for e in eps) / len(eps),
                           "rollout/format_accuracy": 0.5, "loss/policy": -0.01 * step})
-        out[step] = (eps, batch, arrays)
+        out[step] = (eps, batch, arrays, val)
     logger.close()
     summary = {"run_dir": str(run.root), "val_curve": [[0, 0.0], [1, 0.25]]}  # as vagent train writes at the end
     (run.root / "summary.json").write_text(json.dumps(summary))

@@ -1,11 +1,14 @@
 """The viewer in a real headless browser (Debian's chromium driven by Playwright).
 
-On a two-step tiny run (tests/viewer/_run.py, written with the run's own writers): an episode's
-turn shows its image; the number of highlighted (trained) tokens on the page equals the batch's
-loss-mask count for that episode's row; the hover card shows the token's numbers; filters and
-paging change the episode list; two steps side by side; the ``--out`` page works from a file with
-no network request; an evaluation directory opens without training columns. Saves a screenshot
+On a two-step tiny run (tests/viewer/_run.py, written with the run's own writers and judged by
+the real rule judge): an episode's turn shows its image; the number of highlighted (trained)
+tokens on the page equals the batch's loss-mask count for that episode's row; the hover card
+shows the token's numbers; the turn's reward table shows the judge's own reason; filters and
+paging change the episode list; two training steps side by side say they share no seed; two
+validation points pair by env seed; the ``--out`` page works from a file with no network
+request; an evaluation directory opens without training columns. Saves a screenshot
 (``VAGENT_WRITE_SCREENSHOT=1`` also writes docs/img/viewer.png for the README).
+tests/viewer/test_real_run.py does the same on a real ``vagent train`` run.
 
 Needs ``pip install playwright`` (its bundled browser is not used) and chromium
 (``apt-get install -y chromium``); skipped with the reason otherwise.
@@ -76,7 +79,7 @@ def served(run):
 
 
 def loss_count(out: dict, step: int, episode: int) -> int:
-    batch = out[step][1]
+    batch = out[step][1]  # (episodes, batch, arrays, validation episodes)
     return int(batch.loss_mask[batch.episode_index == episode].sum())
 
 
@@ -106,8 +109,14 @@ def test_episode_turns_tokens_filters_and_compare(run, served, page, tmp_path):
     row = out[0][1].episode_index.tolist().index(2)
     assert f"id {out[0][1].input_ids[row, int(tok.get_attribute('data-p'))]}" in card.inner_text()
     assert "advantage" in card.inner_text() and "value" in card.inner_text()
-    # reward parts and the judge's reason where a penalty was given (even seeds, turn 1)
-    assert "anti-hacking penalty" in page.locator(".turn[data-turn='1'] .rewards").inner_text()
+    # reward parts and the judge's own reason, as ReasoningReward recorded it
+    ep = out[0][0][2]
+    assert any(t.judge_reasons for t in ep.turns)
+    for t in ep.turns:
+        text = page.locator(f".turn[data-turn='{t.index}'] .rewards").inner_text()
+        for kind, why in t.judge_reasons.items():
+            assert why in text and f"judge: {kind}" in text
+    assert any("anti-hacking penalty" in x for x in page.locator(".episode .rewards").all_inner_texts())
     page.screenshot(path=str(tmp_path / "viewer.png"))
     if os.environ.get("VAGENT_WRITE_SCREENSHOT") == "1":
         README_SHOT.parent.mkdir(parents=True, exist_ok=True)
@@ -127,7 +136,8 @@ def test_episode_turns_tokens_filters_and_compare(run, served, page, tmp_path):
     assert f"of {n_failed} episodes" in count_text(page)
     page.locator("input[data-filter='failed']").uncheck()
     page.locator("input[data-filter='judge']").check()
-    judged = [any(t.reasoning_rewards for t in e.turns) for e in eps]
+    judged = [any(r < 0 or (t.reasoning_scores.get(k) and r == 0) for t in e.turns
+                  for k, r in t.reasoning_rewards.items()) for e in eps]
     n_judge = sum(judged) + 120 * judged[0]
     assert f"of {n_judge} episodes" in count_text(page) and n_judge != 126
     page.locator("input[data-filter='judge']").uncheck()
@@ -139,11 +149,37 @@ def test_episode_turns_tokens_filters_and_compare(run, served, page, tmp_path):
 
     # side by side: step 1 vs step 0 (no shared seed -> paired by position, and it says so)
     page.select_option("#compare", "step_000000")
-    page.wait_for_selector(".note")
+    page.wait_for_selector(".note.pairing[data-pairing='position']")
+    assert "0 pair(s) share the env seed" in page.locator(".note.pairing").inner_text()
+    assert page.locator("td.pair.diff").count() == 6 and page.locator("td.pair.same").count() == 0
     page.locator("tr.ep[data-i='1']").click()
     page.wait_for_selector(".compare .episode >> nth=1")
     assert page.locator(".compare .episode").count() == 2
+    assert "different boards: seed 101 vs 1" in page.locator(".pair-how[data-same-seed='0']").inner_text()
     assert page.locator(".compare .tok.m1").count() == loss_count(out, 1, 1) + loss_count(out, 0, 1)
+
+
+def test_validation_points_are_listed_and_pair_by_env_seed(run, served, page):
+    root, out = run
+    page.goto(served)
+    page.wait_for_selector("body[data-ready='1']")
+    assert page.locator("tr.group[data-group^='val_']").count() == 2
+    page.locator("tr.group[data-group='val_000001']").click()
+    page.wait_for_function("document.querySelector('#count').innerText.includes('of 3 episodes')")
+    page.select_option("#compare", "val_000000")
+    page.wait_for_selector(".note.pairing[data-pairing='seed']")
+    assert page.locator("td.pair.same").count() == 3 and page.locator("td.pair.diff").count() == 0
+    page.locator("tr.ep[data-i='1']").click()
+    page.wait_for_selector(".compare .episode >> nth=1")
+    assert "same env seed 8" in page.locator(".pair-how[data-same-seed='1']").inner_text()
+    heads = page.locator(".compare .episode h2").all_inner_texts()
+    assert len(heads) == 2 and all("seed 8 " in h for h in heads)
+    # the same board, replied to differently at the two points (the scripted replies follow the step)
+    first = [t.reply for t in out[1][3][1].turns][0], [t.reply for t in out[0][3][1].turns][0]
+    assert first[0] != first[1]
+    texts = page.locator(".compare .turn[data-turn='0'] .reply-block").all_inner_texts()
+    assert first[0] in texts[0] and first[1] in texts[1]
+    assert "validation episodes are played greedily and not trained" in page.locator(".compare").inner_text()
 
 
 def test_out_file_is_self_contained(run, page, tmp_path):

@@ -2,8 +2,9 @@
 
 Both kinds of directory become the same three documents (plain JSON, built on demand):
 
-- ``index()``: the groups (a run's dumped RL steps; an evaluation's (model, env, format) cells)
-  with success / return / format rates, the run's every RL step and validation point
+- ``index()``: the groups (a run's dumped RL steps ``step_<6-digit step>`` and saved validation
+  points ``val_<6-digit step>``; an evaluation's (model, env, format) cells) with success /
+  return / format rates, the run's every RL step and validation point
   (``metrics.jsonl``), and which training columns exist;
 - ``episodes(group)``: one short summary per episode of a group (what filters and sorting need);
 - ``episode(group, i)``: one episode as turns: image paths, prompt, reply, reward parts, and,
@@ -66,8 +67,8 @@ def _judge_parts(turn: Mapping[str, Any]) -> list[dict]:
             why = f"rule checks failed (missing entities or too long): the score {s:.3f} was set to 0"
         else:
             why = f"weight x score = {r:+.3f}" if s is not None else "reward without a score"
-        details = (turn.get("reasoning_details") or {}).get(kind)  # a judge's own reason, when recorded
-        out.append({"kind": kind, "score": s, "reward": r, "reason": why if not details else f"{why}; {details}"})
+        recorded = (turn.get("judge_reasons") or {}).get(kind)  # the judge's own reason (runs that record it)
+        out.append({"kind": kind, "score": s, "reward": r, "reason": recorded or why})
     return out
 
 
@@ -188,17 +189,25 @@ def _max_abs_adv(rows: list[Mapping[str, Any]]) -> float | None:
 
 # ---------------------------------------------------------------------- run directories
 class RunSource:
-    """A training run directory (``vagent.runs.rundir``): groups are the RL steps with dumps."""
+    """A training run directory (``vagent.runs.rundir``): groups are the RL steps with dumps
+    (``step_<6-digit step>``) and the validation points with saved episodes (``val_<6-digit step>``)."""
 
     kind = "run"
 
     def __init__(self, root: Path):
         self.root = root
         self.rollouts = root / "rollouts"
-        self._steps = sorted(int(p.name[5:11]) for p in self.rollouts.glob("step_??????.jsonl")) \
-            if self.rollouts.is_dir() else []
-        self._load = lru_cache(maxsize=8)(self._load_step)
+        self._steps = self._dumped("step")
+        self._vals = self._dumped("val")
+        self._load = lru_cache(maxsize=8)(self._load_step)  # (prefix, step) -> records, dump, rows
         self.episodes = lru_cache(maxsize=8)(self.episodes)  # type: ignore[method-assign]
+
+    def _dumped(self, prefix: str) -> list[int]:
+        """The steps of ``rollouts/<prefix>_<6-digit step>.jsonl`` files (prefix: step or val)."""
+        if not self.rollouts.is_dir():
+            return []
+        n = len(prefix) + 1
+        return sorted(int(p.name[n:n + 6]) for p in self.rollouts.glob(f"{prefix}_??????.jsonl"))
 
     def _metrics(self) -> list[dict]:
         path = self.root / "metrics.jsonl"
@@ -229,8 +238,12 @@ class RunSource:
                 }
         groups = []
         for s in self._steps:
-            groups.append({"id": f"step_{s:06d}", "label": f"step {s}", "step": s, **steps.get(s, {}),
-                           "tokens": self._token_status(s)})
+            groups.append({"id": f"step_{s:06d}", "label": f"step {s}", "split": "train", "step": s,
+                           **steps.get(s, {}), "tokens": self._token_status(s)})
+        val_at = {v["step"]: v for v in val}
+        for s in self._vals:
+            groups.append({"id": f"val_{s:06d}", "label": f"validation @ step {s}", "split": "val", "step": s,
+                           **{k: v for k, v in val_at.get(s, {}).items() if k != "step"}, "tokens": "no (not trained)"})
         return {"kind": "run", "title": self.root.name, "path": str(self.root), "groups": groups,
                 "steps": [steps[k] for k in sorted(steps)], "val": val, "training": True}
 
@@ -246,26 +259,29 @@ class RunSource:
         path = self.rollouts / f"step_{step:06d}.tokens.json"
         return read_token_rows(path) if path.is_file() else None
 
-    def _step_of(self, group: str) -> int:
-        try:
-            step = int(group.removeprefix("step_"))
-        except ValueError as exc:
-            raise ViewerError(f"unknown group {group!r}: expected step_ and a 6-digit step, e.g. step_000010") from exc
-        if step not in self._steps:
-            raise ViewerError(f"no rollouts dumped at step {step} (dumped: {self._steps[:20]})")
-        return step
+    def _group_of(self, group: str) -> tuple[str, int]:
+        """("step" | "val", step) of a group id such as step_000010 or val_000010."""
+        prefix, _, digits = group.partition("_")
+        if prefix not in ("step", "val") or not (len(digits) == 6 and digits.isdigit()):
+            raise ViewerError(f"unknown group {group!r}: expected step_ or val_ and a 6-digit step, e.g. step_000010")
+        step = int(digits)
+        dumped = self._steps if prefix == "step" else self._vals
+        if step not in dumped:
+            what = "rollouts dumped" if prefix == "step" else "validation episodes saved"
+            raise ViewerError(f"no {what} at step {step} (saved: {dumped[:20]})")
+        return prefix, step
 
-    def _load_step(self, step: int) -> tuple[list[dict], dict | None, dict[int, list[dict]]]:
-        """(episode records, token dump or None, the dump's rows by episode) of a step."""
-        lines = (self.rollouts / f"step_{step:06d}.jsonl").read_text().splitlines()
-        doc = self._token_doc(step)
+    def _load_step(self, prefix: str, step: int) -> tuple[list[dict], dict | None, dict[int, list[dict]]]:
+        """(episode records, token dump or None, the dump's rows by episode) of a group."""
+        lines = (self.rollouts / f"{prefix}_{step:06d}.jsonl").read_text().splitlines()
+        doc = self._token_doc(step) if prefix == "step" else None
         by_episode: dict[int, list[dict]] = {}
         for r in (doc or {}).get("rows", []):
             by_episode.setdefault(r["episode"], []).append(r)
         return [json.loads(x) for x in lines if x.strip()], doc, by_episode
 
     def episodes(self, group: str) -> list[dict]:
-        recs, _, rows_of = self._load(self._step_of(group))
+        recs, _, rows_of = self._load(*self._group_of(group))
         out = []
         for i, rec in enumerate(recs):
             s = _summary(i, rec, rec["turns"])
@@ -275,7 +291,8 @@ class RunSource:
         return out
 
     def episode(self, group: str, i: int) -> dict:
-        recs, doc, rows_of = self._load(self._step_of(group))
+        prefix, step = self._group_of(group)
+        recs, doc, rows_of = self._load(prefix, step)
         if not 0 <= i < len(recs):
             raise ViewerError(f"{group}: episode {i} out of range (0..{len(recs) - 1})")
         rec = recs[i]
@@ -285,7 +302,9 @@ class RunSource:
         rows = rows_of.get(i, [])
         tokens = attach_tokens(turns, rows, doc) if rows else None
         why = None
-        if tokens is None:
+        if prefix == "val":
+            why = "validation episodes are played greedily and not trained, so they have no token rows"
+        elif tokens is None:
             why = (doc or {}).get("skipped") or ("no token dump for this step (a run from before token dumps, or "
                                                  "log.rollouts_every off)" if doc is None else
                                                  "no token rows: the episode failed or its GRPO group was filtered out")

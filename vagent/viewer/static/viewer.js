@@ -129,7 +129,8 @@ function renderOverview() {
       ? [g.label, fmt(g.success), fmt(g.return), fmt(g.format), fmt(g.loss_policy), fmt(g.explained_variance), g.tokens]
       : [g.label, fmt(g.success), fmt(g.return), fmt(g.format), g.episodes ?? "—"],
   }));
-  const parts = [el("div", {}, el("h2", { text: ix.training ? "Steps with saved episodes (click one)" : "Cells (click one)" }),
+  const parts = [el("div", {}, el("h2", { text: ix.training ? "Steps and validation points with saved episodes (click one)"
+    : "Cells (click one)" }),
     table(groupHead, groupRows, (r) => openGroup(r.id)))];
   if (ix.training) {
     parts.push(el("div", {}, el("h2", { text: "RL steps (metrics.jsonl)" }),
@@ -162,7 +163,7 @@ function renderControls() {
     el("div", {}, box("failed", "failed"), box("format", "format errors"), box("judge", "judge penalties"),
       box("error", "errored"), ix.training ? box("topadv", "largest |advantage| (top 10%)") : null),
     el("div", {}, "sort ", sort, search),
-    el("div", {}, `compare side by side with ${ix.training ? "step" : "cell"} `, other));
+    el("div", {}, `compare side by side with ${ix.training ? "step / validation" : "cell"} `, other));
 }
 
 function visibleEpisodes() {
@@ -186,7 +187,8 @@ function visibleEpisodes() {
   return eps.sort(by[S.sort]);
 }
 
-/* compare: pair the two groups' episodes on (env, seed, k-th occurrence); none shared -> by position */
+/* compare: pair the two groups' episodes on (env, seed, k-th occurrence of that seed); the episodes
+ * left over (training steps draw fresh seeds every step) are paired by position, marked as such */
 function pairs() {
   const key = (list) => {
     const seen = {}, out = new Map();
@@ -194,11 +196,28 @@ function pairs() {
     return out;
   };
   const a = key(S.episodes), b = key(S.otherEpisodes);
-  const shared = [...a.keys()].filter((k) => b.has(k));
-  if (shared.length) return { byPosition: false, map: new Map(shared.map((k) => [a.get(k).i, b.get(k)])) };
-  const m = new Map();
-  S.episodes.forEach((e, n) => { if (n < S.otherEpisodes.length) m.set(e.i, S.otherEpisodes[n]); });
-  return { byPosition: true, map: m };
+  const map = new Map(), taken = new Set();
+  for (const [k, e] of a) {
+    if (b.has(k)) { map.set(e.i, { e: b.get(k), sameSeed: true }); taken.add(b.get(k).i); }
+  }
+  const bySeed = map.size;
+  const restB = S.otherEpisodes.filter((e) => !taken.has(e.i));
+  S.episodes.filter((e) => !map.has(e.i)).forEach((e, n) => {
+    if (n < restB.length) map.set(e.i, { e: restB[n], sameSeed: false });
+  });
+  return { map, bySeed, byPosition: map.size - bySeed };
+}
+
+function pairingNote(pr) {
+  const other = S.index.groups.find((g) => g.id === S.other)?.label || S.other;
+  if (!pr.byPosition) {
+    return el("div", { class: "note pairing", "data-pairing": "seed",
+      text: `Paired by env seed: all ${pr.bySeed} pairs show the same board in ${other}.` });
+  }
+  const why = "training steps draw fresh seeds every step; validation points replay the same val seeds";
+  return el("div", { class: "note pairing", "data-pairing": pr.bySeed ? "mixed" : "position",
+    text: `${pr.bySeed} pair(s) share the env seed with ${other} (same board); ${pr.byPosition} episode(s) have no ` +
+      `episode on the same seed there (${why}), so they are paired by position: different boards, marked ≠ seed.` });
 }
 
 function badges(e) {
@@ -224,17 +243,22 @@ function renderList() {
     el("span", { id: "count", text: ` ${n ? S.page * PAGE + 1 : 0}–${S.page * PAGE + slice.length} of ${n} episodes` +
       (n !== S.episodes.length ? ` (${S.episodes.length} in all)` : "") + " " }),
     el("button", { disabled: S.page >= pages - 1, onclick: () => { S.page++; renderList(); } }, "next ›"),
-    pr && pr.byPosition ? el("div", { class: "note", text: "These two groups share no env seed (training steps draw new " +
-      "seeds every step), so episodes are paired by position, not by seed." }) : null].filter(Boolean));
-  const head = el("tr", {}, ["#", "env", "seed", "ok", "return", "turns", "", S.index.training ? "max|A|" : null]
-    .filter((h) => h !== null).map((h, i) => el("th", { class: i === 1 ? "l" : null, text: h })));
+    pr ? pairingNote(pr) : null].filter(Boolean));
+  const head = el("tr", {}, ["#", "env", "seed", "ok", "return", "turns", "", S.index.training ? "max|A|" : null,
+    pr ? "partner" : null].filter((h) => h !== null).map((h, i) => el("th", { class: i === 1 ? "l" : null, text: h })));
+  const partner = (e) => {
+    const p = pr.map.get(e.i);
+    return el("td", { class: "l pair " + (p.sameSeed ? "same" : "diff"), "data-same-seed": p.sameSeed ? "1" : "0",
+      text: p.sameSeed ? `#${p.e.i}, = seed` : `#${p.e.i}, ≠ seed ${p.e.seed}` });
+  };
   const rows = slice.map((e) => el("tr", {
     class: "ep" + (S.selected === e.i ? " current" : ""), "data-i": e.i, onclick: () => openEpisode(e.i) },
     el("td", { text: String(e.i) }), el("td", { class: "l", text: e.env || "" }), el("td", { text: String(e.seed) }),
     el("td", {}, el("span", { class: e.success ? "ok" : "bad", text: e.success ? "✓" : "✗" })),
     el("td", { text: fmt(e.total_reward, 2) }), el("td", { text: String(e.n_turns) }),
     el("td", { class: "l" }, badges(e)),
-    S.index.training ? el("td", { text: e.max_abs_adv === null ? "—" : fmt(e.max_abs_adv, 2) }) : null));
+    S.index.training ? el("td", { text: e.max_abs_adv === null ? "—" : fmt(e.max_abs_adv, 2) }) : null,
+    pr ? partner(e) : null));
   document.getElementById("episodes").replaceChildren(head, ...rows);
 }
 
@@ -352,9 +376,13 @@ async function openEpisode(i) {
   const ep = await getJSON("episode", { group: S.group, i });
   if (!S.other) { pane.replaceChildren(renderEpisode(ep)); return; }
   const partner = pairs().map.get(i);
-  const other = partner ? await getJSON("episode", { group: S.other, i: partner.i }) : null;
+  const other = partner ? await getJSON("episode", { group: S.other, i: partner.e.i }) : null;
   const labelOf = (g) => S.index.groups.find((x) => x.id === g)?.label + ": ";
-  pane.replaceChildren(el("div", { class: "compare" }, el("div", {}, renderEpisode(ep, labelOf(S.group))),
+  const how = !partner ? null : partner.sameSeed
+    ? el("div", { class: "note pair-how", "data-same-seed": "1", text: `same env seed ${ep.seed}: the same board` })
+    : el("div", { class: "note pair-how", "data-same-seed": "0", text: `different boards: seed ${ep.seed} vs ` +
+      `${other.seed} (no episode on seed ${ep.seed} there; paired by position)` });
+  pane.replaceChildren(how || "", el("div", { class: "compare" }, el("div", {}, renderEpisode(ep, labelOf(S.group))),
     el("div", {}, other ? renderEpisode(other, labelOf(S.other)) : el("p", { text: "no partner" }))));
 }
 
