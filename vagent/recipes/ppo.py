@@ -245,10 +245,18 @@ def train_ppo(session: Session, start_step: int = 0, resume_from: str | None = N
 
 
 def log_validation(session: Session, policy: Any, step: int) -> dict[str, float]:
-    """Validate (greedy, val split) and log ``val/*`` at ``step`` (= RL steps completed)."""
+    """Validate (greedy, val split), log ``val/*`` at ``step`` (= RL steps completed) and, when
+    ``log.rollouts_every`` is on, save every validation episode as ``rollouts/val_<6-digit step>.jsonl``
+    (``vagent.runs.samples.save_validation``; docs/viewer.md)."""
+    from vagent.recipes.rollouts import validation_rollout
+    from vagent.runs.samples import save_validation
+
     with generation_mode(session.loaded.model):
-        metrics = validate(policy, session.cfg)
+        result = validation_rollout(policy, session.cfg)
+    metrics = result.metrics
     session.logger.log(step, metrics, phase="rl")
+    if session.cfg.log.rollouts_every:
+        save_validation(session.run.rollouts, step, result.episodes, session.cfg.log.rollouts_max_mb)
     session.console.print(
         f"validation @ step {step}: success {metrics.get('val/success_rate', 0):.3f}, "
         f"return {metrics.get('val/return', 0):.3f}, format {metrics.get('val/format_accuracy', 0):.3f} "
