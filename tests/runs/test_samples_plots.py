@@ -11,7 +11,7 @@ from vagent.envs.formats import parse_response
 from vagent.rollout.records import Episode, Turn
 from vagent.runs.metrics import MetricsLogger
 from vagent.runs.plots import plot_run
-from vagent.runs.samples import save_rollouts
+from vagent.runs.samples import save_rollouts, save_validation
 
 
 def _episode(i: int) -> Episode:
@@ -43,6 +43,24 @@ def test_rollouts_folder_is_size_capped(tmp_path):
     assert recs[0]["frames_skipped"] is False and recs[-1]["frames_skipped"] is True
     pngs = sum(f.stat().st_size for f in tmp_path.rglob("*.png"))
     assert pngs < cap_mb * 1024 * 1024 + 20_000  # at most one frame past the cap
+
+
+def test_validation_episodes_all_saved_with_frames_and_judge_reasons(tmp_path):
+    eps = [_episode(i) for i in range(5)]
+    eps[0].turns[0].reasoning_rewards, eps[0].turns[0].reasoning_scores = {"grounding": 0.5}, {"grounding": 1.0}
+    eps[0].turns[0].judge_reasons = {"grounding": "rule judge (natural, 1 claim) 1.00: goal F1 1.00"}
+    path = save_validation(tmp_path, 20, eps, max_mb=10)
+    recs = [json.loads(line) for line in path.read_text().splitlines()]
+    assert path.name == "val_000020.jsonl" and [r["seed"] for r in recs] == [0, 1, 2, 3, 4]  # every episode
+    t = recs[0]["turns"][0]
+    assert t["frames"] == ["val_000020/e0_t0_0.png"] and (tmp_path / t["frames"][0]).is_file()
+    assert t["judge_reasons"] == {"grounding": "rule judge (natural, 1 claim) 1.00: goal F1 1.00"}
+    assert recs[1]["turns"][0]["judge_reasons"] == {} and not recs[0]["frames_skipped"]
+    # the same cap as the training dumps: past it, the records are written without frames
+    save_rollouts(tmp_path, 0, [_episode(9)], n=1, max_mb=10)
+    capped = [json.loads(x) for x in save_validation(tmp_path, 40, eps, max_mb=0.001).read_text().splitlines()]
+    assert len(capped) == 5 and all(r["frames_skipped"] and r["turns"][0]["frames"] == [] for r in capped)
+    assert not (tmp_path / "val_000040").exists()
 
 
 def test_plots_are_written(tmp_path):
