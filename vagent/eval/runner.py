@@ -326,17 +326,16 @@ def run_eval(cfg: EvalConfig, *, policies: Mapping[str, Any] | None = None, stre
 
 
 def _check_reachable(model: ModelSpec) -> None:
-    """ConfigError (one line, naming the fix) if an API model has no key or an hf model's local
-    directory is missing or not a model directory; a hub id (OWNER/NAME) is left to the loader."""
+    """ConfigError (one line, naming the fix) if an API model has no key or an hf model's
+    directory is missing or not a model directory (a hub id, OWNER/NAME, is looked up in the
+    Hugging Face cache and downloaded when missing, as loading it would)."""
     if model.backend != "hf":
         model.resolved_api_key()
         return
-    from vagent.models.loading import check_model_dir, is_hub_id
+    from vagent.models.loading import check_model_dir, resolve_model_path
 
-    if is_hub_id(model.model):
-        return
     try:
-        check_model_dir(Path(model.model).expanduser(), model.gguf_file or None)
+        check_model_dir(resolve_model_path(model.model), model.gguf_file or None)
     except (FileNotFoundError, NotADirectoryError) as exc:
         raise ConfigError(f"model '{model.label}' (hf): {exc}") from exc
 
