@@ -88,3 +88,33 @@ def test_unknown_train_flag_prints_trains_usage(capsys):
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("usage: vagent train ") and "error: unrecognized arguments: --foo" in err
+
+
+def test_pretraining_env_config_typo_fails_at_load():
+    with pytest.raises(ConfigError, match=r"model.tiny_pretrain_env_config \(frozenlake caption boards\): .*"
+                                          r"unknown key 'rendr'. Did you mean 'render'\?"):
+        load_config(None, ["model.tiny_pretrain_env_config={rendr: text}"])
+
+
+def test_a_build_stopped_with_sigterm_leaves_no_temporary_folder(tmp_path):
+    import signal
+    import time
+
+    script = ("from vagent.recipes.common import prepare_model\n"
+              "from vagent.recipes.config import EnvEntry, ModelConfig\n"
+              f"m = ModelConfig(cache_dir={str(tmp_path)!r}, tiny_hidden=32, tiny_layers=1, tiny_image_size=56,\n"
+              "                tiny_pretrain_steps=100000, tiny_pretrain_batch=2)\n"
+              "prepare_model(m, [EnvEntry()])\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 240
+        while not list(tmp_path.glob("*/pretrain/grid/captions.jsonl")) and time.time() < deadline:
+            assert proc.poll() is None, proc.communicate()[0]
+            time.sleep(0.2)
+        assert [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name], "the build never started"
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode != 0 and "KeyboardInterrupt: signal 15 while building the tiny model" in out, out[-2000:]
+    assert [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name] == []

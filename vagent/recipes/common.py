@@ -11,6 +11,7 @@ module for older imports.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import shutil
@@ -20,7 +21,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from vagent.recipes.config import EnvEntry, ModelConfig, RunConfig
+from vagent.recipes.config import PRETRAIN_ENV_DEFAULTS, EnvEntry, ModelConfig, RunConfig, pretrain_env_entries  # noqa: F401
 from vagent.recipes.optim import autocast, clip_grads, derive_seed, lr_factor, make_optimizer, make_scheduler  # noqa: F401 (re-exported)
 from vagent.runs.errors import ModelError
 
@@ -106,27 +107,6 @@ def use_bf16(setting: str, device: torch.device) -> bool:
 # ----------------------------------------------------------------------------------------------
 
 
-#: env fields of the caption-pretraining boards (then ``image_size`` = ``model.tiny_image_size``,
-#: then ``model.tiny_pretrain_env_config``); fields an env does not declare are left out
-PRETRAIN_ENV_DEFAULTS = {"format": "grounding_worldmodeling", "render": "vision", "description_style": "symbolic"}
-
-
-def pretrain_env_entries(m: ModelConfig, envs: Sequence[EnvEntry]) -> list[EnvEntry]:
-    """The envs a tiny model is caption-pretrained on: each env name of the run once, in order,
-    with the model's own env settings (:data:`PRETRAIN_ENV_DEFAULTS`, ``image_size`` =
-    ``tiny_image_size``, then ``tiny_pretrain_env_config``), not the run's env config: the
-    captions, and so the model, stay the same when the run changes how its envs render."""
-    from vagent.config import field_types
-    from vagent.envs.registry import env_class
-
-    out = []
-    for name in dict.fromkeys(e.name for e in envs):
-        declared = field_types(env_class(name).Config)
-        config = {k: v for k, v in {**PRETRAIN_ENV_DEFAULTS, "image_size": m.tiny_image_size}.items() if k in declared}
-        out.append(EnvEntry(name=name, config={**config, **m.tiny_pretrain_env_config}))
-    return out
-
-
 def tiny_model_dir(m: ModelConfig, envs: Sequence[EnvEntry] = ()) -> Path:
     """Where ``model.path: tiny`` lives: keyed by what changes the model: its sizes, the tokenizer
     corpus and (when caption pretrained) the pretraining settings and the envs whose boards it
@@ -161,8 +141,9 @@ def prepare_model(m: ModelConfig, envs: Sequence[EnvEntry] = (),
     (``<name>.lock`` beside the model) in a private temporary directory that is renamed into place
     when complete, so a model directory with ``config.json`` is always whole and never changes
     afterwards. A run that finds the lock taken waits for the other build and reuses it; a build
-    that raises removes its temporary directory, and one that was killed leaves it for the next
-    builder (who holds the lock, so no one else is writing it) to delete."""
+    that raises, or is interrupted by Ctrl-C or SIGTERM, removes its temporary directory; one
+    killed with SIGKILL leaves it for the next builder (who holds the lock, so no one else is
+    writing it) to delete."""
     if m.path != "tiny":  # a local directory, or a hub id's snapshot in the Hugging Face cache
         from vagent.models.loading import resolve_model_path
 
@@ -188,13 +169,36 @@ def prepare_model(m: ModelConfig, envs: Sequence[EnvEntry] = (),
             shutil.rmtree(stale, ignore_errors=True)
         tmp = Path(tempfile.mkdtemp(prefix=out.name + ".tmp-", dir=out.parent))
         try:
-            _build_tiny(m, envs, tmp, out.name, say)
+            with _sigterm_interrupts():
+                _build_tiny(m, envs, tmp, out.name, say)
             tmp.rename(out)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)  # gone already after a successful rename
     finally:
         lock.release()
     return out
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts():
+    """Within the block, SIGTERM (``kill``, ``timeout``, a scheduler) raises KeyboardInterrupt in
+    the main thread like Ctrl-C does, so a build's ``finally`` removes its temporary folder;
+    outside it, and in other threads, SIGTERM keeps its handler."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum} while building the tiny model")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
 def _build_tiny(m: ModelConfig, envs: Sequence[EnvEntry], tmp: Path, name: str,

@@ -24,7 +24,7 @@ import copy
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal, Mapping, Sequence
 
 from vagent.config import ConfigError, _suggest, from_mapping, to_dict
 
@@ -605,6 +605,27 @@ def load_config(
     return validate_envs(cfg)
 
 
+#: env fields of the caption-pretraining boards (then ``image_size`` = ``model.tiny_image_size``,
+#: then ``model.tiny_pretrain_env_config``); fields an env does not declare are left out
+PRETRAIN_ENV_DEFAULTS = {"format": "grounding_worldmodeling", "render": "vision", "description_style": "symbolic"}
+
+
+def pretrain_env_entries(m: ModelConfig, envs: Sequence[EnvEntry]) -> list[EnvEntry]:
+    """The envs a tiny model is caption-pretrained on: each env name of the run once, in order,
+    with the model's own env settings (:data:`PRETRAIN_ENV_DEFAULTS`, ``image_size`` =
+    ``tiny_image_size``, then ``tiny_pretrain_env_config``), not the run's env config: the
+    captions, and so the model, stay the same when the run changes how its envs render."""
+    from vagent.config import field_types
+    from vagent.envs.registry import env_class
+
+    out = []
+    for name in dict.fromkeys(e.name for e in envs):
+        declared = field_types(env_class(name).Config)
+        config = {k: v for k, v in {**PRETRAIN_ENV_DEFAULTS, "image_size": m.tiny_image_size}.items() if k in declared}
+        out.append(EnvEntry(name=name, config={**config, **m.tiny_pretrain_env_config}))
+    return out
+
+
 def validate_envs(cfg: RunConfig) -> RunConfig:
     """Check every ``envs.N`` entry against its env's declared Config (names, keys, types, limits),
     so that a typo fails here, before a model is built; raise ConfigError naming the entry. An
@@ -621,6 +642,13 @@ def validate_envs(cfg: RunConfig) -> RunConfig:
             raise ConfigError(f"envs.{i}.name: {str(exc).strip(chr(34) + chr(39))}") from exc
         except (ConfigError, ValueError, TypeError) as exc:
             raise ConfigError(f"envs.{i}.config: {exc}") from exc
+    m = cfg.model
+    if m.path == "tiny" and m.tiny_pretrain_steps > 0:  # the caption boards' envs, before the build
+        for e in pretrain_env_entries(m, [e for e in cfg.envs if not e.urls or e.name in list_envs()]):
+            try:
+                make_config(e.name, **e.config)
+            except (ConfigError, ValueError, TypeError) as exc:
+                raise ConfigError(f"model.tiny_pretrain_env_config ({e.name} caption boards): {exc}") from exc
     return cfg
 
 
