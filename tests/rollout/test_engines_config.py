@@ -117,8 +117,8 @@ def test_overlap_step_generates_with_the_previous_weights_and_trains(tmp_path, t
                  "rollout.temperature=1.0")
     run_dir = train(cfg, quiet=True)
     recs = rl_records(run_dir)
-    assert [r["step"] for r in recs] == [0, 1]
-    # step 0 sampled with the initial weights; step 1's batch was generated during step 0's
+    assert [r["step"] for r in recs] == [1, 2]  # RL step k = after k updates (docs/metrics.md)
+    # step 1 sampled with the initial weights; step 2's batch was generated during step 1's
     # update, so with version 0 while the trainer was at version 1
     assert [(r["rollout/weights_version"], r["rollout/weights_lag"]) for r in recs] == [(0.0, 0.0), (0.0, 1.0)]
     assert all(r["actor/updated"] == 1.0 for r in recs)

@@ -27,6 +27,12 @@ every request carries its own seed (``GenerationRequest.seed``, set by
 ``HFPolicy(per_request_seeds=True)``): batch-seeded sampling depends on which requests share a
 batch, which routing changes.
 
+Jobs of several ranks (``vagent train --nproc N``): rank 0 creates the replicas as named actors
+(namespace ``vagent``) and every other rank joins rank 0's cluster and attaches to them
+(``RemoteEngine.attach``), so one pool of replicas serves every rank's share of the rollout; the
+ranks gather the full weights and rank 0 pushes them (``update_state``). Set ``RAY_ADDRESS`` to
+use a cluster started with ``ray start`` (replicas on other hosts).
+
 Ray is an optional extra: ``pip install 'vagent[ray]'``. ``import vagent`` never imports it; this
 module imports it when a ``RemoteEngine`` is built. ``start_ray`` starts a small local cluster
 with the settings measured to work on a 2-core machine (256 MB object store, no dashboard, token
@@ -45,6 +51,8 @@ from vagent.models.engine import GenerationOutput, GenerationRequest, SamplingPa
 logger = logging.getLogger(__name__)
 
 RAY_HINT = "pip install 'vagent[ray]'"
+#: Ray namespace of named replicas (shared by the ranks of a job)
+NAMESPACE = "vagent"
 
 
 def import_ray() -> Any:
@@ -67,10 +75,28 @@ def start_ray(num_cpus: int | None = None, object_store_mb: int = 256, **kwargs:
     ray = import_ray()
     if ray.is_initialized():
         return ray
+    if os.environ.get("RAY_ADDRESS"):  # a cluster the user started (`ray start --head` on several hosts)
+        join_ray(os.environ["RAY_ADDRESS"])
+        return ray
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray.init(num_cpus=num_cpus, include_dashboard=False, object_store_memory=object_store_mb * 2**20,
              log_to_driver=False, configure_logging=False, **kwargs)
     return ray
+
+
+def join_ray(address: str) -> bool:
+    """Connect this process to the running Ray cluster at ``address`` (another rank's, or the one in
+    ``RAY_ADDRESS``); returns whether it connected now (False: it already was)."""
+    ray = import_ray()
+    if ray.is_initialized():
+        return False
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    try:
+        ray.init(address=address, log_to_driver=False, configure_logging=False)
+    except ConnectionError as exc:
+        raise ConnectionError(f"could not join the Ray cluster at {address!r} ({exc}); is it running and reachable "
+                              "from this host? (`ray status --address ...` there)") from exc
+    return True
 
 
 class EngineReplica:
@@ -156,19 +182,38 @@ class RemoteEngine:
     thread_safe = True
 
     def __init__(self, model: Any, encoder: Any, *, replicas: int = 2, prefix_cache: bool = True,
-                 threads: int = 1, num_cpus: float = 0, max_concurrency: int = 64):
+                 threads: int = 1, num_cpus: float = 0, max_concurrency: int = 64,
+                 names: Sequence[str] | None = None):
         if replicas < 1:
             raise ValueError(f"RemoteEngine needs replicas >= 1, got {replicas}")
-        ray = import_ray()
-        if not ray.is_initialized():
-            raise RuntimeError("RemoteEngine needs a running Ray cluster: call "
-                               "vagent.models.remote.start_ray() (or ray.init(...)) first")
-        self._ray = ray
-        self.encoder = encoder
+        if names is not None and len(names) != replicas:
+            raise ValueError(f"RemoteEngine: {len(names)} names for {replicas} replicas")
+        ray = _running_ray()
         actor = ray.remote(EngineReplica)
         model_ref = ray.put(_cpu_copy(model))
-        self.replicas = [actor.options(num_cpus=num_cpus, max_concurrency=max_concurrency).remote(
-            model_ref, encoder, prefix_cache, threads) for _ in range(replicas)]
+        named = [{} if names is None else {"name": n, "namespace": NAMESPACE} for n in (names or [None] * replicas)]
+        handles = [actor.options(num_cpus=num_cpus, max_concurrency=max_concurrency, **kw).remote(
+            model_ref, encoder, prefix_cache, threads) for kw in named]
+        self._setup(ray, encoder, handles, owner=True)
+
+    @classmethod
+    def attach(cls, names: Sequence[str], encoder: Any) -> "RemoteEngine":
+        """A ``RemoteEngine`` over replicas another process created with ``names`` (the other ranks
+        of a job use rank 0's replicas). It routes and retries like the owner; ``close()`` leaves
+        the replicas to their owner."""
+        ray = _running_ray()
+        try:
+            handles = [ray.get_actor(n, namespace=NAMESPACE) for n in names]
+        except ValueError as exc:
+            raise RuntimeError(f"engine replicas {list(names)} not found in the Ray cluster (the process that "
+                               f"created them has exited, or this process joined another cluster): {exc}") from exc
+        engine = cls.__new__(cls)
+        engine._setup(ray, encoder, handles, owner=False)
+        return engine
+
+    def _setup(self, ray: Any, encoder: Any, handles: list, owner: bool) -> None:
+        self._ray, self.encoder, self.replicas, self.owner = ray, encoder, handles, owner
+        replicas = len(handles)
         self.pids = ray.get([r.ready.remote() for r in self.replicas])
         self._lock = threading.Lock()
         self._alive = [True] * replicas
@@ -241,9 +286,14 @@ class RemoteEngine:
     # ------------------------------------------------------------------ weights
     def update_weights(self, model: Any, version: int | None = None) -> int:
         """Push ``model``'s weights to every live replica and wait; returns the new version."""
+        return self.update_state({k: v.detach().to("cpu") for k, v in _unwrap(model).state_dict().items()}, version)
+
+    def update_state(self, state: dict, version: int | None = None) -> int:
+        """Push a full (unsharded, CPU) state dict to every live replica and wait; returns the new
+        version. A sharded trainer gathers it first (``vagent.distributed.full_state_dict``)."""
         ray = self._ray
         version = self.weights_version + 1 if version is None else int(version)
-        state_ref = ray.put({k: v.detach().to("cpu") for k, v in _unwrap(model).state_dict().items()})
+        state_ref = ray.put(state)
         live = [i for i, ok in enumerate(self._alive) if ok]
         refs = {i: self.replicas[i].load_weights.remote(state_ref, version) for i in live}
         for i, ref in refs.items():
@@ -277,9 +327,10 @@ class RemoteEngine:
         self._ray.kill(self.replicas[replica], no_restart=True)
 
     def close(self, shutdown: bool = False) -> None:
-        """Kill the replicas (and ``ray.shutdown()`` when ``shutdown``)."""
+        """Kill the replicas this engine created (an attached one leaves them to their owner), and
+        ``ray.shutdown()`` when ``shutdown``."""
         for i, r in enumerate(self.replicas):
-            if self._alive[i]:
+            if self._alive[i] and self.owner:
                 try:
                     self._ray.kill(r, no_restart=True)
                 except Exception as exc:  # noqa: BLE001 -- closing must go on; logged
@@ -287,6 +338,14 @@ class RemoteEngine:
             self._alive[i] = False
         if shutdown:
             self._ray.shutdown()
+
+
+def _running_ray() -> Any:
+    ray = import_ray()
+    if not ray.is_initialized():
+        raise RuntimeError("RemoteEngine needs a running Ray cluster: call "
+                           "vagent.models.remote.start_ray() (or ray.init(...)) first")
+    return ray
 
 
 def _unwrap(model: Any) -> Any:
@@ -302,4 +361,4 @@ def _cpu_copy(model: Any) -> Any:
     return copy.deepcopy(_unwrap(model)).to("cpu").eval()
 
 
-__all__ = ["RemoteEngine", "EngineReplica", "start_ray", "import_ray", "token_logprobs", "RAY_HINT"]
+__all__ = ["RemoteEngine", "EngineReplica", "start_ray", "join_ray", "import_ray", "token_logprobs", "RAY_HINT"]

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
@@ -89,8 +90,22 @@ class RolloutDriver:
         self._pending: tuple[int, Future] | None = None
 
     def _push(self, version: int) -> None:
-        if self.engine is not None and self.engine.weights_version != version:
+        if self.engine is None or self.engine.weights_version == version:
+            return
+        from vagent.distributed import barrier, full_state_dict, root_of, world
+
+        w = world()
+        if not w.distributed or root_of(self.model) is None:
             self.engine.update_weights(self.model, version)
+            return
+        # a job: the ranks gather the full weights, rank 0 pushes them to the shared replicas, and no
+        # rank rolls out before the push is done
+        full = full_state_dict(self.model, to_all_ranks=False)
+        if w.rank == 0:
+            self.engine.update_state(_base_model_keys(full), version)
+        else:
+            self.engine.weights_version = version
+        barrier("engine weights pushed")
 
     def get(self, step: int) -> Any:
         """Step ``step``'s episodes (started in the background during the previous step when overlapping)."""
@@ -135,9 +150,11 @@ class RolloutDriver:
             ray.shutdown()
 
 
-def make_driver(cfg: Any, loaded: Any, policy: Any, run: Callable[[Any, int], Any], model_dir: Any = None) -> RolloutDriver:
+def make_driver(cfg: Any, loaded: Any, policy: Any, run: Callable[[Any, int], Any], model_dir: Any = None,
+                fresh_model: Callable[[], Any] | None = None) -> RolloutDriver:
     """The driver of a run config's ``rollout`` section; ``policy`` is the recipe's in-process
-    ``HFPolicy`` (used as it is on the default path)."""
+    ``HFPolicy`` (used as it is on the default path). ``fresh_model()``: an unsharded copy of the
+    policy (``Session.load_fresh_model``), needed by engine replicas in a job of several ranks."""
     from vagent.rollout.hf_policy import HFPolicy
 
     r = cfg.rollout
@@ -160,13 +177,7 @@ def make_driver(cfg: Any, loaded: Any, policy: Any, run: Callable[[Any, int], An
         else:
             gen_policy = HFPolicy(engine, per_request_seeds=True, max_context_tokens=ctx)
     elif r.replicas >= 1:
-        from vagent.models.remote import RemoteEngine, import_ray, start_ray
-
-        ray = import_ray()
-        owns_ray = not ray.is_initialized()
-        start_ray()
-        engine = RemoteEngine(loaded.model, loaded.encoder, replicas=r.replicas, prefix_cache=r.prefix_cache,
-                              threads=r.replica_threads)
+        engine, owns_ray = engine_replicas(cfg, loaded, fresh_model)
         gen_policy = HFPolicy(engine, per_request_seeds=True, max_context_tokens=ctx)
     else:  # in process, asynchronous
         gen_policy = HFPolicy(loaded, prefix_cache=r.prefix_cache, per_request_seeds=True, batching=True,
@@ -175,4 +186,66 @@ def make_driver(cfg: Any, loaded: Any, policy: Any, run: Callable[[Any, int], An
                          owns_ray=owns_ray)
 
 
-__all__ = ["RolloutDriver", "make_driver", "env_factory_for", "is_default"]
+def engine_replicas(cfg: Any, loaded: Any, fresh_model: Callable[[], Any] | None = None) -> tuple[Any, bool]:
+    """(``RemoteEngine`` over ``rollout.replicas`` Ray actors, whether this process started Ray).
+
+    One process: a local cluster is started (or joined: ``RAY_ADDRESS``) and the replicas copy the
+    trainer's model. A job of several ranks: rank 0 starts or joins the cluster and creates named
+    replicas from the gathered full weights (loaded into ``fresh_model()``); the other ranks join
+    rank 0's cluster and attach to the same replicas, so every rank rolls out its share of the
+    episodes on one shared pool (routing, retries and weight versions as in one process). Weights
+    are pushed by rank 0 (``RolloutDriver``) after the ranks gather them.
+    """
+    from vagent.distributed import broadcast_object, full_state_dict, root_of, world
+    from vagent.models.remote import RemoteEngine, import_ray, join_ray, start_ray
+
+    r = cfg.rollout
+    ray = import_ray()
+    w = world()
+    if not w.distributed:
+        owns = not ray.is_initialized()
+        start_ray()
+        return RemoteEngine(loaded.model, loaded.encoder, replicas=r.replicas, prefix_cache=r.prefix_cache,
+                            threads=r.replica_threads), owns
+    if r.overlap:
+        raise ValueError("rollout.overlap 1 with engine replicas runs in one training process; in a job of several "
+                         "ranks set rollout.overlap 0 (the replicas still generate for every rank).")
+    full = full_state_dict(loaded.model, to_all_ranks=False)  # every rank takes part; rank 0 gets the weights
+    engine, owns, info = None, False, None
+    if w.rank == 0:
+        try:
+            owns = not ray.is_initialized()
+            start_ray()
+            model = loaded.model
+            if root_of(model) is not None:
+                if fresh_model is None:
+                    raise ValueError("engine replicas of a sharded policy need fresh_model (an unsharded copy)")
+                model = fresh_model()
+                model.load_state_dict({k: v.to(next(model.parameters()).device) for k, v in full.items()})
+            names = [f"engine-{cfg.seed}-{os.getpid()}-{i}" for i in range(r.replicas)]
+            engine = RemoteEngine(model, loaded.encoder, replicas=r.replicas, prefix_cache=r.prefix_cache,
+                                  threads=r.replica_threads, names=names)
+            info = {"address": ray.get_runtime_context().gcs_address, "names": names}
+        except Exception as exc:  # the other ranks must not wait for replicas that will never come
+            info = {"error": f"{type(exc).__name__}: {exc}"}
+            broadcast_object(info, "engine replicas")
+            raise
+    info = broadcast_object(info, "engine replicas")
+    if "error" in info:
+        raise RuntimeError(f"rank 0 could not start the engine replicas: {info['error']}")
+    if w.rank != 0:
+        owns = join_ray(info["address"])
+        engine = RemoteEngine.attach(info["names"], loaded.encoder)
+    return engine, owns
+
+
+def _base_model_keys(state: dict) -> dict:
+    """A PEFT wrapper's state dict under the base model's names (what a replica holds: the
+    unwrapped model with its LoRA layers in place); other state dicts unchanged."""
+    prefix = "base_model.model."
+    if state and all(k.startswith(prefix) for k in state):
+        return {k[len(prefix):]: v for k, v in state.items()}
+    return state
+
+
+__all__ = ["RolloutDriver", "make_driver", "engine_replicas", "env_factory_for", "is_default"]
