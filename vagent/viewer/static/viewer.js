@@ -121,7 +121,7 @@ function renderOverview() {
   const ix = S.index, ov = document.getElementById("overview");
   document.getElementById("title").textContent = `${ix.kind === "run" ? "run" : "evaluation"} ${ix.path}`;
   const groupHead = ix.training
-    ? ["dumped step", "success", "return", "format", "loss/policy", "expl. var.", "tokens"]
+    ? ["step / validation point", "success", "return", "format", "loss/policy", "expl. var.", "tokens"]
     : ["cell (model/env/format)", "success", "return", "format", "episodes"];
   const groupRows = ix.groups.map((g) => ({
     id: g.id,
