@@ -1,0 +1,60 @@
+"""The viewer's documents (vagent.viewer.data) for validation points and judge reasons, on the
+two-step judged run of tests/viewer/_run.py (no browser)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.viewer._run import VAL_SEEDS, make_run
+from vagent.viewer.data import ViewerError, open_source, turn_view
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("viewer_data") / "run"
+    return root, make_run(root, steps=2, n_episodes=4)
+
+
+def test_validation_points_are_groups_with_their_rates(run):
+    root, _ = run
+    ix = open_source(root).index()
+    assert [(g["id"], g["split"]) for g in ix["groups"]] == [
+        ("step_000000", "train"), ("step_000001", "train"), ("val_000000", "val"), ("val_000001", "val")]
+    val1 = ix["groups"][3]
+    assert val1["label"] == "validation @ step 1" and val1["success"] == 0.25 and val1["return"] == 0.3
+    assert val1["tokens"] == "no (not trained)"
+
+
+def test_validation_episodes_replay_the_same_seeds_without_tokens(run):
+    root, out = run
+    src = open_source(root)
+    assert [e["seed"] for e in src.episodes("val_000000")] == [e["seed"] for e in src.episodes("val_000001")] \
+        == list(VAL_SEEDS)
+    ep = src.episode("val_000001", 1)
+    assert ep["token_data"] is None and "not trained" in ep["no_tokens_reason"]
+    assert [t["reply"] for t in ep["turns"]] == [t.reply for t in out[1][3][1].turns]
+    assert all((root / im).is_file() for t in ep["turns"] for im in t["images"])
+
+
+def test_turn_shows_the_recorded_judge_reason(run):
+    root, out = run
+    src = open_source(root)
+    eps = out[0][0]
+    e, t = next((e, t) for e in range(len(eps)) for t in eps[e].turns if t.judge_reasons)
+    view = src.episode("step_000000", e)["turns"][t.index]
+    assert {j["kind"]: j["reason"] for j in view["judge"]} == t.judge_reasons
+    # a record from before the reasons were written: the reason worked out from the numbers
+    rec = json.loads((root / "rollouts" / "step_000000.jsonl").read_text().splitlines()[e])["turns"][t.index]
+    rec.pop("judge_reasons")
+    old = turn_view(rec, "frozenlake", {}, [], "")["judge"]
+    assert all(j["reason"].startswith(("weight x score", "anti-hacking penalty", "rule checks failed")) for j in old)
+
+
+def test_bad_group_ids_say_what_is_expected(run):
+    src = open_source(run[0])
+    with pytest.raises(ViewerError, match="expected step_ or val_ and a 6-digit step"):
+        src.episodes("train_000001")
+    with pytest.raises(ViewerError, match=r"no validation episodes saved at step 7 \(saved: \[0, 1\]\)"):
+        src.episodes("val_000007")
