@@ -144,7 +144,8 @@ def markdown(results: SweepResults, baseline: str, name: str = "") -> str:
     """The report as Markdown: one table per metric."""
     tab = tables(results, baseline)
     lines = [f"# Sweep report{': ' + name if name else ''}", "",
-             f"{len(results.trials)} finished trials, rows x seeds; baseline row: `{baseline}`. Values are mean +- "
+             f"{len(results.trials)} finished trials over {len(results.rows)} rows; baseline row: `{baseline}`. "
+             "Values are mean +- "
              "standard error over seeds; the difference to the baseline is paired by seed (the seeds both rows "
              "finished) with its 95% t-interval.", ""]
     if results.missing:
