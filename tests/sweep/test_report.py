@@ -129,8 +129,11 @@ def test_report_cli_baseline_and_errors(sweep_dir, tmp_path):
                         capture_output=True, text=True, timeout=300)
     assert ok.returncode == 0, ok.stderr
     rep = json.loads((tmp_path / "r" / "report.json").read_text())
-    assert rep["baseline"] == "new" and rep["metrics"]["val_success_final"]["base"]["diff"]["mean"] == pytest.approx(-0.2)
-    bad = subprocess.run(cmd + [str(sweep_dir), "--baseline", "nope"], capture_output=True, text=True, timeout=300)
-    assert bad.returncode == 1 and "baseline 'nope' is not a row" in bad.stderr and "rows: base, new, half" in bad.stderr
+    assert rep["baseline"] == "new"
+    assert rep["metrics"]["val_success_final"]["base"]["diff"]["mean"] == pytest.approx(-0.2)
+    bad = subprocess.run(cmd + [str(sweep_dir), "--baseline", "nope"], capture_output=True, text=True,
+                         timeout=300)
+    assert bad.returncode == 1
+    assert "baseline 'nope' is not a row" in bad.stderr and "rows: base, new, half" in bad.stderr
     empty = subprocess.run(cmd + [str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert empty.returncode == 1 and "has no sweep.json" in empty.stderr

@@ -28,7 +28,8 @@ def test_variants_cross_the_grid_and_every_trial_has_its_config(tmp_path):
     assert names[:2] == ["no_think,estimator=masked_gae,reasoning_reward=off",
                          "no_think,estimator=masked_gae,reasoning_reward=rule"]
     assert len(names) == 8 and len(sweep.trials) == 16
-    t = next(t for t in sweep.trials if t.row == "no_think,estimator=bi_level_gae,reasoning_reward=rule" and t.seed == 5)
+    row = "no_think,estimator=bi_level_gae,reasoning_reward=rule"
+    t = next(t for t in sweep.trials if t.row == row and t.seed == 5)
     assert t.trial_id == "no_think,estimator=bi_level_gae,reasoning_reward=rule/seed_5"
     c = t.config
     assert (c["seed"], c["steps"], c["ppo"]["estimator"], c["reasoning_reward"]) == (5, 3, "bi_level_gae", rule)
@@ -49,7 +50,9 @@ def test_base_is_relative_to_the_sweep_file(tmp_path):
 
 
 @pytest.mark.parametrize("fields, message", [
-    ({"grid": {"ppo.estimatr": ["masked_gae"]}}, "sweep row 'estimatr=masked_gae': override 'ppo.estimatr': unknown key 'estimatr' in PPOConfig. Did you mean 'estimator'?"),
+    ({"grid": {"ppo.estimatr": ["masked_gae"]}},
+     "sweep row 'estimatr=masked_gae': override 'ppo.estimatr': unknown key 'estimatr' in PPOConfig. "
+     "Did you mean 'estimator'?"),
     ({"grid": {"ppo.estimator": ["nope"]}}, "sweep row 'estimator=nope': config.ppo.estimator: expected one of"),
     ({"overrides": {"seed": 3}}, "sweep key 'seed' is set by the sweep itself"),
     ({"grid": {"steps": 3}}, "sweep grid.steps: expected a list of values or a mapping of label -> value, got 3"),
@@ -57,7 +60,8 @@ def test_base_is_relative_to_the_sweep_file(tmp_path):
     ({"seeds": [1, 1]}, "distinct integers, got [1, 1]"),
     ({"baseline": "x", "grid": {"steps": [1, 2]}}, "sweep baseline 'x' is not a row; rows: steps=1, steps=2"),
     ({"base": "missing.yaml"}, "sweep base 'missing.yaml': no file at"),
-    ({"variants": {"a": {"steps": 1}}, "grid": {"steps": {"a": 2}}, "seedz": [1]}, "sweep: unknown key 'seedz'. Did you mean 'seeds'?"),
+    ({"variants": {"a": {"steps": 1}}, "grid": {"steps": {"a": 2}}, "seedz": [1]},
+     "sweep: unknown key 'seedz'. Did you mean 'seeds'?"),
     ({"resources": {"cpu": 0}}, "sweep resources must hold a CPU or a GPU"),
 ])
 def test_bad_sweep_files_say_what_to_fix(tmp_path, fields, message):

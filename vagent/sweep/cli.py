@@ -25,9 +25,12 @@ def add_parser(subparsers) -> None:
     p.add_argument("--out", default=None, metavar="DIR",
                    help="run: the sweep directory (default <out_dir>/<name> of the sweep file); "
                         "report: where the report goes (default DIR/report)")
-    p.add_argument("--num-cpus", type=int, default=None, metavar="N", help="run: CPUs of the local Ray cluster (default all)")
-    p.add_argument("--num-gpus", type=int, default=None, metavar="N", help="run: GPUs of the local Ray cluster (default all)")
-    p.add_argument("--baseline", default=None, metavar="ROW", help="report: the reference row (default the sweep file's)")
+    p.add_argument("--num-cpus", type=int, default=None, metavar="N",
+                   help="run: CPUs of the local Ray cluster (default all)")
+    p.add_argument("--num-gpus", type=int, default=None, metavar="N",
+                   help="run: GPUs of the local Ray cluster (default all)")
+    p.add_argument("--baseline", default=None, metavar="ROW",
+                   help="report: the reference row (default the sweep file's)")
     p.add_argument("--quiet", action="store_true", help="run: print only errors")
     p.set_defaults(func=run_sweep_command)
 

@@ -204,7 +204,8 @@ def run_sweep(sweep: Sweep, sweep_dir: Path, num_cpus: int | None = None, num_gp
         else:
             tuner = tune.Tuner(
                 trainable,
-                param_space={"sweep_dir": str(sweep_dir), "trial": tune.grid_search([t.trial_id for t in sweep.trials])},
+                param_space={"sweep_dir": str(sweep_dir),
+                             "trial": tune.grid_search([t.trial_id for t in sweep.trials])},
                 tune_config=tune.TuneConfig(max_concurrent_trials=sweep.config.max_concurrent or None),
                 run_config=tune.RunConfig(name=name, storage_path=str(sweep_dir), verbose=0,
                                           failure_config=tune.FailureConfig(max_failures=0)),

@@ -205,7 +205,8 @@ def load_sweep(path: str | Path) -> Sweep:
         extra = [_override(str(k), v) for k, v in row.values.items()]
         for seed in cfg.seeds:
             try:
-                run_cfg = load_config(base_tree, common + extra + [f"seed={int(seed)}", f"name={slug(row.name)}-s{seed}"])
+                own = [f"seed={int(seed)}", f"name={slug(row.name)}-s{seed}"]
+                run_cfg = load_config(base_tree, common + extra + own)
             except ConfigError as exc:
                 raise ConfigError(f"sweep row {row.name!r}: {exc}") from exc
             trials.append(Trial(row.name, int(seed), to_dict(run_cfg)))
