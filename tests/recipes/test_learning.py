@@ -93,8 +93,8 @@ def test_ppo_learns_the_one_token_answer(tmp_path, tiny_vlm):
         "rollout.max_turns=1", "rollout.max_new_tokens=6",
         f"sft.data={tmp_path / 'sft.jsonl'}", "sft.steps=40", "sft.batch_size=8", "sft.lr=5e-3",
         "steps=24", "val.every=12", "update.actor_lr=1e-3", "update.epochs=2", "update.mini_batches=2",
-        # k3 KL to the SFT policy: without it this lr learns the task (reward 0.97 at steps 15-17)
-        # and then loses the answer format (format 0.53 by step 20, validation 1.0 -> 0.375)
+        # k3 KL to the SFT policy: without it this lr learns the task (reward 0.97 at steps 16-18)
+        # and then loses the answer format (format 0.53 by step 21, validation 1.0 -> 0.375)
         "update.warmup_steps=0", "update.kl_coef=0.05", "update.kl_kind=k3", "update.kl_in=loss", "ppo.critic_lr=1e-3", "ppo.critic_warmup_steps=0", "ppo.estimator=masked_gae", "ppo.whiten_advantages=false",
         "ppo.critic_backbone=separate",
         "log.tensorboard=false", "log.progress=false", "log.checkpoint_every=0", "log.plot_every=0",
