@@ -39,7 +39,7 @@ REPLIES = [
     "<think><observation>The goal is above you.</observation><reasoning>Up.</reasoning></think>"
     "<answer>Up, Left</answer>",
 ]
-VAL_SEEDS = (7, 8, 9)
+VAL_SEEDS = (3, 8, 9)  # seed 3 is also a training seed of step 0 (a partly seed-paired comparison)
 #: the rule judge; a description repeated twice in the window is "frequent" (anti-hacking penalty)
 JUDGE = {"judge": "rule", "anti_hacking": {"min_count": 2}}
 

@@ -181,6 +181,16 @@ def test_validation_points_are_listed_and_pair_by_env_seed(run, served, page):
     assert first[0] in texts[0] and first[1] in texts[1]
     assert "validation episodes are played greedily and not trained" in page.locator(".compare").inner_text()
 
+    # a training step vs a validation point: seed 3 is in both, the rest are paired by position
+    page.locator("tr.group[data-group='step_000000']").click()
+    page.wait_for_function("document.querySelector('#count').innerText.includes('(6 in all)') || "
+                           "document.querySelector('#count').innerText.includes('of 6 episodes')")
+    page.select_option("#compare", "val_000000")
+    page.wait_for_selector(".note.pairing[data-pairing='mixed']")
+    assert "1 pair(s) share the env seed" in page.locator(".note.pairing").inner_text()
+    assert page.locator("td.pair.same").count() == 1 and page.locator("td.pair.diff").count() == 2
+    assert page.locator("tr.ep[data-i='3'] td.pair.same").count() == 1  # step 0's episode 3 has seed 3
+
 
 def test_out_file_is_self_contained(run, page, tmp_path):
     from vagent.viewer.data import open_source
