@@ -67,6 +67,12 @@ def trial_run_dirs(trial_dir: Path) -> list[Path]:
     return sorted(p for p in trial_dir.iterdir() if p.is_dir() and (p / "config.yaml").is_file())
 
 
+def count_finished(sweep: Sweep, sweep_dir: Path) -> int:
+    """Trials whose run directory holds ``summary.json``."""
+    return sum(1 for t in sweep.trials
+               if any((r / "summary.json").is_file() for r in trial_run_dirs(sweep_dir / "trials" / t.trial_id)))
+
+
 def _event(sweep_dir: Path, trial_id: str, event: str, **extra: Any) -> None:
     line = json.dumps({"trial": trial_id, "event": event, "time": round(time.time(), 3), "pid": os.getpid(), **extra})
     with open(sweep_dir / "events.jsonl", "a") as f:  # one short O_APPEND write per event
@@ -183,8 +189,7 @@ def run_sweep(sweep: Sweep, sweep_dir: Path, num_cpus: int | None = None, num_gp
     write_sweep_json(sweep, sweep_dir)
     res = sweep.config.resources
     n_total = len(sweep.trials)
-    done = sum(1 for t in sweep.trials if any((r / "summary.json").is_file()
-                                              for r in trial_run_dirs(sweep_dir / "trials" / t.trial_id)))
+    done = count_finished(sweep, sweep_dir)
     say(f"sweep {sweep.config.name}: {len(sweep.rows)} rows x {len(sweep.config.seeds)} seeds = {n_total} trials "
         f"({done} finished already), {res.cpu:g} CPU / {res.gpu:g} GPU each; directory {sweep_dir}")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a loopback-only cluster (as vagent.models.remote)
@@ -218,6 +223,4 @@ def run_sweep(sweep: Sweep, sweep_dir: Path, num_cpus: int | None = None, num_gp
     finally:
         if started:
             ray.shutdown()
-    finished = sum(1 for t in sweep.trials if any((r / "summary.json").is_file()
-                                                  for r in trial_run_dirs(sweep_dir / "trials" / t.trial_id)))
-    return SweepOutcome(sweep_dir, finished, n_total, errors)
+    return SweepOutcome(sweep_dir, count_finished(sweep, sweep_dir), n_total, errors)
