@@ -40,7 +40,7 @@ def sweep_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "vagent.cli", "sweep", *args]
 
 
-def run_sweep_process(sweep_file: Path, out: Path, timeout: float = 900) -> subprocess.CompletedProcess:
+def run_sweep_process(sweep_file: Path, out: Path, timeout: float = 1200) -> subprocess.CompletedProcess:
     """``vagent sweep FILE --out OUT --num-cpus 2 --quiet`` in a subprocess (its own Ray cluster)."""
     return subprocess.run(sweep_cmd(str(sweep_file), "--out", str(out), "--num-cpus", "2", "--quiet"),
                           capture_output=True, text=True, timeout=timeout, env=dict(os.environ))

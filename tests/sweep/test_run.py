@@ -39,6 +39,8 @@ def _comparable(run: Path) -> list[dict]:
             for r in read_metrics(run / "metrics.jsonl")]
 
 
+# a one-step trial takes seconds on an idle machine; these bounds leave room for a loaded 2-core one
+@pytest.mark.timeout(2400)
 def test_two_configs_two_seeds_finish_and_a_second_invocation_runs_nothing(tmp_path, tiny_vlm):
     sweep_file = write_sweep(tmp_path / "s.yaml", tiny_vlm, grid={"ppo.estimator": ["masked_gae", "bi_level_gae"]},
                              seeds=[0, 1], baseline="estimator=bi_level_gae")
@@ -70,6 +72,7 @@ def test_two_configs_two_seeds_finish_and_a_second_invocation_runs_nothing(tmp_p
     assert rep["metrics"]["val_success_final"]["estimator=masked_gae"]["n"] == 2
 
 
+@pytest.mark.timeout(2400)
 def test_sigkill_of_the_sweep_then_rerun_resumes_the_trial_from_its_checkpoint(tmp_path, tiny_vlm):
     sweep_file = write_sweep(tmp_path / "s.yaml", tiny_vlm, seeds=[0], overrides={
         "steps": 4, "val.every": 2, "log.keep_last": 2, "rollout.temperature": 1.0})
