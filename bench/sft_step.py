@@ -42,7 +42,7 @@ def main() -> int:
     import torch
 
     from vagent.models import load_policy
-    from vagent.recipes.common import prepare_model
+    from vagent.recipes.tiny_cache import prepare_model
     from vagent.recipes.config import load_config
     from vagent.recipes.demos import write_demos
     from vagent.recipes.sft import batch_rows, demo_settings, encode_chat, read_chats, sft_batch, sft_loss

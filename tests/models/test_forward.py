@@ -99,8 +99,7 @@ def _loss_batch(loaded, make_images):
 def test_policy_forward_head_only_equals_full_logits(request, which, make_images):
     """policy_forward runs the LM head on loss positions only: its log-probs, entropies and
     gradients there equal those of the full [B, L, V] logits; other positions hold 0."""
-    from vagent.recipes.common import policy_forward
-
+    from vagent.recipes.scoring import policy_forward
     loaded = request.getfixturevalue(which)
     model, mb = loaded.model, _loss_batch(loaded, make_images)
     lp, ent = policy_forward(model, mb, 7, with_entropy=True, temperature=0.7)
@@ -129,8 +128,7 @@ def test_policy_forward_head_only_equals_full_logits(request, which, make_images
 def test_policy_forward_falls_back_on_transformed_logits(tiny_lm, make_images, monkeypatch):
     """A model whose config says its logits are not plain lm_head(hidden) (e.g. Gemma's
     soft-capping) gets the full forward: head_only_logits declines it."""
-    from vagent.recipes.common import head_only_logits, policy_forward
-
+    from vagent.recipes.scoring import head_only_logits, policy_forward
     mb = _loss_batch(tiny_lm, make_images)
     want = mb.loss_mask[:, 1:]
     assert head_only_logits(tiny_lm.model, mb, want) is not None

@@ -60,7 +60,8 @@ def test_run_config_model_fields_reach_the_model(hub_cache, tiny_vlm_dir, tmp_pa
     """model.path as a hub id, min/max_pixels, attn_implementation and trust_remote_code from a run
     config, through prepare_model / load_model (what `vagent train` calls)."""
     from vagent.config import ConfigError
-    from vagent.recipes.common import load_model, prepare_model
+    from vagent.recipes.common import load_model
+    from vagent.recipes.tiny_cache import prepare_model
     from vagent.recipes.config import load_config
 
     put_in_cache(hub_cache, "me/tiny-vl", tiny_vlm_dir)

@@ -85,7 +85,6 @@ def test_env_declared_stop_strings_join_the_rollout_stop():
     """vigorl_zoom replies end at </tool_call> too: the run's sampling stops there (no tokens after
     a tool call are sampled or trained on); envs without reply_stop add nothing."""
     from vagent.recipes.common import sampling_for
-
     plain = load_config(None, [])
     assert sampling_for(plain, 0).stop == ("</answer>",)
     zoom = load_config(str(C.preset_dir() / "vigorl_zoom_grpo.yaml"), [])

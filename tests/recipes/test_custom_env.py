@@ -82,7 +82,7 @@ def test_guide_two_step_train(corridor_pkg, tiny_vlm):
     assert main(["train", "--import", "mypackage.corridor", "--quiet", *args]) == 0
     run = next((corridor_pkg / "runs").iterdir())
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records if r.get("phase") == "rl" and "loss/policy" in r] == [0, 1]
+    assert [r["step"] for r in records if r.get("phase") == "rl" and "loss/policy" in r] == [1, 2]
     saved = load_config(run / "config.yaml")  # --resume reads this: the import is kept
     assert saved.imports == ["mypackage.corridor"] and saved.envs[0].name == "corridor"
 

@@ -11,7 +11,8 @@ import pytest
 
 from vagent.cli import main
 from vagent.config import ConfigError
-from vagent.recipes.common import pretrain_env_entries, prepare_model, tiny_model_dir
+from vagent.recipes.config import pretrain_env_entries
+from vagent.recipes.tiny_cache import prepare_model, tiny_model_dir
 from vagent.recipes.config import EnvEntry, ModelConfig, load_config
 
 
@@ -100,7 +101,7 @@ def test_a_build_stopped_with_sigterm_leaves_no_temporary_folder(tmp_path):
     import signal
     import time
 
-    script = ("from vagent.recipes.common import prepare_model\n"
+    script = ("from vagent.recipes.tiny_cache import prepare_model\n"
               "from vagent.recipes.config import EnvEntry, ModelConfig\n"
               f"m = ModelConfig(cache_dir={str(tmp_path)!r}, tiny_hidden=32, tiny_layers=1, tiny_image_size=56,\n"
               "                tiny_pretrain_steps=100000, tiny_pretrain_batch=2)\n"

@@ -10,7 +10,7 @@ import torch
 
 from vagent.envs import make
 from vagent.envs.frozenlake import describe_state
-from vagent.recipes.common import tiny_model_dir
+from vagent.recipes.tiny_cache import tiny_model_dir
 from vagent.recipes.config import EnvEntry, ModelConfig
 from vagent.recipes.pretrain import caption_records, pretrain_captions
 
@@ -53,13 +53,14 @@ def test_pretraining_updates_and_saves_the_model(tmp_path, tiny_vlm):
 def test_cache_key_depends_on_pretraining():
     plain = tiny_model_dir(ModelConfig(cache_dir="/c"))
     pre = tiny_model_dir(ModelConfig(cache_dir="/c", tiny_pretrain_steps=100), [EnvEntry()])
-    pre_other_env = tiny_model_dir(ModelConfig(cache_dir="/c", tiny_pretrain_steps=100),
-                                   [EnvEntry(config={"render": "vision", "description_style": "symbolic"})])
+    # the model's own pretraining env settings change the captions: another cached model
+    pre_other_env = tiny_model_dir(ModelConfig(cache_dir="/c", tiny_pretrain_steps=100,
+                                               tiny_pretrain_env_config={"description_style": "natural"}), [EnvEntry()])
     assert len({plain, pre, pre_other_env}) == 3
-    # reward settings do not change what the captions show: same cached model
+    # the run's env config (render knobs, rewards) does not: the same cached model
     shaped = tiny_model_dir(ModelConfig(cache_dir="/c", tiny_pretrain_steps=100),
-                            [EnvEntry(config={"render": "vision", "description_style": "symbolic", "reward_progress": 0.5})])
-    assert shaped == pre_other_env
+                            [EnvEntry(config={"render": "text", "image_size": 64, "reward_progress": 0.5})])
+    assert shaped == pre
     # the rotary base changes the model: its own cache entry (0 = the family's base, the old names)
     assert tiny_model_dir(ModelConfig(cache_dir="/c", tiny_rope_theta=100)) != plain
     assert tiny_model_dir(ModelConfig(cache_dir="/c", tiny_rope_theta=0)) == plain
@@ -68,8 +69,7 @@ def test_cache_key_depends_on_pretraining():
 def test_two_stage_pretraining_adds_relations_on_fresh_boards(tmp_path):
     """tiny_pretrain_relation_steps: the grid stage (no relations), then a relations stage on boards
     the grid stage never showed; both are recorded and the cache key tells them apart."""
-    from vagent.recipes.common import prepare_model
-
+    from vagent.recipes.tiny_cache import prepare_model
     m = ModelConfig(cache_dir=str(tmp_path), tiny_family="qwen2_5_vl", tiny_hidden=32, tiny_layers=1,
                     tiny_image_size=56, tiny_pretrain_steps=2, tiny_pretrain_batch=2,
                     tiny_pretrain_relations=["goal"], tiny_pretrain_relation_steps=2)
@@ -90,8 +90,7 @@ def test_two_stage_pretraining_adds_relations_on_fresh_boards(tmp_path):
 
 
 def test_prepare_model_builds_with_the_configured_rope_theta(tmp_path):
-    from vagent.recipes.common import prepare_model
-
+    from vagent.recipes.tiny_cache import prepare_model
     m = ModelConfig(cache_dir=str(tmp_path), tiny_family="qwen3_vl", tiny_hidden=32, tiny_layers=1, tiny_rope_theta=100)
     out = prepare_model(m, say=lambda s: None)
     assert out.name.endswith("-rope100")

@@ -111,7 +111,7 @@ def test_scaled_default_pipeline_identical_across_processes_load_and_omp_threads
 _BUILD = """
 import sys
 from vagent.recipes.config import ModelConfig, load_config
-from vagent.recipes.common import prepare_model
+from vagent.recipes.tiny_cache import prepare_model
 cfg = load_config()
 m = cfg.model
 m.cache_dir = sys.argv[1]
@@ -169,7 +169,7 @@ def test_killed_build_is_cleaned_up_by_the_next(tmp_path):
 
 
 def test_build_that_raises_leaves_nothing(tmp_path):
-    from vagent.recipes.common import prepare_model
+    from vagent.recipes.tiny_cache import prepare_model
     from vagent.recipes.config import EnvEntry, load_config
 
     cfg = load_config()

@@ -132,8 +132,7 @@ def test_answer_weight_puts_weight_on_the_answer_tokens_only(tmp_path, tiny_vlm)
         one = sft_loss(model, batch, 10**6, 1024, False, torch.device("cpu"), backward=False, weights=w)
         split = sft_loss(model, batch, 1, 1024, False, torch.device("cpu"), backward=False, weights=w)
         plain = sft_loss(model, batch, 10**6, 1024, False, torch.device("cpu"), backward=False)
-        from vagent.recipes.common import policy_forward
-
+        from vagent.recipes.scoring import policy_forward
         lp, _ = policy_forward(model, batch, 1024)
         uneven = w.clone()
         uneven[0] *= 10  # rows weigh very differently: the micro-batch shares must follow the weights
@@ -154,7 +153,7 @@ def test_shared_prefix_gives_the_full_forward_loss_and_stops_the_gradient_into_t
     the detached prefix states, and differs from the exact gradient (the stop-gradient is real)."""
     from vagent.models import load_policy
     from vagent.models.forward import mrope_image_token_id
-    from vagent.recipes.common import common_prefix_length, hidden_after_prefix, policy_forward, shared_prefix
+    from vagent.recipes.scoring import common_prefix_length, hidden_after_prefix, policy_forward, shared_prefix
     from vagent.recipes.sft import sft_batch, sft_loss
 
     settings = DemoSettings("frozenlake", {"format": "grounding_worldmodeling", "image_size": 64}, n=3,
@@ -202,7 +201,7 @@ def test_shared_prefix_gives_the_full_forward_loss_and_stops_the_gradient_into_t
 
 def test_shared_prefix_is_off_when_rows_differ_from_the_start(tiny_vlm):
     from vagent.models import load_policy
-    from vagent.recipes.common import shared_prefix
+    from vagent.recipes.scoring import shared_prefix
     from vagent.recipes.sft import sft_batch
     from vagent.rollout.policy import Conversation, Message
     from vagent.rollout.encoding import append_reply, encode_pending

@@ -10,7 +10,8 @@ import torch
 
 from vagent.models.loading import load_policy
 from vagent.models.value import build_critic
-from vagent.recipes.common import critic_forward, per_row, score_logprobs, score_shared, shift_right
+from vagent.recipes.batching import per_row
+from vagent.recipes.scoring import critic_forward, score_logprobs, score_shared, shift_right
 from vagent.recipes.config import UpdateConfig
 from vagent.recipes.update import UpdateContext, critic_update
 from vagent.rollout import EnvSpec, HFPolicy, SamplingConfig, rollout

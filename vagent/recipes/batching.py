@@ -3,7 +3,8 @@
 In a job of several ranks, :func:`per_row` scores each rank's share of the rows and gathers the
 results, so every rank ends with the whole [B, L] tensor (the split is declared in
 :mod:`vagent.distributed.split`); the update loops take their micro-batches from
-:func:`vagent.distributed.rank_micro_batches`.
+:func:`vagent.distributed.rank_micro_batches`. :func:`filter_groups` keeps the rows of the groups
+that pass a reward-variance filter (GRPO's, and PPO's ``ppo.filter``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from torch import Tensor
 from vagent.distributed import per_row_split, world
 from vagent.distributed.split import micro_batch_rows
 
-__all__ = ["accumulation_weight", "micro_batch_rows", "mini_batches", "per_row"]
+__all__ = ["accumulation_weight", "filter_groups", "micro_batch_rows", "mini_batches", "per_row"]
 
 
 @torch.no_grad()
@@ -55,3 +56,21 @@ def mini_batches(n_rows: int, n_mini: int, seed: int) -> list[list[int]]:
     perm = torch.randperm(n_rows, generator=g).tolist()
     n_mini = max(1, min(n_mini, n_rows))
     return [sorted(perm[i::n_mini]) for i in range(n_mini)]
+
+
+def filter_groups(cfg, batch, settings=None) -> tuple[Any, float, dict[str, float]]:
+    """(kept rows of the batch, advantage scale, filter/* metrics) of the reward-variance filter
+    ``settings.filter`` / ``filter_value`` (``cfg.grpo``, or ``cfg.ppo`` for PPO)."""
+    from vagent.rl.filters import variance_filter
+
+    settings = cfg.grpo if settings is None else settings
+    if settings.filter == "none":
+        return batch, 1.0, {}
+    trajs, row_traj = torch.unique(batch.traj_ids, return_inverse=True)
+    first = torch.full((trajs.numel(),), batch.batch_size, dtype=torch.long, device=row_traj.device)
+    first = first.scatter_reduce(0, row_traj, torch.arange(batch.batch_size, device=row_traj.device), "amin")
+    result = variance_filter(batch.scores[first], batch.group_ids[first], settings.filter, settings.filter_value)
+    keep_traj = torch.zeros(trajs.numel(), dtype=torch.bool, device=row_traj.device)
+    keep_traj[result.kept_indices.to(row_traj.device)] = True
+    rows = keep_traj[row_traj].nonzero()[:, 0]
+    return batch.select(rows), result.scale, result.metrics

@@ -2,27 +2,23 @@
 
 Nothing here is a trainer: each function does one thing and the recipes (ppo.py, grpo.py,
 sft.py) call them in the order the algorithm runs. The rest of what the recipes share lives by
-its seam: :mod:`vagent.recipes.scoring` (forward passes and the scoring passes),
-:mod:`vagent.recipes.batching` (mini-/micro-batches and accumulation weights),
+its seam: :mod:`vagent.recipes.optim` (seeds, optimizers, schedules), :mod:`vagent.recipes.tiny_cache`
+(building and caching the tiny model), :mod:`vagent.recipes.scoring` (forward passes and the
+scoring passes), :mod:`vagent.recipes.batching` (mini-/micro-batches and accumulation weights),
 :mod:`vagent.recipes.rollouts` (the training rollout, validation, their metrics) and
-:mod:`vagent.recipes.session` (the run record); their names are re-exported at the end of this
-module for older imports.
+:mod:`vagent.recipes.session` (the run record).
 """
 
 from __future__ import annotations
 
-import contextlib
-import glob
-import hashlib
 import shutil
-import tempfile
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
-from vagent.recipes.config import PRETRAIN_ENV_DEFAULTS, EnvEntry, ModelConfig, RunConfig, pretrain_env_entries  # noqa: F401
-from vagent.recipes.optim import autocast, clip_grads, derive_seed, lr_factor, make_optimizer, make_scheduler  # noqa: F401 (re-exported)
+from vagent.recipes.config import EnvEntry, RunConfig
+from vagent.recipes.optim import derive_seed
 from vagent.runs.errors import ModelError
 
 # ----------------------------------------------------------------------------------------------
@@ -107,126 +103,6 @@ def use_bf16(setting: str, device: torch.device) -> bool:
 # ----------------------------------------------------------------------------------------------
 
 
-def tiny_model_dir(m: ModelConfig, envs: Sequence[EnvEntry] = ()) -> Path:
-    """Where ``model.path: tiny`` lives: keyed by what changes the model: its sizes, the tokenizer
-    corpus and (when caption pretrained) the pretraining settings and the envs whose boards it
-    saw (:func:`pretrain_env_entries`: their names and the model's pretraining env settings, never
-    the run's env config)."""
-    from vagent.models.tiny import tokenizer_corpus
-
-    corpus = hashlib.sha256("\n".join(tokenizer_corpus()).encode()).hexdigest()[:8]
-    name = f"tiny-{m.tiny_family}-h{m.tiny_hidden}-l{m.tiny_layers}-i{m.tiny_image_size}-s{m.tiny_seed}-{corpus}"
-    if m.tiny_rope_theta:
-        name += f"-rope{m.tiny_rope_theta:g}"
-    if m.tiny_pretrain_steps > 0:
-        # the captions depend on what the envs show, not on how they reward (reward_* keys)
-        key = (repr([(e.name, sorted((k, v) for k, v in e.config.items() if not k.startswith("reward")))
-                     for e in pretrain_env_entries(m, envs)])
-               + f"{m.tiny_pretrain_lr}/{m.tiny_pretrain_batch}/{sorted(m.tiny_pretrain_relations)}"
-               + (f"/{m.tiny_pretrain_relation_steps}" if m.tiny_pretrain_relation_steps else ""))
-        name += f"-cap{m.tiny_pretrain_steps}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
-    return Path(m.cache_dir).expanduser() / name
-
-
-# the relation stage's caption boards start here, after the grid stage's (2048 by default)
-_RELATION_BOARDS_FROM = 10_000
-
-
-def prepare_model(m: ModelConfig, envs: Sequence[EnvEntry] = (),
-                  say: Callable[[str], None] = print) -> Path:
-    """The model directory to load: ``path``, or the tiny model (built, and caption-pretrained when
-    ``tiny_pretrain_steps > 0``, once; then reused from ``cache_dir``).
-
-    Safe for runs sharing one cache: the build runs under an exclusive file lock
-    (``<name>.lock`` beside the model) in a private temporary directory that is renamed into place
-    when complete, so a model directory with ``config.json`` is always whole and never changes
-    afterwards. A run that finds the lock taken waits for the other build and reuses it; a build
-    that raises, or is interrupted by Ctrl-C or SIGTERM, removes its temporary directory; one
-    killed with SIGKILL leaves it for the next builder (who holds the lock, so no one else is
-    writing it) to delete."""
-    if m.path != "tiny":  # a local directory, or a hub id's snapshot in the Hugging Face cache
-        from vagent.models.loading import resolve_model_path
-
-        return resolve_model_path(m.path)
-    from filelock import FileLock, Timeout
-
-    out = tiny_model_dir(m, envs)
-    if (out / "config.json").is_file():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(out) + ".lock")
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        say(f"waiting for another process that is building {out.name} (lock {lock.lock_file}) ...")
-        lock.acquire()
-    try:
-        if (out / "config.json").is_file():
-            say(f"reusing {out.name}, built by another process")
-            return out
-        for stale in out.parent.glob(glob.escape(out.name) + ".tmp-*"):  # left by a killed build
-            say(f"removing {stale.name}, left by an interrupted build")
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(prefix=out.name + ".tmp-", dir=out.parent))
-        try:
-            with _sigterm_interrupts():
-                _build_tiny(m, envs, tmp, out.name, say)
-            tmp.rename(out)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)  # gone already after a successful rename
-    finally:
-        lock.release()
-    return out
-
-
-@contextlib.contextmanager
-def _sigterm_interrupts():
-    """Within the block, SIGTERM (``kill``, ``timeout``, a scheduler) raises KeyboardInterrupt in
-    the main thread like Ctrl-C does, so a build's ``finally`` removes its temporary folder;
-    outside it, and in other threads, SIGTERM keeps its handler."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum} while building the tiny model")
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
-
-
-def _build_tiny(m: ModelConfig, envs: Sequence[EnvEntry], tmp: Path, name: str,
-                say: Callable[[str], None]) -> None:
-    """Build the tiny model into ``tmp`` and caption-pretrain it (one or two stages)."""
-    from vagent.models.tiny import build_tiny_vlm
-
-    say(f"building tiny model {name} (first run only) ...")
-    build_tiny_vlm(tmp, family=m.tiny_family, hidden=m.tiny_hidden, layers=m.tiny_layers,
-                   image_size=m.tiny_image_size, seed=m.tiny_seed, rope_theta=m.tiny_rope_theta or None)
-    if m.tiny_pretrain_steps > 0:
-        from vagent.recipes.pretrain import pretrain_captions
-
-        envs = pretrain_env_entries(m, envs)
-        two_stage = m.tiny_pretrain_relation_steps > 0 and bool(m.tiny_pretrain_relations)
-        say(f"caption-pretraining it for {m.tiny_pretrain_steps} steps (image -> board description) ...")
-        pretrain_captions(tmp, envs, m.tiny_pretrain_steps, batch_size=m.tiny_pretrain_batch,
-                          lr=m.tiny_pretrain_lr, seed=m.tiny_seed,
-                          relations=() if two_stage else tuple(m.tiny_pretrain_relations), say=say)
-        if two_stage:
-            say(f"then {m.tiny_pretrain_relation_steps} steps on captions that add where the "
-                f"{', '.join(m.tiny_pretrain_relations)} is (on fresh boards) ...")
-            pretrain_captions(tmp, envs, m.tiny_pretrain_relation_steps, batch_size=m.tiny_pretrain_batch,
-                              lr=m.tiny_pretrain_lr, seed=m.tiny_seed + 1, relations=tuple(m.tiny_pretrain_relations),
-                              n_per_env=m.tiny_pretrain_relation_steps * m.tiny_pretrain_batch, stage="relations",
-                              first_board=_RELATION_BOARDS_FROM, say=say)
-
-
 def load_model(cfg: RunConfig, path: Path, device: torch.device):
     """``load_policy`` with the run's dtype / LoRA / checkpointing; errors name the fix."""
     from vagent.models.loading import LoraSettings, load_policy
@@ -293,24 +169,3 @@ def export_policy(model: torch.nn.Module, source_dir: Path, out: Path) -> None:
                                                                                              "generation_config.json"):
             if not (out / f.name).exists():
                 shutil.copy2(f, out / f.name)
-
-
-# names that moved to their own modules (resolved on first use, so that older imports keep working
-# without an import cycle: those modules import this one)
-_MOVED = {
-    "vagent.recipes.batching": ("accumulation_weight", "micro_batch_rows", "mini_batches", "per_row"),
-    "vagent.recipes.rollouts": ("episode_summary", "reward_metrics", "train_rollout", "validate"),
-    "vagent.recipes.scoring": ("SharedPrefix", "common_prefix_length", "critic_forward", "head_only_logits",
-                               "hidden_after_prefix", "policy_forward", "rl_temperature", "score_logprobs",
-                               "score_reference", "score_shared", "shared_prefix", "shift_right"),
-    "vagent.recipes.session": ("Session",),
-}
-
-
-def __getattr__(name: str) -> Any:
-    import importlib
-
-    for module, names in _MOVED.items():
-        if name in names:
-            return getattr(importlib.import_module(module), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

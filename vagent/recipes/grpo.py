@@ -33,12 +33,12 @@ How it departs from GRPO (DeepSeekMath) / ViGoRL:
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import torch
 from torch import Tensor
 
-from vagent.recipes.common import make_optimizer, make_scheduler
+from vagent.recipes.batching import filter_groups
+from vagent.recipes.optim import make_optimizer, make_scheduler
 from vagent.recipes.ppo import after_step, batch_mode, log_validation
 from vagent.recipes.rollouts import reward_metrics, train_rollout
 from vagent.recipes.scoring import rl_temperature, score_logprobs
@@ -96,24 +96,6 @@ def gigpo_token_advantages(cfg, batch, row_traj: Tensor, scores: Tensor, groups:
     a, _ = gigpo_advantages(scores, groups, step_rewards, steps, step_mask, turn_ids, gamma=g.gigpo_gamma,
                             omega=g.gigpo_omega, norm_by_std=g.norm_by_std)
     return a[row_traj[:, None], batch.turn_index.clamp(min=0)] * M  # A of each token's (trajectory, turn)
-
-
-def filter_groups(cfg, batch, settings=None) -> tuple[Any, float, dict[str, float]]:
-    """(kept rows of the batch, advantage scale, filter/* metrics) of the reward-variance filter
-    ``settings.filter`` / ``filter_value`` (``cfg.grpo``, or ``cfg.ppo`` for PPO)."""
-    from vagent.rl.filters import variance_filter
-
-    settings = cfg.grpo if settings is None else settings
-    if settings.filter == "none":
-        return batch, 1.0, {}
-    trajs, row_traj = torch.unique(batch.traj_ids, return_inverse=True)
-    first = torch.full((trajs.numel(),), batch.batch_size, dtype=torch.long, device=row_traj.device)
-    first = first.scatter_reduce(0, row_traj, torch.arange(batch.batch_size, device=row_traj.device), "amin")
-    result = variance_filter(batch.scores[first], batch.group_ids[first], settings.filter, settings.filter_value)
-    keep_traj = torch.zeros(trajs.numel(), dtype=torch.bool, device=row_traj.device)
-    keep_traj[result.kept_indices.to(row_traj.device)] = True
-    rows = keep_traj[row_traj].nonzero()[:, 0]
-    return batch.select(rows), result.scale, result.metrics
 
 
 def train_grpo(session: Session, start_step: int = 0, resume_from: str | None = None) -> dict[str, float]:

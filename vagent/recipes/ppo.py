@@ -52,8 +52,8 @@ from torch import Tensor
 
 from vagent.distributed import generation_mode
 from vagent.recipes.batching import per_row
-from vagent.recipes.common import make_optimizer, make_scheduler
-from vagent.recipes.rollouts import reward_metrics, train_rollout, validate
+from vagent.recipes.optim import make_optimizer, make_scheduler
+from vagent.recipes.rollouts import reward_metrics, train_rollout
 from vagent.recipes.scoring import (
     critic_forward, rl_temperature, score_logprobs, score_reference, score_shared, shift_right,
 )
@@ -159,7 +159,7 @@ def train_ppo(session: Session, start_step: int = 0, resume_from: str | None = N
             batch = build_token_batch(episodes, mode=batch_mode(cfg), pad_token_id=loaded.encoder.pad_token_id).to(device)
             filter_metrics, filter_scale = {}, 1.0
             if p.filter != "none":  # reward-variance filter (off by default): the groups whose rewards vary most
-                from vagent.recipes.grpo import filter_groups
+                from vagent.recipes.batching import filter_groups
 
                 batch, filter_scale, filter_metrics = filter_groups(cfg, batch, p)
             M = batch.loss_mask

@@ -18,7 +18,8 @@ from typing import Any, Sequence
 import torch
 
 from vagent.distributed import gather_objects, generation_mode, world
-from vagent.recipes.common import derive_seed, sampling_for, train_env_specs, val_env_specs
+from vagent.recipes.common import sampling_for, train_env_specs, val_env_specs
+from vagent.recipes.optim import derive_seed
 from vagent.recipes.session import Session
 
 

@@ -181,8 +181,7 @@ def prepare_model_once(cfg: RunConfig, console: Any) -> Path:
     by every rank together (:func:`build_tiny_spmd`); anything else rank 0 prepares alone while the
     other ranks wait for the model directory to appear. Every rank must see cache_dir."""
     from vagent.distributed import barrier, single_process, world
-    from vagent.recipes.common import prepare_model, tiny_model_dir
-
+    from vagent.recipes.tiny_cache import prepare_model, tiny_model_dir
     w = world()
     if not w.distributed:
         return prepare_model(cfg.model, cfg.envs, say=console)  # a Console: progress bars on a terminal
@@ -210,8 +209,7 @@ def build_tiny_spmd(cfg: RunConfig, console: Any) -> None:
     from filelock import FileLock
 
     from vagent.distributed import barrier, broadcast_object, world
-    from vagent.recipes.common import _build_tiny, tiny_model_dir
-
+    from vagent.recipes.tiny_cache import _build_tiny, tiny_model_dir
     w, out = world(), tiny_model_dir(cfg.model, cfg.envs)
     # not "<name>.tmp-*": prepare_model deletes those as left by killed builds, and ours is running
     tmp = None

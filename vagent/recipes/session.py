@@ -63,5 +63,4 @@ class Session:
         configured): the skeleton that a sharded policy's full weights are loaded into when an
         unsharded copy is needed (critic, reference, export)."""
         from vagent.recipes.common import load_model
-
         return load_model(self.cfg, self.model_dir, self.device).model

@@ -206,7 +206,7 @@ def sft_loss(model: torch.nn.Module, batch: Any, micro_tokens: int, chunk: int, 
     """Token-mean NLL over the loss mask (weighted by ``weights`` [B, L] when given: sum(w * nll) /
     sum(w)), accumulated over micro-batches; returns the loss and the (unweighted) accuracy.
     ``shared``: the tokens every row starts with (the system prompt) run once, without a graph
-    (``sft.shared_prefix``; :func:`vagent.recipes.common.shared_prefix`)."""
+    (``sft.shared_prefix``; :func:`vagent.recipes.scoring.shared_prefix`)."""
     from vagent.distributed import Padding, all_reduce_sum, rank_micro_batches
     from vagent.recipes.batching import accumulation_weight
     from vagent.recipes.optim import autocast

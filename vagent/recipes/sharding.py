@@ -50,7 +50,6 @@ def policy_export(session: Session, model: Any) -> Callable[[Path], None]:
     """``export(out)`` for ``save_checkpoint``: the policy as a ``from_pretrained`` directory. A
     sharded policy's full weights are gathered (every rank calls ``export``) and rank 0 writes."""
     from vagent.recipes.common import export_policy
-
     if root_of(model) is None:
         return lambda out: export_policy(model, session.model_dir, out)
 

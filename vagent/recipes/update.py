@@ -40,7 +40,7 @@ from torch import Tensor
 
 from vagent.distributed import Padding, gather_metrics, rank_micro_batches
 from vagent.recipes.batching import accumulation_weight, mini_batches
-from vagent.recipes.common import autocast, clip_grads, derive_seed
+from vagent.recipes.optim import autocast, clip_grads, derive_seed
 from vagent.recipes.scoring import critic_forward, policy_forward, shift_right
 from vagent.recipes.config import UpdateConfig
 from vagent.runs.errors import check_finite, check_module_finite
