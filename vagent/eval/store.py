@@ -20,7 +20,7 @@ Record schema (``schema: 1``)::
      "terminated", "truncated", "error", "usage": {"prompt_tokens", "completion_tokens",
      "retries", "reported_turns"}, "reasoning_scores": {judge: mean score over judged turns},
      "turns": [{"index", "observation": {"text", "images": [path], "n_images"}, "reply", "parsed": {...},
-                "env_reward", "reward", "reasoning_rewards", "reasoning_scores", "terminated",
+                "env_reward", "reward", "reasoning_rewards", "reasoning_scores", "judge_reasons", "terminated",
                 "truncated", "info", "state_before", "state_after", "finish_reason", "usage"}],
      "final_observation": {"text", "images", "n_images"} | null,
      "samples": [[{"role", "text", "images": [path], "n_images"}]],   # the conversations sent to the model
@@ -166,6 +166,7 @@ def episode_record(episode: Any, key: EpisodeKey, meta: Mapping[str, Any], out_d
             "parsed": plain(t.parsed),
             "env_reward": t.env_reward, "reward": t.reward,
             "reasoning_rewards": plain(t.reasoning_rewards), "reasoning_scores": plain(t.reasoning_scores),
+            "judge_reasons": plain(t.judge_reasons),
             "terminated": t.terminated, "truncated": t.truncated,
             "info": plain(t.info), "state_before": plain(t.state_before), "state_after": plain(t.state_after),
             "finish_reason": t.finish_reason, "usage": plain(t.usage),

@@ -8,9 +8,10 @@ left the chance plateau, while short image -> grid captions did after ~400-500 s
 ``model.tiny_pretrain_steps > 0`` teaches the tiny model one generic visual skill, reading the
 board, before the run, and caches the result with the model (it is part of building it).
 
-The captions: for states of the run's envs (reset with seeds of the ``train`` split, then a few
-random moves), the user message is the env's own observation (the same text and image the RL
-rollout shows, without the system prompt, which is the costly part of every prompt) and the
+The captions: for states of the run's env kinds, rendered with the model's own pretraining settings
+(``model.tiny_pretrain_env_config``, :func:`vagent.recipes.config.pretrain_env_entries`; for the
+default run they equal the rollout's), reset with seeds of the ``train`` split, then a few random
+moves, the user message is the env's observation (the same text and image the RL rollout shows, without the system prompt, which is the costly part of every prompt) and the
 target is the reply prefix ``<think><observation>{describe_state(state, "symbolic")}</observation>``
 (the grid, one row per line), optionally followed by ``<reasoning>`` and the natural-language
 relation of some object types to the agent ("The goal is below and to the right of you."). Only
