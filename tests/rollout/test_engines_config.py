@@ -133,3 +133,22 @@ def test_overlap_needs_a_separate_generator(tmp_path, tiny_dir):
         config(tmp_path, tiny_dir, [ENV], "rollout.overlap=1")
     with pytest.raises(ConfigError, match="urls"):
         config(tmp_path, tiny_dir, [dict(ENV, urls=["localhost:8000"])])
+
+
+def test_missing_ray_or_vllm_fails_before_anything_is_built(tmp_path):
+    """``vagent train`` with replicas but no Ray (hidden by a ``ray`` module that cannot be found:
+    a ``None`` entry in sys.modules), or with engine vllm on this CPU machine: one line, exit 1,
+    no model built and no run directory (the check runs before the SFT it would otherwise waste)."""
+    hide_ray = ("import sys; sys.modules['ray'] = None; import importlib.util as u; real = u.find_spec; "
+                "u.find_spec = lambda name, *a: None if name == 'ray' else real(name, *a); "
+                "from vagent.cli import main; sys.exit(main(sys.argv[1:]))")
+    cases = [([sys.executable, "-c", hide_ray], "rollout.replicas=2", "Ray is not installed"),
+             ([sys.executable, "-m", "vagent"], "rollout.engine=vllm", "needs vLLM")]
+    for prefix, override, message in cases:
+        if "vllm" in override and __import__("importlib").util.find_spec("vllm") is not None:
+            continue
+        out = subprocess.run([*prefix, "train", override, f"out_dir={tmp_path / 'runs'}",
+                              f"model.cache_dir={tmp_path / 'cache'}"], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 1, (out.stdout[-2000:], out.stderr[-2000:])
+        assert message in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
+        assert not (tmp_path / "runs").exists() and not (tmp_path / "cache").exists()

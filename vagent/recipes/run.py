@@ -86,7 +86,11 @@ def _train(cfg: RunConfig, run: Any, resuming: bool, console: Any, t_start: floa
     device = resolve_device(rank_device(cfg.device))  # several GPUs: cuda:LOCAL_RANK
     bf16 = use_bf16(cfg.bf16, device)
 
-    # the model first: a missing or incompatible model fails before a run directory exists
+    # what the rollout needs (Ray for replicas, one process for overlap) and the model first: a
+    # missing package or model fails before a run directory exists, not after SFT
+    from vagent.rollout.driver import check_rollout_setup
+
+    check_rollout_setup(cfg.rollout, world.distributed)
     model_dir = prepare_model_once(cfg, console)  # several processes: rank 0 builds, the others wait
     loaded = load_model(cfg, model_dir, device)
     check_compatible(loaded, cfg)

@@ -60,6 +60,24 @@ def env_factory_for(entry: Any) -> Callable[[], Any] | None:
         return _FACTORIES[key]
 
 
+def check_rollout_setup(r: Any, distributed: bool) -> None:
+    """Refuse, before anything is built, rollout settings this process cannot run: engine replicas
+    without Ray installed, vLLM without vLLM, overlap with replicas in a job of several ranks."""
+    import importlib.util
+
+    from vagent.config import ConfigError
+
+    if r.replicas >= 1 and importlib.util.find_spec("ray") is None:
+        raise ConfigError("rollout.replicas >= 1 runs engine replicas as Ray actors, and Ray is not installed: "
+                         "pip install 'vagent[ray]' (or set rollout.replicas 0 to generate in the training process).")
+    if r.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise ConfigError("rollout.engine vllm needs vLLM, which is not installed: pip install 'vagent[vllm]' on a "
+                         "machine with a CUDA GPU, or set rollout.engine hf.")
+    if distributed and r.overlap and r.replicas >= 1:
+        raise ConfigError("rollout.overlap 1 with engine replicas runs in one training process; in a job of several "
+                         "ranks set rollout.overlap 0 (the replicas still generate for every rank).")
+
+
 def is_default(r: Any) -> bool:
     """Whether the rollout settings are the in-process, lockstep, overlap-free default."""
     return r.engine == "hf" and r.replicas == 0 and r.schedule == "lockstep" and r.overlap == 0
@@ -248,4 +266,4 @@ def _base_model_keys(state: dict) -> dict:
     return state
 
 
-__all__ = ["RolloutDriver", "make_driver", "engine_replicas", "env_factory_for", "is_default"]
+__all__ = ["RolloutDriver", "make_driver", "check_rollout_setup", "engine_replicas", "env_factory_for", "is_default"]
