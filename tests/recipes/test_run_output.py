@@ -61,6 +61,10 @@ def test_train_log_has_every_phases_progress_with_eta(finished):
         assert len(lines) == 1 and ", ETA " in lines[0], (phase, log[-3000:])
     assert log.index("building tiny model") < log.index("caption pretraining (grid) 3/3") < log.index("config: ")
     assert "validation @ step 0" in log and "validation @ step 2" in log
+    for step in (0, 1, 2):  # validation's own progress: its last turn, with ETA, before its summary line
+        done = [ln for ln in log.splitlines() if ln.startswith(f"validation @ step {step} ") and ", ETA " in ln]
+        assert len(done) == 1 and " running=0" in done[0], (step, log[-3000:])
+        assert log.index(done[0]) < log.index(f"validation @ step {step}: success")
 
 
 def test_console_has_no_library_output_and_a_short_config(finished):

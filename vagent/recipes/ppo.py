@@ -248,11 +248,16 @@ def log_validation(session: Session, policy: Any, step: int) -> dict[str, float]
     """Validate (greedy, val split), log ``val/*`` at ``step`` (= RL steps completed) and, when
     ``log.rollouts_every`` is on, save every validation episode as ``rollouts/val_<6-digit step>.jsonl``
     (``vagent.runs.samples.save_validation``; docs/viewer.md)."""
-    from vagent.recipes.rollouts import validation_rollout
+    from vagent.recipes.rollouts import validation_rollout, validation_turns
+    from vagent.runs import StepProgress
     from vagent.runs.samples import save_validation
 
+    # plain lines (the RL bar may be live): every 20 s of a long validation, with ETA, and at its end
+    turns = validation_turns(session.cfg)
+    progress = StepProgress(turns, f"validation @ step {step}", session.console, enabled=False, every=turns,
+                            interval_s=20.0)
     with generation_mode(session.loaded.model):
-        result = validation_rollout(policy, session.cfg)
+        result = validation_rollout(policy, session.cfg, progress)
     metrics = result.metrics
     session.logger.log(step, metrics, phase="rl")
     if session.cfg.log.rollouts_every:

@@ -76,11 +76,18 @@ class Validation:
     episodes: list
 
 
-def validation_rollout(policy: Any, cfg: Any) -> Validation:
+def validation_turns(cfg: Any) -> int:
+    """The most lockstep turns a validation plays: the turn limit times the env entries it covers
+    (the ``total`` of a validation progress display)."""
+    return (cfg.val.max_turns or cfg.rollout.max_turns) * sum(e.n_val > 0 for e in cfg.envs)
+
+
+def validation_rollout(policy: Any, cfg: Any, progress: Any = None) -> Validation:
     """Greedy episodes on the ``val`` split of every env entry (the same seeds at every call).
 
     Metrics per env ``val/<env>/{success_rate, return, turns, format_accuracy}`` and over all
-    val episodes ``val/{success_rate, return, turns, format_accuracy, time_s}``.
+    val episodes ``val/{success_rate, return, turns, format_accuracy, time_s}``. ``progress``: a
+    ``StepProgress`` over :func:`validation_turns` turns, updated after each turn.
     """
     t0 = time.perf_counter()
     greedy = sampling_for(cfg, 0, greedy=True)
@@ -88,11 +95,16 @@ def validation_rollout(policy: Any, cfg: Any) -> Validation:
     out: dict[str, float] = {}
     all_eps, played = [], []
     names = [e.name for e in cfg.envs]
+    done = 0
     for e in cfg.envs:
         if e.n_val <= 0:
             continue
         eps = rollout_on_ranks(val_env_specs(e), policy, greedy, group_size=1, max_turns=max_turns,
-                               mode=cfg.rollout.mode, window=cfg.rollout.window)
+                               mode=cfg.rollout.mode, window=cfg.rollout.window,
+                               on_turn=_turn_progress(progress, done, max_turns, e.name))
+        done += max_turns
+        if progress is not None and progress.done < done:  # every episode ended before the turn limit
+            progress.update(done, {"env": e.name, "running": 0})
         played += list(eps)
         eps = [x for x in eps if x.error is None]
         all_eps += eps
@@ -102,6 +114,16 @@ def validation_rollout(policy: Any, cfg: Any) -> Validation:
         out.update({f"val/{k}": v for k, v in episode_summary(all_eps).items()})
     out["val/time_s"] = time.perf_counter() - t0
     return Validation(out, played)
+
+
+def _turn_progress(progress: Any, base: int, max_turns: int, env: str) -> Any:
+    """``rollout``'s ``on_turn`` for a validation progress display (None without one)."""
+    if progress is None:
+        return None
+
+    def on_turn(t: int, running: int) -> None:
+        progress.update(base + (t if running else max_turns), {"env": env, "running": running})
+    return on_turn
 
 
 def validate(policy: Any, cfg: Any) -> dict[str, float]:

@@ -91,6 +91,7 @@ def rollout(
     max_workers: int = 16,
     env_factory: Callable[[EnvSpec], Any] | None = None,
     schedule: str = "lockstep",
+    on_turn: Callable[[int, int], None] | None = None,
 ) -> RolloutResult:
     """Roll out ``len(env_specs) * group_size`` episodes (see the module docstring).
 
@@ -107,6 +108,8 @@ def rollout(
         env_factory: optional ``(spec) -> Env`` used for specs without their own ``factory``.
         schedule: ``"lockstep"`` (one batched policy call per turn) or ``"async"`` (each
             trajectory advances on its own; see *Asynchronous schedule*).
+        on_turn: optional ``(turns_done, episodes_running)`` called after each lockstep turn
+            (progress displays); the asynchronous schedule has no turn boundary and does not call it.
     Returns:
         :class:`RolloutResult`: the episodes in (spec, group member) order, with ``.metrics``.
     """
@@ -170,6 +173,8 @@ def rollout(
                 for (lv, reply), stepped in zip(stepping, results):
                     if stepped is not None:
                         _record(lv, t, reply, stepped, max_turns, window)
+                if on_turn is not None:
+                    on_turn(t + 1, sum(not lv.done for lv in lives))
         finally:
             list(pool.map(_close, lives))
     episodes = [lv.episode for lv in lives]
