@@ -39,20 +39,10 @@ def micro_batch_rows(batch: Any, max_tokens: int) -> list[list[int]]:
     Rows are taken longest first so that rows of similar length share a micro-batch and little
     compute goes to padding; accumulation makes the order irrelevant to the gradient.
     """
-    groups: list[list[int]] = []
-    current: list[int] = []
-    longest = 0
+    from vagent.rollout.batch import pack_rows
+
     lengths = batch.lengths.tolist()
-    for r in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
-        n = lengths[r]
-        if current and (len(current) + 1) * max(longest, n) > max_tokens:
-            groups.append(current)
-            current, longest = [], 0
-        current.append(r)
-        longest = max(longest, n)
-    if current:
-        groups.append(current)
-    return groups
+    return pack_rows(sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)), lengths, max_tokens)
 
 
 def rank_micro_batches(batch: Any, max_tokens: int) -> list[list[int]]:
