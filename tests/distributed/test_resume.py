@@ -48,6 +48,7 @@ def test_two_process_checkpoint_resumes_in_one(sft_ppo_two, tmp_path):
     run = tmp_path / sft_ppo_two.name
     shutil.copytree(sft_ppo_two, run)
     shutil.rmtree(run / "checkpoints" / "step_000002")
+    (run / "summary.json").unlink()  # as if killed during step 2 (a finished run's resume changes nothing)
     run_job(train_cmd(None, "--resume", str(run)), tmp_path)
     resumed, expected = metrics(run), metrics(sft_ppo_two)
     assert [(r["phase"], r["step"]) for r in resumed] == [(r["phase"], r["step"]) for r in expected]

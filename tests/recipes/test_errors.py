@@ -55,7 +55,7 @@ def test_nan_in_sft_loss_stops_the_run(tmp_path, small_cfg, inf_model):
 
     cfg = load_config(None, small_overrides(tmp_path, inf_model, "recipe=sft", "sft.steps=3", "sft.demos_per_env=2",
                                             "sft.batch_size=2"))
-    with pytest.raises(NonFiniteError, match=r"sft/loss became nan at sft step 0.*No checkpoint was written yet"):
+    with pytest.raises(NonFiniteError, match=r"sft/loss became nan at sft step 1.*No checkpoint was written yet"):
         train(cfg, quiet=True)
 
 
@@ -75,7 +75,7 @@ def test_blow_up_keeps_the_last_good_checkpoint(tmp_path, tiny_vlm):
 
     cfg = load_config(None, small_overrides(tmp_path, tiny_vlm, "sft.steps=1", "sft.demos_per_env=2",
                                             "sft.batch_size=2", "update.actor_lr=1e30", "update.epochs=2"))
-    with pytest.raises(NonFiniteError, match=r"loss/policy became nan at rl step 0.*sft_000001") as info:
+    with pytest.raises(NonFiniteError, match=r"loss/policy became nan at rl step 1.*sft_000001") as info:
         train(cfg, quiet=True)
     run = next((tmp_path / "runs").iterdir())
     assert [(c.phase, c.step) for c in list_checkpoints(run / "checkpoints")] == [("sft", 1)]

@@ -168,17 +168,24 @@ def test_killed_build_is_cleaned_up_by_the_next(tmp_path):
     assert (_model_line(out) / "config.json").is_file()
 
 
-def test_build_that_raises_leaves_nothing(tmp_path):
+def test_build_that_raises_leaves_nothing(tmp_path, monkeypatch):
+    """The model is built into its temporary folder, then caption pretraining raises: the folder
+    is removed and no model directory appears."""
+    import vagent.recipes.pretrain
+    from vagent.recipes.config import load_config
     from vagent.recipes.tiny_cache import prepare_model
-    from vagent.recipes.config import EnvEntry, load_config
 
+    def fail(*args, **kwargs):
+        raise RuntimeError("caption pretraining failed")
+
+    monkeypatch.setattr(vagent.recipes.pretrain, "pretrain_captions", fail)
     cfg = load_config()
     m = cfg.model
     m.cache_dir = str(tmp_path / "cache")
     m.tiny_pretrain_steps = 2
-    bad = [EnvEntry(name="no_such_env", config={})]
-    with pytest.raises(Exception):
-        prepare_model(m, bad, say=lambda s: None)
+    with pytest.raises(RuntimeError, match="caption pretraining failed"):
+        prepare_model(m, cfg.envs, say=lambda s: None)
+    assert (tmp_path / "cache").is_dir()  # the build had started
     assert not list((tmp_path / "cache").glob("*.tmp-*"))
     assert not [d for d in (tmp_path / "cache").iterdir() if d.is_dir()]
 
