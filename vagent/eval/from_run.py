@@ -32,7 +32,7 @@ class RunCheckpoint:
     """A training run directory and one checkpoint in it."""
 
     run_dir: Path
-    #: ``checkpoints/step_XXXXXX`` (or ``sft_XXXXXX``)
+    #: the checkpoint folder, ``checkpoints/step_<6-digit RL step>`` (or ``sft_<6-digit SFT step>``)
     checkpoint: Path
 
     @property

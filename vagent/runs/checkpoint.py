@@ -1,6 +1,6 @@
 """Checkpoints that resume a run exactly: weights, optimizers, schedulers, RNG states, position.
 
-A checkpoint is a folder ``checkpoints/step_XXXXXX`` (or ``sft_XXXXXX`` during an SFT phase)::
+A checkpoint is a folder ``checkpoints/step_<step>`` (or ``sft_<step>`` during an SFT phase)::
 
     state.pt     {"phase", "step", "data_position", "rng", "optimizers", "schedulers", "extra"}
     <name>.pt    a state_dict per module (policy, critic, ...) - exact for resuming
