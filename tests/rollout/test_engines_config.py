@@ -135,6 +135,20 @@ def test_overlap_needs_a_separate_generator(tmp_path, tiny_dir):
         config(tmp_path, tiny_dir, [dict(ENV, urls=["localhost:8000"])])
 
 
+def test_rollout_setups_that_cannot_run_are_refused_with_the_fix():
+    """vLLM replicas are not built, and a colocated vLLM sends one unsharded model: both are refused
+    (with what to set instead) before anything is built; overlap with replicas in a job is allowed."""
+    from vagent.recipes.config import RolloutConfig
+    from vagent.rollout.driver import check_rollout_setup
+
+    with pytest.raises(ConfigError, match="vLLM replicas are not built"):
+        check_rollout_setup(RolloutConfig(engine="vllm", replicas=2), distributed=False)
+    with pytest.raises(ConfigError, match="several ranks use rollout.engine hf"):
+        check_rollout_setup(RolloutConfig(engine="vllm"), distributed=True)
+    if __import__("importlib").util.find_spec("ray") is not None:
+        check_rollout_setup(RolloutConfig(replicas=2, overlap=1), distributed=True)
+
+
 def test_missing_ray_or_vllm_fails_before_anything_is_built(tmp_path):
     """``vagent train`` with replicas but no Ray (hidden by a ``ray`` module that cannot be found:
     a ``None`` entry in sys.modules), or with engine vllm on this CPU machine: one line, exit 1,

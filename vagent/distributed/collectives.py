@@ -3,15 +3,55 @@
 Every helper returns at once in a single process (no process group, no collective). In a job,
 a collective that fails -- usually because another rank died first, or is stuck past the process
 group's timeout -- raises :class:`DistributedError` naming this rank and the collective.
+
+Process groups: the helpers use the job's default group, or, in a thread inside
+``with on_group(g):``, the group ``g`` from :func:`side_group`. Two threads of a rank may then run
+collectives at the same time without mixing them up: the overlapped rollout gathers its episodes
+on its own group while the trainer's update runs its collectives on the default one.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+import contextlib
+import threading
+from datetime import timedelta
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
 from vagent.distributed.world import world
+
+_LOCAL = threading.local()
+
+
+def side_group(name: str, timeout_s: float | None = None) -> Any:
+    """A second process group over every rank (gloo: CPU objects and tensors), for collectives that
+    run in another thread beside the default group's, or that may wait longer than the job's
+    ``dist.timeout_s`` (``timeout_s``; default: the job's), used ``with on_group(group):``. Every
+    rank must call it, in the same order. A single process: None."""
+    w = world()
+    if not w.distributed:
+        return None
+    import torch.distributed as dist
+
+    wait = timedelta(seconds=timeout_s or w.timeout_s or 600.0)
+    return collective(f"new_group:{name}", lambda: dist.new_group(backend="gloo", timeout=wait))
+
+
+@contextlib.contextmanager
+def on_group(group: Any) -> Iterator[None]:
+    """The helpers of this module called in this thread inside the block use ``group`` (None: the
+    default group)."""
+    before = getattr(_LOCAL, "group", None)
+    _LOCAL.group = group
+    try:
+        yield
+    finally:
+        _LOCAL.group = before
+
+
+def _group() -> Any:
+    return getattr(_LOCAL, "group", None)
 
 
 class DistributedError(RuntimeError):
@@ -36,7 +76,7 @@ def barrier(name: str) -> None:
     if world().distributed:
         import torch.distributed as dist
 
-        collective(f"barrier:{name}", dist.barrier)
+        collective(f"barrier:{name}", lambda: dist.barrier(group=_group()))
 
 
 def all_reduce_sum(values: Sequence[float], name: str = "sum") -> list[float]:
@@ -46,7 +86,7 @@ def all_reduce_sum(values: Sequence[float], name: str = "sum") -> list[float]:
     import torch.distributed as dist
 
     t = torch.tensor([float(v) for v in values], dtype=torch.float64)
-    collective(f"all_reduce:{name}", lambda: dist.all_reduce(t, op=dist.ReduceOp.SUM))
+    collective(f"all_reduce:{name}", lambda: dist.all_reduce(t, op=dist.ReduceOp.SUM, group=_group()))
     return t.tolist()
 
 
@@ -57,7 +97,7 @@ def global_max(value: int, name: str = "max") -> int:
     import torch.distributed as dist
 
     t = torch.tensor([int(value)], dtype=torch.long)
-    collective(f"all_reduce_max:{name}", lambda: dist.all_reduce(t, op=dist.ReduceOp.MAX))
+    collective(f"all_reduce_max:{name}", lambda: dist.all_reduce(t, op=dist.ReduceOp.MAX, group=_group()))
     return int(t.item())
 
 
@@ -76,7 +116,7 @@ def gather_objects(obj: Any, name: str = "objects") -> list:
     import torch.distributed as dist
 
     out: list = [None] * w.size
-    collective(f"all_gather_object:{name}", lambda: dist.all_gather_object(out, obj))
+    collective(f"all_gather_object:{name}", lambda: dist.all_gather_object(out, obj, group=_group()))
     return out
 
 
@@ -87,7 +127,7 @@ def broadcast_object(obj: Any, name: str = "broadcast") -> Any:
     import torch.distributed as dist
 
     box = [obj]
-    collective(f"broadcast_object:{name}", lambda: dist.broadcast_object_list(box, src=0))
+    collective(f"broadcast_object:{name}", lambda: dist.broadcast_object_list(box, src=0, group=_group()))
     return box[0]
 
 

@@ -65,12 +65,15 @@ def import_ray() -> Any:
     return ray
 
 
-def start_ray(num_cpus: int | None = None, object_store_mb: int = 256, **kwargs: Any) -> Any:
+def start_ray(num_cpus: int | None = None, object_store_mb: int = 256, *, num_gpus: int | None = None,
+              tries: int = 5, **kwargs: Any) -> Any:
     """Start (or join, when already started) a local Ray cluster; returns the ``ray`` module.
 
     Token auth is turned off (``RAY_AUTH_MODE=disabled``) unless the caller set it: the cluster
-    listens on loopback only and Ray 2.60 would otherwise write a token file. Call
-    ``ray.shutdown()`` when done (``RemoteEngine.close(shutdown=True)`` does).
+    listens on loopback only and Ray 2.60 would otherwise write a token file. On a busy machine
+    Ray's raylet may not register within Ray's fixed 30 s: the start is then tried again (``tries``
+    times in all), after killing the failed attempt's processes. Call ``ray.shutdown()`` when done
+    (``RemoteEngine.close(shutdown=True)`` does).
     """
     ray = import_ray()
     if ray.is_initialized():
@@ -79,9 +82,39 @@ def start_ray(num_cpus: int | None = None, object_store_mb: int = 256, **kwargs:
         join_ray(os.environ["RAY_ADDRESS"])
         return ray
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(num_cpus=num_cpus, include_dashboard=False, object_store_memory=object_store_mb * 2**20,
-             log_to_driver=False, configure_logging=False, **kwargs)
-    return ray
+    for attempt in range(1, tries + 1):
+        try:
+            ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False,
+                     object_store_memory=object_store_mb * 2**20, log_to_driver=False, configure_logging=False,
+                     **kwargs)
+            return ray
+        except Exception as exc:  # Ray raises a bare Exception for the startup timeout
+            ray.shutdown()
+            _kill_own_ray_processes()  # the failed start's GCS, monitor and dashboard (ray.shutdown leaves them)
+            if "timed out during startup" not in str(exc) or attempt == tries:
+                raise RuntimeError(f"the local Ray cluster did not start ({exc}); on a busy machine try again when "
+                                   "the load is lower, or start one yourself (`ray start --head`) and set "
+                                   "RAY_ADDRESS") from exc
+            logger.warning("the local Ray cluster did not start in time (attempt %d of %d); trying again",
+                           attempt, tries)
+    raise AssertionError("unreachable")
+
+
+def _kill_own_ray_processes() -> None:
+    """SIGKILL, by pid, the processes of this process's own Ray sessions (their command lines name
+    the session folder ``session_<time>_<this pid>``; the agents of a raylet that crashed are
+    orphans by then, so children() alone misses them)."""
+    import re
+
+    import psutil
+
+    mark = re.compile(rf"session_[0-9_-]+_{os.getpid()}\b")
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if proc.pid != os.getpid() and mark.search(" ".join(proc.info["cmdline"] or [])):
+                proc.kill()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
 
 
 def join_ray(address: str) -> bool:

@@ -128,7 +128,8 @@ def train_grpo(session: Session, start_step: int = 0, resume_from: str | None = 
     reasoning = session.reasoning_reward()
     # where training rollouts are generated (rollout.engine / replicas / schedule / overlap); the
     # default is train_rollout(session, policy, step, reasoning) with this in-process policy
-    driver = make_driver(cfg, loaded, policy, lambda pol, k: train_rollout(session, pol, k, reasoning),
+    driver = make_driver(cfg, loaded, policy,
+                         lambda pol, k, unshard: train_rollout(session, pol, k, reasoning, unshard=unshard),
                          model_dir=session.model_dir, fresh_model=session.load_fresh_model)
     bar = StepProgress(cfg.steps, cfg.recipe.upper(), session.console, cfg.log.progress, start=start_step)
     last_val: dict[str, float] = {}

@@ -43,7 +43,6 @@ tokens) with FSDP2-sharded models (``vagent.recipes.sharding``, docs/distributed
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Any
 
@@ -144,7 +143,8 @@ def train_ppo(session: Session, start_step: int = 0, resume_from: str | None = N
     reasoning = session.reasoning_reward()
     # where training rollouts are generated (rollout.engine / replicas / schedule / overlap); the
     # default is train_rollout(session, policy, step, reasoning) with this in-process policy
-    driver = make_driver(cfg, loaded, policy, lambda pol, k: train_rollout(session, pol, k, reasoning),
+    driver = make_driver(cfg, loaded, policy,
+                         lambda pol, k, unshard: train_rollout(session, pol, k, reasoning, unshard=unshard),
                          model_dir=session.model_dir, fresh_model=session.load_fresh_model)
     bar = StepProgress(cfg.steps, cfg.recipe.upper(), session.console, cfg.log.progress, start=start_step)
     last_val: dict[str, float] = {}
@@ -292,8 +292,7 @@ def after_step(session: Session, done: int, metrics: dict, episodes: Any, dump: 
     val = log_validation(session, policy, done) if due(cfg.val.every, done, cfg.steps) else None
     if due(log.rollouts_every, done, cfg.steps):  # the episodes update `done` trained on, for `vagent view`
         save_rollouts(session.run.rollouts, done, episodes, log.rollouts_n, log.rollouts_max_mb)
-        every_step = dataclasses.replace(log, rollouts_every=1)  # the schedule is decided here
-        save_token_rows(session.run.rollouts, done, every_step, dump.pop("batch"), session.loaded.encoder, **dump)
+        save_token_rows(session.run.rollouts, done, log, dump.pop("batch"), session.loaded.encoder, **dump)
     if done == cfg.steps or due(log.checkpoint_every, done, cfg.steps):  # the last step always
         ck = save_checkpoint(
             session.run.checkpoints, "rl", done, modules, optimizers, schedulers,

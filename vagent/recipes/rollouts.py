@@ -11,6 +11,7 @@ rollout (:func:`vagent.distributed.generation_mode`), so decoding does not all-g
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from typing import Any, Sequence
@@ -160,15 +161,17 @@ def reward_metrics(episodes: Sequence[Any]) -> dict[str, float]:
     }
 
 
-def train_rollout(session: Session, policy: Any, step: int, reasoning: Any) -> Any:
-    """The training rollout of RL ``step`` (sampled, train-split seeds of the step). If generation
-    fails because the policy's weights hold NaN/inf, say so (NonFiniteError) instead of a sampler
-    error."""
+def train_rollout(session: Session, policy: Any, step: int, reasoning: Any, unshard: bool = True) -> Any:
+    """The training rollout of RL ``step`` (sampled, train-split seeds of the step). ``unshard``: the
+    policy generates with the trainer's model, gathered once for the rollout when sharded (False
+    for a separate generator: engine replicas or vLLM, which leave the trainer's parameters alone).
+    If generation fails because the policy's weights hold NaN/inf, say so (NonFiniteError) instead
+    of a sampler error."""
     from vagent.runs.errors import check_module_finite
 
     cfg = session.cfg
     try:
-        with generation_mode(session.loaded.model):
+        with generation_mode(session.loaded.model) if unshard else contextlib.nullcontext():
             return rollout_on_ranks(train_env_specs(cfg, step), policy, sampling_for(cfg, step),
                                     group_size=cfg.rollout.group_size, max_turns=cfg.rollout.max_turns,
                                     mode=cfg.rollout.mode, window=cfg.rollout.window, reasoning_reward=reasoning,

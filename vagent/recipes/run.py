@@ -86,8 +86,9 @@ def _train(cfg: RunConfig, run: Any, resuming: bool, console: Any, t_start: floa
     device = resolve_device(rank_device(cfg.device))  # several GPUs: cuda:LOCAL_RANK
     bf16 = use_bf16(cfg.bf16, device)
 
-    # what the rollout needs (Ray for replicas, one process for overlap) and the model first: a
-    # missing package or model fails before a run directory exists, not after SFT
+    # what the rollout needs (Ray for replicas, vLLM for engine vllm) and the model first: a
+    # missing package, an impossible rollout setting or a missing model fails before a run
+    # directory exists, not after SFT
     from vagent.rollout.driver import check_rollout_setup
 
     check_rollout_setup(cfg.rollout, world.distributed)
@@ -186,6 +187,7 @@ def prepare_model_once(cfg: RunConfig, console: Any) -> Path:
     other ranks wait for the model directory to appear. Every rank must see cache_dir."""
     from vagent.distributed import barrier, single_process, world
     from vagent.recipes.tiny_cache import prepare_model, tiny_model_dir
+
     w = world()
     if not w.distributed:
         return prepare_model(cfg.model, cfg.envs, say=console)  # a Console: progress bars on a terminal
@@ -214,6 +216,7 @@ def build_tiny_spmd(cfg: RunConfig, console: Any) -> None:
 
     from vagent.distributed import barrier, broadcast_object, world
     from vagent.recipes.tiny_cache import _build_tiny, tiny_model_dir
+
     w, out = world(), tiny_model_dir(cfg.model, cfg.envs)
     # not "<name>.tmp-*": prepare_model deletes those as left by killed builds, and ours is running
     tmp = None

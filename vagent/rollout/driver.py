@@ -16,7 +16,14 @@ The RL recipes ask the driver for step ``k``'s episodes (``driver.get(k)``); the
   background thread on the generator's weights at that moment (the trainer's after ``k``
   updates) while step ``k`` updates: bounded staleness 1. Step ``k+1`` then trains on episodes
   one update old; the recipes take the PPO ratio against their sampling-time (behaviour)
-  log-probs. Needs a generator apart from the trainer's model (replicas >= 1 or vllm).
+  log-probs. Needs a generator apart from the trainer's model (replicas >= 1 or vllm). In a job
+  of several ranks the background rollout gathers the ranks' episodes on a process group of its
+  own (``vagent.distributed.side_group``), so its collectives never meet the update's.
+
+The recipe's rollout is called as ``run(policy, step, unshard)``: ``unshard`` is True when the
+policy generates with the trainer's own model (a sharded model is then gathered once for the
+rollout, ``vagent.distributed.generation_mode``) and False when a separate generator does (engine
+replicas, vLLM), whose rollout must not touch the trainer's parameters.
 
 Every step's metrics gain, where the engine records versions, ``rollout/weights_version`` (the
 oldest weights version that sampled a turn) and ``rollout/weights_lag`` (trainer version minus
@@ -62,20 +69,25 @@ def env_factory_for(entry: Any) -> Callable[[], Any] | None:
 
 def check_rollout_setup(r: Any, distributed: bool) -> None:
     """Refuse, before anything is built, rollout settings this process cannot run: engine replicas
-    without Ray installed, vLLM without vLLM, overlap with replicas in a job of several ranks."""
+    without Ray installed, vLLM without vLLM, vLLM replicas, a colocated vLLM in a job of several ranks."""
     import importlib.util
 
     from vagent.config import ConfigError
 
+    if r.engine == "vllm" and r.replicas >= 1:
+        raise ConfigError("rollout.replicas N runs hf engine replicas as Ray actors; vLLM replicas are not built. "
+                         "Use rollout.engine vllm with rollout.replicas 0 (vLLM colocated on the trainer's GPU), "
+                         "or rollout.engine hf with rollout.replicas N.")
+    if distributed and r.engine == "vllm":
+        raise ConfigError("rollout.engine vllm (colocated) runs in one training process: its weight transfer sends "
+                         "one unsharded model. In a job of several ranks use rollout.engine hf with "
+                         "rollout.replicas N (engine replicas shared by every rank), or run one process.")
     if r.replicas >= 1 and importlib.util.find_spec("ray") is None:
         raise ConfigError("rollout.replicas >= 1 runs engine replicas as Ray actors, and Ray is not installed: "
                          "pip install 'vagent[ray]' (or set rollout.replicas 0 to generate in the training process).")
     if r.engine == "vllm" and importlib.util.find_spec("vllm") is None:
         raise ConfigError("rollout.engine vllm needs vLLM, which is not installed: pip install 'vagent[vllm]' on a "
                          "machine with a CUDA GPU, or set rollout.engine hf.")
-    if distributed and r.overlap and r.replicas >= 1:
-        raise ConfigError("rollout.overlap 1 with engine replicas runs in one training process; in a job of several "
-                         "ranks set rollout.overlap 0 (the replicas still generate for every rank).")
 
 
 def is_default(r: Any) -> bool:
@@ -87,7 +99,8 @@ class RolloutDriver:
     """Step ``k``'s training episodes from the configured generator (see the module docstring).
 
     Args:
-        run: ``(policy, step) -> RolloutResult``, the recipe's rollout of one step.
+        run: ``(policy, step, unshard) -> RolloutResult``, the recipe's rollout of one step (see the
+            module docstring for ``unshard``).
         policy: the policy to roll out with (the recipe's own one on the default path).
         engine: the generator whose weights are pushed (``update_weights(model, version)``), or None.
         model: the trainer's model (pushed to ``engine``).
@@ -106,6 +119,24 @@ class RolloutDriver:
         self.overlap, self.steps, self.owns_ray = overlap, steps, owns_ray
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vagent-overlap") if overlap else None
         self._pending: tuple[int, Future] | None = None
+        # the background rollout's collectives (a job's episode gather) run on a group of their own
+        self._group = None
+        if overlap:
+            from vagent.distributed import side_group
+
+            self._group = side_group("overlapped rollout")
+
+    @property
+    def unshard(self) -> bool:
+        """Whether the rollout generates with the trainer's own model (no separate generator)."""
+        return self.engine is None
+
+    def _run_beside(self, step: int) -> Any:
+        """The recipe's rollout of ``step`` in the background thread, on the driver's own group."""
+        from vagent.distributed import on_group
+
+        with on_group(self._group):
+            return self.run(self.policy, step, self.unshard)
 
     def _push(self, version: int) -> None:
         if self.engine is None or self.engine.weights_version == version:
@@ -132,10 +163,10 @@ class RolloutDriver:
             self._pending = None
         else:
             self._push(step)  # the trainer has made `step` updates
-            episodes = self.run(self.policy, step)
+            episodes = self.run(self.policy, step, self.unshard)
         if self._pool is not None and step + 1 < self.steps:
             self._push(step)
-            self._pending = (step + 1, self._pool.submit(self.run, self.policy, step + 1))
+            self._pending = (step + 1, self._pool.submit(self._run_beside, step + 1))
         elif getattr(self.engine, "sleep", None) is not None:
             self.engine.sleep()  # a colocated vLLM frees its KV cache while the trainer updates
         self._annotate(episodes, step)
@@ -204,6 +235,11 @@ def make_driver(cfg: Any, loaded: Any, policy: Any, run: Callable[[Any, int], An
                          owns_ray=owns_ray)
 
 
+#: seconds the ranks of a job wait for each other while the replicas start (Ray start with retries,
+#: actor creation, joining): at least this, or the job's dist.timeout_s when longer
+STARTUP_TIMEOUT_S = 1800.0
+
+
 def engine_replicas(cfg: Any, loaded: Any, fresh_model: Callable[[], Any] | None = None) -> tuple[Any, bool]:
     """(``RemoteEngine`` over ``rollout.replicas`` Ray actors, whether this process started Ray).
 
@@ -214,7 +250,7 @@ def engine_replicas(cfg: Any, loaded: Any, fresh_model: Callable[[], Any] | None
     episodes on one shared pool (routing, retries and weight versions as in one process). Weights
     are pushed by rank 0 (``RolloutDriver``) after the ranks gather them.
     """
-    from vagent.distributed import broadcast_object, full_state_dict, root_of, world
+    from vagent.distributed import barrier, broadcast_object, full_state_dict, on_group, root_of, side_group, world
     from vagent.models.remote import RemoteEngine, import_ray, join_ray, start_ray
 
     r = cfg.rollout
@@ -225,10 +261,10 @@ def engine_replicas(cfg: Any, loaded: Any, fresh_model: Callable[[], Any] | None
         start_ray()
         return RemoteEngine(loaded.model, loaded.encoder, replicas=r.replicas, prefix_cache=r.prefix_cache,
                             threads=r.replica_threads), owns
-    if r.overlap:
-        raise ValueError("rollout.overlap 1 with engine replicas runs in one training process; in a job of several "
-                         "ranks set rollout.overlap 0 (the replicas still generate for every rank).")
     full = full_state_dict(loaded.model, to_all_ranks=False)  # every rank takes part; rank 0 gets the weights
+    # starting Ray and the replicas (rank 0), joining and attaching (the others) may take minutes on a
+    # busy machine: the ranks wait for each other on a group whose timeout allows it, not the job's
+    slow = side_group("engine replicas start", timeout_s=max(world().timeout_s, STARTUP_TIMEOUT_S))
     engine, owns, info = None, False, None
     if w.rank == 0:
         try:
@@ -246,14 +282,18 @@ def engine_replicas(cfg: Any, loaded: Any, fresh_model: Callable[[], Any] | None
             info = {"address": ray.get_runtime_context().gcs_address, "names": names}
         except Exception as exc:  # the other ranks must not wait for replicas that will never come
             info = {"error": f"{type(exc).__name__}: {exc}"}
-            broadcast_object(info, "engine replicas")
+            with on_group(slow):
+                broadcast_object(info, "engine replicas")
             raise
-    info = broadcast_object(info, "engine replicas")
+    with on_group(slow):
+        info = broadcast_object(info, "engine replicas")
     if "error" in info:
         raise RuntimeError(f"rank 0 could not start the engine replicas: {info['error']}")
     if w.rank != 0:
         owns = join_ray(info["address"])
         engine = RemoteEngine.attach(info["names"], loaded.encoder)
+    with on_group(slow):
+        barrier("engine replicas attached")
     return engine, owns
 
 
