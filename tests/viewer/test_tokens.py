@@ -12,6 +12,7 @@ import torch
 
 from tests.viewer._run import PAD, CharTokenizer, FakeEncoder, episode
 from vagent.rollout.batch import build_token_batch
+from vagent.runs.rundir import due
 from vagent.runs.tokens import _floats, read_token_rows, rows_as_tensors, save_token_rows, token_dump_path
 from vagent.viewer.data import split_row
 
@@ -53,12 +54,13 @@ def test_dump_round_trips_the_token_batch_exactly(tmp_path, batch_and_arrays):
     assert [r["length"] for r in doc["rows"]] == want.lengths.tolist()
 
 
-def test_dump_follows_the_rollout_schedule_and_the_size_cap(tmp_path, batch_and_arrays):
+def test_dump_schedule_and_the_size_cap(tmp_path, batch_and_arrays):
+    """The recipes dump at ``due(log.rollouts_every, step, last)``: every k steps and the last one,
+    never with 0; past ``rollouts_max_mb`` the dump is a stub that names the setting."""
+    assert [s for s in range(1, 8) if due(LOG.rollouts_every, s, 7)] == [2, 4, 6, 7]
+    assert not any(due(0, s, 7) for s in range(1, 8))
     batch, arrays = batch_and_arrays
     enc = FakeEncoder(CharTokenizer())
-    assert save_token_rows(tmp_path, 3, LOG, batch, enc, **arrays) is None  # 3 % rollouts_every != 0
-    off = SimpleNamespace(rollouts_every=0, rollouts_n=3, rollouts_max_mb=50.0)
-    assert save_token_rows(tmp_path, 0, off, batch, enc, **arrays) is None
     (tmp_path / "big.bin").write_bytes(b"x" * 30_000)
     capped = SimpleNamespace(rollouts_every=1, rollouts_n=3, rollouts_max_mb=0.02)
     stub = read_token_rows(save_token_rows(tmp_path, 5, capped, batch, enc, **arrays))

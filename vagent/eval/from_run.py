@@ -103,6 +103,7 @@ def run_mapping(path: str | Path) -> tuple[dict[str, Any], RunCheckpoint]:
                           "(or a checkpoint inside one); for any other model directory use --backend hf --model DIR.")
     run = load_run_config(rc.run_dir)
     from vagent.recipes.common import stop_strings
+
     envs, formats = [], []
     names = [e.name for e in run.envs]
     for i, e in enumerate(run.envs):

@@ -1,7 +1,8 @@
 """The token dump: what each sampled row was trained on, for ``vagent view`` (``vagent.viewer``).
 
-At the rollout-dump schedule (``log.rollouts_every``) the recipes call :func:`save_token_rows`
-once per RL step, after the advantages are computed. It writes
+At the rollout-dump schedule (``log.rollouts_every``, decided by the caller with
+``vagent.runs.rundir.due``) the recipes call :func:`save_token_rows` for that RL step, after the
+advantages are computed. It writes
 ``rollouts/step_<6-digit step>.tokens.json`` beside the episodes' ``step_<6-digit step>.jsonl``, for the batch
 rows whose episode is one of the ``log.rollouts_n`` saved there. One JSON object::
 
@@ -110,15 +111,16 @@ def dump_rows(batch: Any, episodes: range | list[int], arrays: Mapping[str, Tens
 def save_token_rows(folder: str | Path, step: int, log: Any, batch: Any, encoder: Any, *, logprobs: Tensor,
                     advantages: Tensor, values: Tensor | None = None, returns: Tensor | None = None,
                     entropy: Tensor | None = None) -> Path | None:
-    """Write ``step_<6-digit step>.tokens.json`` on the ``log.rollouts_every`` schedule (see the module
-    docstring); returns its path, or None when this step has no dump (or this rank is not 0).
+    """Write ``step_<6-digit step>.tokens.json`` (see the module docstring) for the first
+    ``log.rollouts_n`` episodes, or a stub naming ``log.rollouts_max_mb`` when ``folder`` is full;
+    returns its path, or None on ranks other than 0. The caller decides the schedule.
 
     batch: the trained ``TokenBatch`` (B rows, L positions); logprobs, advantages, values, returns,
     entropy: [B, L] aligned with ``batch.input_ids``; encoder: the policy's ``ChatEncoder``.
     """
     from vagent.distributed import world
 
-    if not log.rollouts_every or step % log.rollouts_every or not world().is_main:
+    if not world().is_main:
         return None
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
