@@ -34,9 +34,9 @@ def _write_trial(root: Path, row: str, seed: int, success: list[float], wall_s: 
         (run / "summary.json").write_text(json.dumps({"run_dir": str(run), "wall_time_s": wall_s}))
 
 
-@pytest.fixture
-def sweep_dir(tmp_path) -> Path:
-    root = tmp_path / "sweep"
+def write_synthetic_trials(root: Path) -> list[dict]:
+    """The trials of SUCCESS / WALL_S under ``root`` (seeds 0-2 of each row; the missing ones not
+    run) and a killed trial ``half/seed_2`` without summary.json; returns sweep.json's trial list."""
     trials = []
     for row, seeds in SUCCESS.items():
         for seed in range(3):
@@ -44,6 +44,13 @@ def sweep_dir(tmp_path) -> Path:
             if seed in seeds:
                 _write_trial(root, row, seed, seeds[seed], WALL_S[row][seed])
     _write_trial(root, "half", 2, [0.0, 0.0], None)  # killed: no summary.json
+    return trials
+
+
+@pytest.fixture
+def sweep_dir(tmp_path) -> Path:
+    root = tmp_path / "sweep"
+    trials = write_synthetic_trials(root)
     (root / "sweep.json").write_text(json.dumps({
         "name": "synthetic", "baseline": "base", "seeds": [0, 1, 2], "trials": trials,
         "rows": [{"name": r, "values": {}} for r in SUCCESS]}))

@@ -43,6 +43,11 @@ METRICS = (
 CURVES = ("val/success_rate", "val/return", "val/format_accuracy")
 
 
+def curve_file(key: str) -> str:
+    """The file a validation curve is drawn to (``val/success_rate`` -> ``curves_success_rate.png``)."""
+    return f"curves_{key.split('/')[-1]}.png"
+
+
 class ReportError(ValueError):
     """The directory is not a sweep directory, or the baseline is not a row; the message says what to pass."""
 
@@ -161,7 +166,7 @@ def markdown(results: SweepResults, baseline: str, name: str = "") -> str:
             lines.append(f"| `{row}` | {cell['summary'].n} | {_mean_se(cell['summary'], digits)} | {per_seed or '-'} "
                          f"| {d} | {ci} |")
         lines.append("")
-    lines += ["## Validation curves", ""] + [f"![{k}](curves_{k.split('/')[-1]}.png)" for k in CURVES] + [""]
+    lines += ["## Validation curves", ""] + [f"![{k}]({curve_file(k)})" for k in CURVES] + [""]
     return "\n".join(lines)
 
 
@@ -221,7 +226,7 @@ def plot_curves(results: SweepResults, out: Path) -> list[Path]:
         ax.grid(alpha=0.3)
         if ax.lines:
             ax.legend(fontsize=7)
-        path = out / f"curves_{key.split('/')[-1]}.png"
+        path = out / curve_file(key)
         fig.tight_layout()
         fig.savefig(path, dpi=110)
         plt.close(fig)

@@ -20,8 +20,10 @@ state says (a sweep killed before Tune saved its state, or one whose file gained
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,11 +125,33 @@ def tune_trial(params: dict) -> None:
     """The Tune trainable: one trial, its summary's numbers reported to Tune."""
     from ray import tune
 
+    exit_with_parent()
     sweep_dir = Path(params["sweep_dir"])
     trials = {t["id"]: t for t in json.loads((sweep_dir / "sweep.json").read_text())["trials"]}
     t = trials[params["trial"]]
     summary = execute_trial(sweep_dir, Trial(t["row"], t["seed"], t["config"]))
     tune.report({k: v for k, v in summary.items() if isinstance(v, (int, float))})
+
+
+_watching: set[int] = set()
+
+
+def exit_with_parent(poll_s: float = 0.2) -> None:
+    """End this process within ``poll_s`` of its parent's death. A Ray worker is a child of the
+    raylet in a process group of its own, so killing the sweep's process group leaves it running
+    until Ray notices the lost raylet, long enough under load to finish the trial behind the back of
+    the sweep that is started again. Once per process (Ray reuses workers)."""
+    parent = os.getppid()
+    if parent in _watching:
+        return
+    _watching.add(parent)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(1)  # the parent is gone; a checkpoint written so far is what a rerun resumes from
+
+    threading.Thread(target=watch, name="vagent-exit-with-parent", daemon=True).start()
 
 
 def _import_tune() -> Any:
@@ -139,46 +163,11 @@ def _import_tune() -> Any:
     return tune
 
 
-def start_local_ray(num_cpus: int | None, num_gpus: int | None, say: Callable[[str], None], tries: int = 5) -> None:
-    """``ray.init`` of a local cluster; tried again when its raylet did not register in Ray's fixed
-    30 s (seen on a 2-core machine under load), with what to do in the last error."""
-    import ray
-
-    for attempt in range(1, tries + 1):
-        try:
-            ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, log_to_driver=False,
-                     configure_logging=False, object_store_memory=256 * 2**20)
-            return
-        except Exception as exc:  # Ray raises a bare Exception for the startup timeout
-            ray.shutdown()
-            _kill_ray_children()  # the failed start's GCS, monitor and dashboard (ray.shutdown leaves them)
-            if "timed out during startup" not in str(exc) or attempt == tries:
-                raise RuntimeError(f"the local Ray cluster did not start ({exc}); on a busy machine run the "
-                                   "sweep again when the load is lower") from exc
-            say(f"the local Ray cluster did not start in time (attempt {attempt} of {tries}); trying again")
-
-
-def _kill_ray_children() -> None:
-    """SIGKILL, by pid, the processes of this process's own Ray sessions (their command lines name
-    the session folder ``session_<time>_<this pid>``; the agents of a raylet that crashed are
-    orphans by then, so children() alone misses them)."""
-    import re
-
-    import psutil
-
-    mark = re.compile(rf"session_[0-9_-]+_{os.getpid()}\b")
-    for proc in psutil.process_iter(["pid", "cmdline"]):
-        try:
-            if proc.pid != os.getpid() and mark.search(" ".join(proc.info["cmdline"] or [])):
-                proc.kill()
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-
-
 def run_sweep(sweep: Sweep, sweep_dir: Path, num_cpus: int | None = None, num_gpus: int | None = None,
               say: Callable[[str], None] = print) -> SweepOutcome:
     """Run (or continue) every trial of ``sweep`` on a local Ray cluster of ``num_cpus`` CPUs
     (default: all) and ``num_gpus`` GPUs (default: Ray's count)."""
+    from vagent.models.remote import start_ray
     from vagent.numerics import pin_cpu_kernels
 
     pin_cpu_kernels()  # the Ray workers inherit it: trials use the kernels ``vagent train`` uses
@@ -192,13 +181,18 @@ def run_sweep(sweep: Sweep, sweep_dir: Path, num_cpus: int | None = None, num_gp
     done = count_finished(sweep, sweep_dir)
     say(f"sweep {sweep.config.name}: {len(sweep.rows)} rows x {len(sweep.config.seeds)} seeds = {n_total} trials "
         f"({done} finished already), {res.cpu:g} CPU / {res.gpu:g} GPU each; directory {sweep_dir}")
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a loopback-only cluster (as vagent.models.remote)
     os.environ["RAY_CHDIR_TO_TRIAL_DIR"] = "0"  # relative paths in run configs keep meaning the sweep's cwd
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    # with Tune's result files off, its result grid warns once per trial that it found none; the
+    # sweep reads each trial's own run directory instead, so that warning says nothing
+    logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
     os.environ.setdefault("RAY_worker_niceness", "0")  # trials run at the sweep's priority (Ray's default: +15)
     started = not ray.is_initialized()
     if started:
-        start_local_ray(num_cpus, num_gpus, say)
+        try:
+            start_ray(num_cpus, num_gpus=num_gpus)
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc} (then run the sweep again: finished trials are kept)") from exc
     try:
         trainable = tune.with_resources(tune_trial, {"cpu": res.cpu, "gpu": res.gpu})
         name = f"tune-{sweep.fingerprint()}"
