@@ -17,23 +17,14 @@ Needs ``pip install playwright`` (its bundled browser is not used) and chromium
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import pytest
 
+from tests.viewer._browser import CHROMIUM, sync_playwright
 from tests.viewer._run import make_run
 
-CHROMIUM = next((p for p in ("/usr/bin/chromium", shutil.which("chromium") or "", shutil.which("chromium-browser") or "")
-                 if p and Path(p).is_file()), None)
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-        "--disable-component-update", "--no-first-run"]
 README_SHOT = Path(__file__).resolve().parents[2] / "docs" / "img" / "viewer.png"
-
-try:
-    from playwright.sync_api import sync_playwright
-except ImportError:  # pragma: no cover - depends on the test extra
-    sync_playwright = None
 
 pytestmark = [
     pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)"),
@@ -45,26 +36,6 @@ pytestmark = [
 def run(tmp_path_factory):
     root = tmp_path_factory.mktemp("viewer") / "run"
     return root, make_run(root, steps=2, n_episodes=6, extra_clones=120)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
-
-
-@pytest.fixture()
-def page(browser):
-    pg = browser.new_page(viewport={"width": 1500, "height": 1000})
-    errors: list[str] = []
-    pg.on("pageerror", lambda e: errors.append(str(e)))
-    yield pg
-    pg.close()
-    assert not errors, errors
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +69,7 @@ def test_episode_turns_tokens_filters_and_compare(run, served, page, tmp_path):
     open_episode(page, served, "step_000000", 2)
     # the turn's image is there and decoded
     img = page.locator(".turn[data-turn='0'] .frames img").first
-    assert img.evaluate("i => i.complete && i.naturalWidth > 0")
+    assert img.evaluate("async i => { await i.decode(); return i.naturalWidth > 0 }")
     # highlighted tokens = the row's loss-mask count, and opening the prompts adds none
     assert page.locator(".episode .tok.m1").count() == loss_count(out, 0, 2) > 0
     # hover card: the token's id and numbers
@@ -202,7 +173,7 @@ def test_out_file_is_self_contained(run, page, tmp_path):
     requests: list[str] = []
     page.on("request", lambda r: requests.append(r.url))
     open_episode(page, html.as_uri(), "step_000001", 0)
-    assert page.locator(".turn .frames img").first.evaluate("i => i.complete && i.naturalWidth > 0")
+    assert page.locator(".turn .frames img").first.evaluate("async i => { await i.decode(); return i.naturalWidth > 0 }")
     assert page.locator(".episode .tok.m1").count() == loss_count(out, 1, 0)
     assert all(u.startswith(("file:", "data:")) for u in requests), requests
 
@@ -231,7 +202,7 @@ def test_eval_directory_without_training_columns(page, tmp_path, monkeypatch):
         assert page.locator("input[data-filter='topadv']").count() == 0
         page.locator("tr.ep").first.click()
         page.wait_for_selector(".episode")
-        assert page.locator(".turn .frames img").first.evaluate("i => i.complete && i.naturalWidth > 0")
+        assert page.locator(".turn .frames img").first.evaluate("async i => { await i.decode(); return i.naturalWidth > 0 }")
         assert "evaluation records hold no tokens" in page.locator(".episode").inner_text()
     finally:
         server.shutdown()

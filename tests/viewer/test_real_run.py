@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.viewer.test_browser import ARGS, CHROMIUM, count_text, open_episode, sync_playwright
+from tests.viewer._browser import ARGS, CHROMIUM, sync_playwright
+from tests.viewer.test_browser import count_text, open_episode
 
 pytestmark = [
     pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)"),

@@ -1,4 +1,5 @@
-"""``vagent view PATH``: the trajectory viewer of a run or evaluation directory (docs/viewer.md)."""
+"""``vagent view PATH``: the trajectory viewer of a run or evaluation directory, or a sweep's page
+(docs/viewer.md)."""
 
 from __future__ import annotations
 
@@ -8,15 +9,19 @@ import sys
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "view", help="browse a run's or an evaluation's episodes token by token (docs/viewer.md)",
+        "view", help="browse a run's or an evaluation's episodes token by token, or a sweep (docs/viewer.md)",
         description="Serve the trajectory viewer of a run directory (runs/<name>-<time>) or an evaluation "
-                    "directory on 127.0.0.1, or write it as one self-contained HTML file with --out.",
+                    "directory on 127.0.0.1, or write it as one self-contained HTML file with --out. A sweep "
+                    "directory (sweep.json) shows its report's tables, curves and trials, each trial's run a "
+                    "click away.",
     )
-    p.add_argument("path", help="run directory or evaluation directory")
+    p.add_argument("path", help="run directory, evaluation directory or sweep directory")
     p.add_argument("--out", metavar="FILE", help="write a self-contained HTML file instead of serving")
     p.add_argument("--port", type=int, default=8765, help="port on 127.0.0.1 (0: any free port; default 8765)")
     p.add_argument("--max-episodes", type=int, default=None,
                    help="with --out: at most N episodes per step / cell (default: all)")
+    p.add_argument("--baseline", metavar="ROW", default=None,
+                   help="a sweep: the row the differences are taken against (default: the sweep's baseline)")
     p.set_defaults(func=_view)
 
 
@@ -24,17 +29,25 @@ def _view(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from vagent.viewer.data import ViewerError, open_source
-    from vagent.viewer.server import make_server, static_html
+    from vagent.viewer.server import make_server, static_html, static_sweep_html
+    from vagent.viewer.sweep import SweepSource, is_sweep_dir
 
+    path = Path(args.path).expanduser()
     try:
-        source = open_source(args.path)
+        source = SweepSource(path, args.baseline) if is_sweep_dir(path) else open_source(path)
+        if args.baseline and source.kind != "sweep":
+            raise ViewerError(f"--baseline is for a sweep directory (with sweep.json); {path} is a "
+                              f"{source.kind} directory")
+        if source.kind == "sweep":
+            source.index()  # a bad baseline or an unreadable trial fails here, not on the first request
     except ViewerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.out:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(static_html(source, args.max_episodes), encoding="utf-8")
+        page = static_sweep_html(source) if source.kind == "sweep" else static_html(source, args.max_episodes)
+        out.write_text(page, encoding="utf-8")
         print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB; open it in a browser)")
         return 0
     try:

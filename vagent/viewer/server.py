@@ -2,15 +2,23 @@
 
 The page is ``static/index.html`` + ``viewer.js`` + ``viewer.css`` (plain HTML/JS written for
 vagent, no third-party code, nothing fetched from elsewhere). Served, it asks this small JSON API
-(all GET, loopback only)::
+(all GET, loopback only; every URL in the page is relative, so the page works under a prefix)::
 
     /api/index                       groups, RL steps, validation points (data.py: index())
     /api/episodes?group=G            the group's episode summaries (filtering/sorting/paging in the page)
     /api/episode?group=G&i=N         one episode: turns, reward parts, token rows
     /files/<path>                    a frame (PNG) inside the directory
 
+A sweep directory (``sweep.py``) is served as ``static/sweep.html`` + ``sweep.js`` with::
+
+    /api/sweep                       the report's tables, curves and trials (sweep.py: index())
+    /curves/curves_<metric>.png      a validation curve, drawn as vagent sweep report draws it
+    /trial/<row>/seed_<k>/...        that trial's run directory in the run viewer above (its API
+                                     under the prefix; its index carries a link back to the sweep)
+
 Written (``--out FILE``), the same page carries all three documents and every frame (as data:
-URIs) in a ``<script type="application/json">`` block, and the page reads them from there.
+URIs) in a ``<script type="application/json">`` block, and the page reads them from there; a
+sweep's page carries its document and the curves, and lists each trial's run directory.
 """
 
 from __future__ import annotations
@@ -35,44 +43,86 @@ def _json_bytes(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
 
 
+class _Redirect(Exception):
+    """Answer 301 to ``location`` (a trial's prefix without its closing slash)."""
+
+
+def _run_route(source: Any, path: str, q: dict[str, str], extra_index: dict | None = None) -> tuple[bytes, str]:
+    """(body, content type) of a run or evaluation viewer's ``path`` (module docstring); ViewerError: 404."""
+    if path in ("/", "/index.html"):
+        return (STATIC / "index.html").read_bytes(), _TYPES[".html"]
+    if path.startswith("/static/"):
+        return _static(path.removeprefix("/static/"))
+    if path == "/api/index":
+        return _json_bytes({**source.index(), **(extra_index or {})}), "application/json"
+    if path == "/api/episodes":
+        return _json_bytes(source.episodes(q.get("group", ""))), "application/json"
+    if path == "/api/episode":
+        return _json_bytes(source.episode(q.get("group", ""), int(q.get("i", "-1")))), "application/json"
+    if path.startswith("/files/"):
+        file = source.file(unquote(path.removeprefix("/files/")))
+        return file.read_bytes(), mimetypes.guess_type(file.name)[0] or "application/octet-stream"
+    raise ViewerError(f"no such page {path!r}")
+
+
+def _static(name: str) -> tuple[bytes, str]:
+    path = STATIC / name
+    if "/" in name or not path.is_file():
+        raise ViewerError(f"no static file {name!r}")
+    return path.read_bytes(), _TYPES.get(path.suffix, "application/octet-stream")
+
+
+def _sweep_route(sweep: Any, path: str, q: dict[str, str]) -> tuple[bytes, str]:
+    """The sweep page's ``path``: ``/`` (sweep.html), ``/api/sweep``, ``/curves/<png>``, and a trial's
+    run viewer under ``/trial/<row>/seed_<k>/`` (its own ``/``, ``/api/...``, ``/files/...``)."""
+    if path in ("/", "/index.html"):
+        return (STATIC / "sweep.html").read_bytes(), _TYPES[".html"]
+    if path.startswith("/static/"):
+        return _static(path.removeprefix("/static/"))
+    if path == "/api/sweep":
+        return _json_bytes(sweep.index()), "application/json"
+    if path.startswith("/curves/"):
+        return sweep.curve_png(unquote(path.removeprefix("/curves/"))), "image/png"
+    if path.startswith("/trial/"):
+        parts = path.removeprefix("/trial/").split("/", 2)  # <row>, seed_<k>, the run viewer's path
+        if len(parts) < 2:
+            raise ViewerError(f"no such page {path!r}: a trial's viewer is /trial/<row>/seed_<k>/")
+        trial_id = f"{unquote(parts[0])}/{unquote(parts[1])}"
+        if len(parts) == 2:
+            sweep.trial(trial_id)  # 404 unless it is a trial with a run directory
+            raise _Redirect(path + "/")
+        sub = "/" + parts[2]
+        source = sweep.trial(trial_id, fresh=sub in ("/", "/index.html", "/api/index"))
+        back = {"back": {"href": "../../../", "label": f"sweep {sweep.title}", "trial": trial_id}}
+        return _run_route(source, sub, q, back)
+    raise ViewerError(f"no such page {path!r}")
+
+
 class _Handler(BaseHTTPRequestHandler):
     source: Any = None  # set on the subclass made by make_server
 
     def log_message(self, fmt: str, *args: Any) -> None:  # quiet: the command prints the URL once
         pass
 
-    def _send(self, code: int, body: bytes, ctype: str) -> None:
+    def _send(self, code: int, body: bytes, ctype: str, location: str | None = None) -> None:
         self.send_response(code)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")
+        if location:
+            self.send_header("Location", location)
         self.end_headers()
         self.wfile.write(body)
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         url = urlparse(self.path)
         q = {k: v[0] for k, v in parse_qs(url.query).items()}
+        route = _sweep_route if getattr(self.source, "kind", "") == "sweep" else _run_route
         try:
-            if url.path in ("/", "/index.html"):
-                return self._send(200, (STATIC / "index.html").read_bytes(), _TYPES[".html"])
-            if url.path.startswith("/static/"):
-                name = url.path.removeprefix("/static/")
-                path = STATIC / name
-                if "/" in name or not path.is_file():
-                    raise ViewerError(f"no static file {name!r}")
-                return self._send(200, path.read_bytes(), _TYPES.get(path.suffix, "application/octet-stream"))
-            if url.path == "/api/index":
-                return self._send(200, _json_bytes(self.source.index()), "application/json")
-            if url.path == "/api/episodes":
-                return self._send(200, _json_bytes(self.source.episodes(q.get("group", ""))), "application/json")
-            if url.path == "/api/episode":
-                doc = self.source.episode(q.get("group", ""), int(q.get("i", "-1")))
-                return self._send(200, _json_bytes(doc), "application/json")
-            if url.path.startswith("/files/"):
-                path = self.source.file(unquote(url.path.removeprefix("/files/")))
-                ctype = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
-                return self._send(200, path.read_bytes(), ctype)
-            raise ViewerError(f"no such page {url.path!r}")
+            body, ctype = route(self.source, url.path, q)
+            self._send(200, body, ctype)
+        except _Redirect as moved:
+            self._send(301, b"", "text/plain", location=str(moved))
         except (ViewerError, ValueError) as exc:
             self._send(404, _json_bytes({"error": str(exc)}), "application/json")
 
@@ -92,9 +142,10 @@ def serve_in_thread(source: Any, port: int = 0) -> tuple[ThreadingHTTPServer, st
     return server, f"http://127.0.0.1:{server.server_address[1]}/"
 
 
-def _data_uri(path: Path) -> str:
+def _data_uri(path: Path, data: bytes | None = None) -> str:
+    """``path``'s bytes (or ``data``, typed by ``path``'s name) as a data: URI."""
     ctype = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
-    return f"data:{ctype};base64,{base64.b64encode(path.read_bytes()).decode()}"
+    return f"data:{ctype};base64,{base64.b64encode(path.read_bytes() if data is None else data).decode()}"
 
 
 def static_html(source: Any, max_episodes: int | None = None) -> str:
@@ -119,14 +170,25 @@ def static_html(source: Any, max_episodes: int | None = None) -> str:
                         files[rel] = _data_uri(source.file(rel))
                     except ViewerError:  # a frame the size cap kept off the disk: the page says so
                         files[rel] = None
-    data = json.dumps({"index": index, "episodes": episodes, "details": details, "files": files},
-                      separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
-    page = (STATIC / "index.html").read_text()
-    css, js = (STATIC / "viewer.css").read_text(), (STATIC / "viewer.js").read_text().replace("</", "<\\/")
+    return _inline(STATIC / "index.html", "viewer.js",
+                   {"index": index, "episodes": episodes, "details": details, "files": files})
+
+
+def static_sweep_html(sweep: Any) -> str:
+    """The sweep's self-contained page: its document with the curves as data: URIs inline."""
+    index = sweep.index()
+    curves = {c["file"]: _data_uri(Path(c["file"]), sweep.curve_png(Path(c["file"]).name)) for c in index["curves"]}
+    return _inline(STATIC / "sweep.html", "sweep.js", {"sweep": index, "files": curves})
+
+
+def _inline(page_path: Path, js_name: str, data: dict) -> str:
+    """``page_path`` with viewer.css and ``js_name`` inline and ``data`` in the vagent-data block."""
+    text = json.dumps(data, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+    page = page_path.read_text()
+    css, js = (STATIC / "viewer.css").read_text(), (STATIC / js_name).read_text().replace("</", "<\\/")
     page = page.replace('<link rel="stylesheet" href="static/viewer.css">', f"<style>{css}</style>")
-    page = page.replace('<script src="static/viewer.js"></script>',
-                        f'<script id="vagent-data" type="application/json">{data}</script>\n<script>{js}</script>')
-    return page
+    return page.replace(f'<script src="static/{js_name}"></script>',
+                        f'<script id="vagent-data" type="application/json">{text}</script>\n<script>{js}</script>')
 
 
-__all__ = ["make_server", "serve_in_thread", "static_html", "STATIC"]
+__all__ = ["make_server", "serve_in_thread", "static_html", "static_sweep_html", "STATIC"]

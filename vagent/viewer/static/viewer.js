@@ -120,6 +120,10 @@ function table(head, rows, onRow) {
 function renderOverview() {
   const ix = S.index, ov = document.getElementById("overview");
   document.getElementById("title").textContent = `${ix.kind === "run" ? "run" : "evaluation"} ${ix.path}`;
+  if (ix.back && !document.getElementById("back")) {  // a sweep's trial (server.py): a link back to the sweep page
+    document.getElementById("title").before(el("a", { id: "back", class: "back", href: ix.back.href,
+      text: `← ${ix.back.label}` }), el("span", { class: "meta", text: `trial ${ix.back.trial}` }));
+  }
   const groupHead = ix.training
     ? ["step / validation point", "success", "return", "format", "loss/policy", "expl. var.", "tokens"]
     : ["cell (model/env/format)", "success", "return", "format", "episodes"];
