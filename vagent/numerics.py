@@ -1,10 +1,11 @@
 """Pin the CPU kernels that MKL and ATen choose, before torch is imported (no torch import here).
 
-MKL and ATen pick AVX-512 kernels on CPUs that have them and AVX2 kernels on the others, and the two
-round differently, so the same run gives different numbers on two x86 machines. On every x86 CPU
-with AVX2, :func:`pin_cpu_kernels` asks both for their AVX2 code paths (``MKL_CBWR=AVX2``: MKL's
-conditional numerical reproducibility; ``ATEN_CPU_CAPABILITY=avx2``) unless the user set these
-variables (set them yourself to opt out, e.g. ``ATEN_CPU_CAPABILITY=avx512``). The ``vagent``
+MKL, ATen and oneDNN pick AVX-512 kernels on CPUs that have them and AVX2 kernels on the others, and
+the two round differently, so the same run gives different numbers on two x86 machines. On every
+x86 CPU with AVX2, :func:`pin_cpu_kernels` asks all three for their AVX2 code paths
+(``MKL_CBWR=AVX2``: MKL's conditional numerical reproducibility; ``ATEN_CPU_CAPABILITY=avx2``;
+``ONEDNN_MAX_CPU_ISA=AVX2``: oneDNN runs the convolutions, e.g. a vision encoder's patch embedding)
+unless the user set these variables (set them yourself to opt out, e.g. ``ATEN_CPU_CAPABILITY=avx512``). The ``vagent``
 command calls it first thing; see :mod:`vagent.runs.environment` for what else a result depends on.
 """
 
@@ -15,7 +16,7 @@ import platform
 from pathlib import Path
 
 #: environment variables that select CPU kernels, and the values vagent pins (x86 with AVX2 only)
-PINNED_CPU_KERNELS = {"MKL_CBWR": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
+PINNED_CPU_KERNELS = {"MKL_CBWR": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
 def _cpu_flags() -> set[str]:
@@ -31,7 +32,7 @@ def _cpu_flags() -> set[str]:
 def pin_cpu_kernels(environ: "os._Environ[str] | dict[str, str]" = os.environ) -> dict[str, str]:
     """Set :data:`PINNED_CPU_KERNELS` in ``environ`` on an x86 CPU with AVX2, leaving any variable
     the user already set; returns what it set. Call before ``import torch`` (MKL and ATen read the
-    variables once, when they first run)."""
+    variables once, when they first run; oneDNN when it first runs)."""
     if platform.machine().lower() not in ("x86_64", "amd64") or "avx2" not in _cpu_flags():
         return {}
     done = {}

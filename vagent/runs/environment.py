@@ -7,10 +7,11 @@ On a CPU, a float result depends on the order of its additions, and that order d
   (measured: the tiny model's weights after 10 caption steps differ between 1 and 2 threads). The
   run config's ``threads`` fixes it (the default run sets 2); ``threads: 0`` takes torch's default,
   which is the machine's core count, so results then depend on the machine.
-- **the CPU's instruction set**: MKL and ATen pick AVX-512 kernels on CPUs that have them and AVX2
-  kernels on the others, with different rounding. :func:`vagent.numerics.pin_cpu_kernels` asks both for their AVX2
-  code paths on every x86 CPU that has AVX2 (``MKL_CBWR=AVX2``, MKL's conditional numerical
-  reproducibility; ``ATEN_CPU_CAPABILITY=avx2``), unless the user set these variables. It has to run
+- **the CPU's instruction set**: MKL, ATen and oneDNN pick AVX-512 kernels on CPUs that have them
+  and AVX2 kernels on the others, with different rounding. :func:`vagent.numerics.pin_cpu_kernels`
+  asks all three for their AVX2 code paths on every x86 CPU that has AVX2 (``MKL_CBWR=AVX2``, MKL's
+  conditional numerical reproducibility; ``ATEN_CPU_CAPABILITY=avx2``; ``ONEDNN_MAX_CPU_ISA=AVX2``
+  for the convolutions), unless the user set these variables. It has to run
   before torch is imported; the ``vagent`` command does it first thing.
 - **library versions**: kernels and model code change between releases; ``constraints.txt`` pins
   the versions the README's figures were measured with.
