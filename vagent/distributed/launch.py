@@ -14,8 +14,9 @@ rendezvous at ``--rdzv-endpoint`` (the same on every host; ``--node-rank`` diffe
 from __future__ import annotations
 
 import os
+import signal
 import sys
-from typing import Sequence
+from typing import Mapping, Sequence
 
 
 def torchrun_args(nproc: int, train_args: Sequence[str], *, nnodes: int = 1, node_rank: int | None = None,
@@ -38,7 +39,7 @@ def torchrun_args(nproc: int, train_args: Sequence[str], *, nnodes: int = 1, nod
 
 def launch(nproc: int, train_args: Sequence[str], **kw) -> int:
     """Run ``vagent train TRAIN_ARGS`` as a torchrun job; returns the job's exit status (0 when every
-    worker succeeded; torchrun prints the failing rank's error otherwise)."""
+    worker succeeded; otherwise 1, after saying which rank failed first and how)."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
 
@@ -46,7 +47,35 @@ def launch(nproc: int, train_args: Sequence[str], **kw) -> int:
     try:
         torchrun_main(torchrun_args(nproc, train_args, **kw))
     except ChildFailedError as exc:
-        print(f"error: the torchrun job failed: {', '.join(f'rank {r}' for r in sorted(exc.failures))} "
-              "(their errors are above)", file=sys.stderr)
+        ends = {rank: (f.exitcode, f.timestamp) for rank, f in exc.failures.items()}
+        print(f"error: the torchrun job failed: {describe_failure(ends)}", file=sys.stderr)
         return 1
     return 0
+
+
+def _how(rank: int, code: int) -> str:
+    if code < 0:
+        try:
+            return f"rank {rank} was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"rank {rank} was killed by signal {-code}"
+    return f"rank {rank} exited with status {code}"
+
+
+def describe_failure(ends: Mapping[int, tuple[int, float]]) -> str:
+    """What ended a failed job, from each failed rank's (exit code, time): the rank that failed
+    first (torchrun then stops the others with SIGTERM, so a SIGTERM is a consequence unless every
+    rank got one), what the others did, and how to go on."""
+    first = min(ends, key=lambda r: (ends[r][0] == -signal.SIGTERM, ends[r][1], r))
+    code = ends[first][0]
+    text = _how(first, code)
+    if code == -signal.SIGKILL:
+        text += (" (the kernel's out-of-memory killer sends SIGKILL: check `dmesg` and the host's memory; "
+                 "a smaller update.micro_batch_tokens or rollout batch needs less)")
+    elif code > 0:
+        text += " (its error is above)"
+    others = sorted(r for r in ends if r != first)
+    if others:
+        text += "; then torchrun stopped the others (" + ", ".join(_how(r, ends[r][0]) for r in others) + ")"
+    return text + (". The checkpoints written so far are kept: `vagent train --nproc N --resume <run directory>` "
+                   "continues the run.")

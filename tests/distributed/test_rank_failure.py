@@ -1,0 +1,133 @@
+"""One rank of a 2-process job fails while the other runs on: the job ends (it does not wait forever),
+says which rank failed, and keeps its checkpoints, so ``--resume`` finishes the run.
+
+- a rank killed with SIGKILL (the OOM killer's way): torchrun sees the worker die, stops the
+  other rank and names the dead one; the resumed run equals the uninterrupted one.
+- a rank that hangs (SIGSTOP): the other rank's collective gives up after ``dist.timeout_s`` with
+  an error naming its rank, the collective and the setting; torchrun then stops the hung rank."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.distributed.conftest import SFT_PPO, SMALL, metrics, run_job, train_cmd
+
+
+def _comparable(records: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k != "time" and not k.startswith("perf/") and not k.endswith("time_s")}
+            for r in records]
+
+
+def _start(tmp_path: Path, tiny_vlm_dir: Path, *extra: str) -> tuple[subprocess.Popen, Path]:
+    out = tmp_path / "runs"
+    cmd = train_cmd(2, *SMALL, *SFT_PPO, *extra, f"out_dir={out}", f"model.path={tiny_vlm_dir}",
+                    "model.cache_dir=UNUSED")
+    job = subprocess.Popen(cmd, cwd=tmp_path, start_new_session=True, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True,
+                           env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"))
+    return job, out
+
+
+def _rank_process(job: subprocess.Popen, rank: int) -> psutil.Process:
+    """The worker of ``rank`` among the launcher's children (torchrun sets RANK in its environment)."""
+    for child in psutil.Process(job.pid).children(recursive=True):
+        try:
+            if child.environ().get("RANK") == str(rank) and "vagent" in " ".join(child.cmdline()):
+                return child
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    raise AssertionError(f"no worker with RANK={rank} under the launcher {job.pid}")
+
+
+def _after_first_checkpoint(job: subprocess.Popen, out: Path) -> Path:
+    deadline = time.time() + 300
+    while not list(out.glob("*/checkpoints/step_000001/state.pt")):
+        assert job.poll() is None, "the job ended before its first checkpoint:\n" + job.stdout.read()[-4000:]
+        assert time.time() < deadline, "no checkpoint after 300 s"
+        time.sleep(0.05)
+    (run,) = list(out.iterdir())
+    return run
+
+
+def _finish(job: subprocess.Popen, limit_s: float) -> tuple[int, str, float]:
+    """Wait for the job; its exit status, output and seconds waited. Past ``limit_s`` the job is
+    killed and the test fails: the failure of one rank must end the job."""
+    t0 = time.time()
+    try:
+        text, _ = job.communicate(timeout=limit_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(job.pid, signal.SIGKILL)
+        text, _ = job.communicate()
+        pytest.fail(f"the job still ran {limit_s:.0f} s after one rank failed:\n{text[-4000:]}")
+    return job.returncode, text, time.time() - t0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_killed_rank_ends_the_job_and_the_run_resumes(sft_ppo_two, tmp_path, tiny_vlm_dir):
+    job, out = _start(tmp_path, tiny_vlm_dir)
+    try:
+        run = _after_first_checkpoint(job, out)
+        _rank_process(job, 1).send_signal(signal.SIGKILL)
+        code, text, waited = _finish(job, limit_s=120)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    print(f"the job ended {waited:.1f} s after rank 1 was killed")
+    assert code == 1, text[-4000:]
+    assert ("error: the torchrun job failed: rank 1 was killed by SIGKILL (the kernel's out-of-memory killer"
+            in text and "then torchrun stopped the others (rank 0 " in text), text[-4000:]
+    assert not (run / "summary.json").exists() and not (run / "checkpoints" / "step_000002").exists(), \
+        "the job finished step 2 although a rank was dead"
+
+    run_job(train_cmd(2, "--resume", str(run)), tmp_path)
+    assert _comparable(metrics(run)) == _comparable(metrics(sft_ppo_two))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_hung_rank_fails_the_other_at_the_collective_timeout(tmp_path, tiny_vlm_dir):
+    timeout_s = 15
+    job, out = _start(tmp_path, tiny_vlm_dir, f"dist.timeout_s={timeout_s}")
+    try:
+        run = _after_first_checkpoint(job, out)
+        hung = _rank_process(job, 1)
+        hung.send_signal(signal.SIGSTOP)
+        # rank 0 waits dist.timeout_s in its next collective; torchrun then stops rank 1 (SIGTERM,
+        # which a stopped process only takes when continued, then SIGKILL after its grace period)
+        code, text, waited = _finish(job, limit_s=timeout_s + 150)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    print(f"the job ended {waited:.1f} s after rank 1 stopped")
+    assert code == 1, text[-4000:]
+    assert "rank 0/2: collective '" in text and f"dist.timeout_s={timeout_s}s" in text, text[-4000:]
+    assert "error: the torchrun job failed: rank 0 exited with status 1 (its error is above); then torchrun " \
+           "stopped the others (rank 1 was killed by SIGKILL)" in text, text[-4000:]
+    assert waited >= timeout_s - 1, "rank 0 gave up before dist.timeout_s"
+    assert not psutil.pid_exists(hung.pid) or hung.status() == psutil.STATUS_ZOMBIE, "the hung rank outlived the job"
+    assert (run / "checkpoints" / "step_000001" / "state.pt").is_file()
+
+
+def test_the_failure_report_names_the_rank_that_failed_first():
+    from vagent.distributed.launch import describe_failure
+
+    # torchrun stopped rank 0 (SIGTERM) after rank 1 was killed in the same second
+    killed = describe_failure({0: (-signal.SIGTERM, 100.0), 1: (-signal.SIGKILL, 100.0)})
+    assert killed.startswith("rank 1 was killed by SIGKILL (the kernel's out-of-memory killer")
+    assert "then torchrun stopped the others (rank 0 was killed by SIGTERM)" in killed
+    assert killed.endswith("`vagent train --nproc N --resume <run directory>` continues the run.")
+    # a rank's exception, then the hung rank killed after torchrun's grace period
+    raised = describe_failure({1: (-signal.SIGKILL, 130.0), 0: (1, 100.0)})
+    assert raised.startswith("rank 0 exited with status 1 (its error is above); then torchrun stopped the others "
+                             "(rank 1 was killed by SIGKILL)")
+    # every rank terminated from outside (e.g. by the scheduler): the earliest, then the lowest rank
+    assert describe_failure({2: (-15, 5.0), 1: (-15, 5.0)}).startswith("rank 1 was killed by SIGTERM; then")
+    assert describe_failure({0: (-99, 1.0)}).startswith("rank 0 was killed by signal 99.")
