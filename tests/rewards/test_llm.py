@@ -8,7 +8,6 @@ timeout), garbage answers and bodies, 401. Wall times are bounded to prove nothi
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import json
 import socket
 import time
@@ -17,7 +16,7 @@ import pytest
 
 from vagent.envs.frozenlake import LEGEND, FrozenLakeEnv, state_from_grid
 from vagent.rewards import JudgeItem, LLMJudge, LLMJudgeConfig, LLMJudgeError
-from vagent.rewards.llm import parse_yesno, retry_after_seconds
+from vagent.rewards.llm import parse_yesno
 from vagent.rewards.scripted_server import ScriptedJudgeServer, ScriptedReply, description_of
 
 FL = FrozenLakeEnv.judge_spec
@@ -219,11 +218,6 @@ def test_pure_helpers():
     assert parse_yesno("Answer: Yes") == 1.0
     with pytest.raises(ValueError):
         parse_yesno("yesterday nobody")
-    assert retry_after_seconds({"retry-after": "2"}) == 2.0
-    assert retry_after_seconds({"retry-after-ms": "250", "retry-after": "9"}) == 0.25
-    future = email.utils.formatdate(time.time() + 5, usegmt=True)
-    assert 3.0 < retry_after_seconds({"retry-after": future}) <= 5.0
-    assert retry_after_seconds({}) is None and retry_after_seconds({"retry-after": "soon"}) is None
     with pytest.raises(Exception, match="mode"):
         LLMJudgeConfig(mode="maybe")
     assert json.loads(json.dumps(LLMJudgeConfig().__dict__))  # plain, serialisable config

@@ -31,19 +31,18 @@ Operation (one :meth:`LLMJudge.score` call = the whole rollout batch):
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import hashlib
 import json
 import os
 import random
 import re
-import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar
 
 from vagent.config import ConfigError
+from vagent.eval.backends.common import parse_retry_after
 from vagent.rewards.base import JudgeItem, JudgeResult
 from vagent.rewards.parse import _load_structured, _structured, truth_claims, vocabulary
 from vagent.rewards.rule import RuleJudge, RuleJudgeConfig, clip_reason, score_claims
@@ -182,30 +181,6 @@ def score_parsed_answer(answer: str, item: JudgeItem, rule: RuleJudgeConfig | No
     parsed = _structured(value, vocabulary(item.spec, item.legend))
     score, _ = score_claims(parsed.claims, truth_claims(item.state), item.spec, rule)
     return score, len(parsed.claims)
-
-
-def retry_after_seconds(headers: Any) -> float | None:
-    """Seconds to wait from ``retry-after-ms`` / ``retry-after`` (seconds or an HTTP date)."""
-    if headers is None:
-        return None
-    ms = headers.get("retry-after-ms")
-    if ms is not None:
-        try:
-            return max(0.0, float(ms) / 1000.0)
-        except ValueError:
-            pass
-    value = headers.get("retry-after")
-    if value is None:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
 
 
 def cache_key(model: str, mode: str, temperature: float, max_tokens: int, messages: list[dict[str, str]]) -> str:
@@ -365,7 +340,7 @@ class LLMJudge:
                 except openai.RateLimitError as exc:
                     stats["rate_limited"] += 1
                     reason = "rate_limited"
-                    ra = retry_after_seconds(exc.response.headers)
+                    ra = parse_retry_after(exc.response.headers)
                     wait = min(ra, cfg.max_retry_after_s) if ra is not None else None
                 except (openai.APITimeoutError, asyncio.TimeoutError):
                     stats["timeouts"] += 1
