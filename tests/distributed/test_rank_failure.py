@@ -4,7 +4,8 @@ says which rank failed, and keeps its checkpoints, so ``--resume`` finishes the 
 - a rank killed with SIGKILL (the OOM killer's way): torchrun sees the worker die, stops the
   other rank and names the dead one; the resumed run equals the uninterrupted one.
 - a rank that hangs (SIGSTOP): the other rank's collective gives up after ``dist.timeout_s`` with
-  an error naming its rank, the collective and the setting; torchrun then stops the hung rank."""
+  an error naming its rank, the collective and the setting; torchrun then stops the hung rank.
+- with engine replicas, no process of rank 0's Ray cluster outlives the failed job."""
 
 from __future__ import annotations
 
@@ -116,11 +117,34 @@ def test_a_hung_rank_fails_the_other_at_the_collective_timeout(tmp_path, tiny_vl
     assert (run / "checkpoints" / "step_000001" / "state.pt").is_file()
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_killed_rank_leaves_no_ray_process_of_the_job_behind(tmp_path, tiny_vlm_dir, monkeypatch):
+    """With engine replicas, rank 0 starts a local Ray cluster (GCS, raylet, replica actors). One rank
+    killed: torchrun stops rank 0 without its cleanup running, and the cluster still goes with it."""
+    pytest.importorskip("ray", reason="engine replicas need the ray extra: pip install 'vagent[ray]'")
+    from tests.ray_sessions import outlives, session_processes
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    job, out = _start(tmp_path, tiny_vlm_dir, "rollout.replicas=2")
+    try:
+        _after_first_checkpoint(job, out)
+        driver = _rank_process(job, 0).pid  # rank 0 started the Ray cluster
+        assert any("EngineReplica" in line for line in session_processes(driver)), session_processes(driver)
+        _rank_process(job, 1).send_signal(signal.SIGKILL)
+        code, text, _ = _finish(job, limit_s=120)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert code == 1 and "rank 1 was killed by SIGKILL" in text, text[-4000:]
+    assert outlives(driver, seconds=30) == []
+
+
 def test_the_failure_report_names_the_rank_that_failed_first():
     from vagent.distributed.launch import describe_failure
 
-    # torchrun stopped rank 0 (SIGTERM) after rank 1 was killed in the same second
-    killed = describe_failure({0: (-signal.SIGTERM, 100.0), 1: (-signal.SIGKILL, 100.0)})
+    # torchrun found rank 1 killed, then stopped rank 0 in the same second (its order says so)
+    killed = describe_failure({1: (-signal.SIGKILL, 100.0), 0: (-signal.SIGTERM, 100.0)})
     assert killed.startswith("rank 1 was killed by SIGKILL (the kernel's out-of-memory killer")
     assert "then torchrun stopped the others (rank 0 was killed by SIGTERM)" in killed
     assert killed.endswith("`vagent train --nproc N --resume <run directory>` continues the run.")
@@ -128,6 +152,7 @@ def test_the_failure_report_names_the_rank_that_failed_first():
     raised = describe_failure({1: (-signal.SIGKILL, 130.0), 0: (1, 100.0)})
     assert raised.startswith("rank 0 exited with status 1 (its error is above); then torchrun stopped the others "
                              "(rank 1 was killed by SIGKILL)")
-    # every rank terminated from outside (e.g. by the scheduler): the earliest, then the lowest rank
-    assert describe_failure({2: (-15, 5.0), 1: (-15, 5.0)}).startswith("rank 1 was killed by SIGTERM; then")
+    # rank 1 terminated from outside; rank 0, a Ray driver, aborted on torchrun's SIGTERM
+    assert describe_failure({1: (-15, 5.0), 0: (-6, 5.0)}).startswith(
+        "rank 1 was killed by SIGTERM; then torchrun stopped the others (rank 0 was killed by SIGABRT)")
     assert describe_failure({0: (-99, 1.0)}).startswith("rank 0 was killed by signal 99.")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -18,6 +17,8 @@ import pytest
 import yaml
 
 from vagent.runs import read_metrics
+
+from tests.ray_sessions import outlives
 
 from .conftest import run_sweep_process, sweep_cmd, write_sweep
 
@@ -38,33 +39,6 @@ def _comparable(run: Path) -> list[dict]:
     """Every record with timing fields removed (as tests/recipes/test_resume.py)."""
     return [{k: v for k, v in r.items() if not k.startswith("perf/") and k not in ("time", "val/time_s")}
             for r in read_metrics(run / "metrics.jsonl")]
-
-
-def _outlives(driver_pid: int, seconds: float) -> list[str]:
-    """Command lines of the Ray processes of the session the driver ``driver_pid`` started that
-    still run ``seconds`` after it was killed. Ray names its session folder after the driver; its
-    daemons name the folder in their command lines, its workers (``ray::<task>`` titles) write
-    their stdout to a log file in it."""
-    import psutil
-
-    mark = re.compile(rf"session_[0-9_-]+_{driver_pid}\b")
-
-    def where(p: psutil.Process) -> str:
-        try:
-            return " ".join(p.info["cmdline"] or []) + " " + os.readlink(f"/proc/{p.pid}/fd/1")
-        except OSError:
-            return " ".join(p.info["cmdline"] or [])
-
-    deadline = time.time() + seconds
-    while True:
-        alive = []
-        for p in psutil.process_iter(["cmdline", "status"]):
-            line = where(p)
-            if mark.search(line) and p.info["status"] != psutil.STATUS_ZOMBIE:
-                alive.append(line[:200])
-        if not alive or time.time() > deadline:
-            return alive
-        time.sleep(0.1)
 
 
 # a one-step trial takes seconds on an idle machine; these bounds leave room for a loaded 2-core one
@@ -118,7 +92,7 @@ def test_sigkill_of_the_sweep_then_rerun_resumes_the_trial_from_its_checkpoint(t
     os.killpg(proc.pid, signal.SIGKILL)  # the sweep, its Ray head processes and the raylet
     proc.wait()
     # the trial's worker (a child of the raylet in a process group of its own) ends with its raylet
-    assert _outlives(proc.pid, seconds=10) == []
+    assert outlives(proc.pid, seconds=10) == []
     run = _run_dir(out, "base/seed_0")
     assert not (run / "summary.json").exists()  # the trial really was killed mid-run
 

@@ -63,10 +63,13 @@ def _how(rank: int, code: int) -> str:
 
 
 def describe_failure(ends: Mapping[int, tuple[int, float]]) -> str:
-    """What ended a failed job, from each failed rank's (exit code, time): the rank that failed
-    first (torchrun then stops the others with SIGTERM, so a SIGTERM is a consequence unless every
-    rank got one), what the others did, and how to go on."""
-    first = min(ends, key=lambda r: (ends[r][0] == -signal.SIGTERM, ends[r][1], r))
+    """What ended a failed job, from each failed rank's (exit code, time) in the order torchrun
+    found them: the rank that failed first, what the others did, and how to go on. torchrun records
+    the ranks that failed on their own before it stops the others (SIGTERM; a rank with Ray's
+    signal handlers then aborts), and its times are whole seconds, so the earliest time and then
+    the order decide."""
+    order = {rank: i for i, rank in enumerate(ends)}
+    first = min(ends, key=lambda r: (ends[r][1], order[r]))
     code = ends[first][0]
     text = _how(first, code)
     if code == -signal.SIGKILL:
