@@ -74,7 +74,7 @@ def describe_failure(ends: Mapping[int, tuple[int, float]]) -> str:
     text = _how(first, code)
     if code == -signal.SIGKILL:
         text += (" (the kernel's out-of-memory killer sends SIGKILL: check `dmesg` and the host's memory; "
-                 "a smaller update.micro_batch_tokens or rollout batch needs less)")
+                 "docs/distributed.md 'Memory knobs' lists the settings that need less)")
     elif code > 0:
         text += " (its error is above)"
     others = sorted(r for r in ends if r != first)
