@@ -1,29 +1,22 @@
-"""Which processes of a local Ray cluster are still running: Ray names a cluster's session folder
-after the driver that started it (``session_<time>_<driver pid>``); its daemons name the folder in
-their command lines, its workers (retitled ``ray::<task>``) write their stdout to a log in it."""
+"""Which processes of a local Ray cluster are still running, found by
+``vagent.models.remote.ray_session_processes`` (the session folder Ray names after its driver)."""
 
 from __future__ import annotations
 
-import os
-import re
 import time
 
-import psutil
+from vagent.models.remote import ray_session_processes
 
 
 def session_processes(driver_pid: int) -> list[str]:
-    """Command lines (shortened) of the live processes of the Ray session ``driver_pid`` started."""
-    mark = re.compile(rf"session_[0-9_-]+_{driver_pid}\b")
-    alive = []
-    for p in psutil.process_iter(["cmdline", "status"]):
-        line = " ".join(p.info["cmdline"] or [])
+    """Names and command lines (shortened) of the live processes of the Ray session ``driver_pid`` started."""
+    out = []
+    for p in ray_session_processes(driver_pid):
         try:
-            line += " " + os.readlink(f"/proc/{p.pid}/fd/1")
-        except OSError:
-            pass
-        if mark.search(line) and p.info["status"] != psutil.STATUS_ZOMBIE:
-            alive.append(line[:200])
-    return alive
+            out.append(f"{p.pid} {p.name()}: {' '.join(p.cmdline())[:160]}")
+        except Exception:  # noqa: BLE001 -- it ended meanwhile
+            continue
+    return out
 
 
 def outlives(driver_pid: int, seconds: float) -> list[str]:

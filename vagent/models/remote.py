@@ -100,19 +100,38 @@ def start_ray(num_cpus: int | None = None, object_store_mb: int = 256, *, num_gp
     raise AssertionError("unreachable")
 
 
-def _kill_own_ray_processes() -> None:
-    """SIGKILL, by pid, the processes of this process's own Ray sessions (their command lines name
-    the session folder ``session_<time>_<this pid>``; the agents of a raylet that crashed are
-    orphans by then, so children() alone misses them)."""
+def ray_session_processes(driver_pid: int) -> list[Any]:
+    """The live processes (``psutil.Process``) of the local Ray cluster that the process
+    ``driver_pid`` started. Ray names the session folder after that driver
+    (``session_<time>_<pid>``): its daemons name it in their command lines, and every process of
+    the cluster, the workers and agents that retitle themselves ``ray::<name>`` too, holds its log
+    files open."""
     import re
 
     import psutil
 
-    mark = re.compile(rf"session_[0-9_-]+_{os.getpid()}\b")
-    for proc in psutil.process_iter(["pid", "cmdline"]):
+    mark = re.compile(rf"session_[0-9_-]+_{driver_pid}\b")
+    found = []
+    for proc in psutil.process_iter(["cmdline", "status"]):
+        if proc.pid == driver_pid or proc.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
         try:
-            if proc.pid != os.getpid() and mark.search(" ".join(proc.info["cmdline"] or [])):
-                proc.kill()
+            if mark.search(" ".join(proc.info["cmdline"] or [])) or any(
+                    mark.search(f.path) for f in proc.open_files()):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def _kill_own_ray_processes() -> None:
+    """SIGKILL the processes of this process's own Ray sessions (the agents of a raylet that
+    crashed are orphans by then, so children() alone misses them)."""
+    import psutil
+
+    for proc in ray_session_processes(os.getpid()):
+        try:
+            proc.kill()
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
 
