@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+import psutil
+
 from vagent.models.remote import ray_session_processes
 
 
@@ -14,7 +16,7 @@ def session_processes(driver_pid: int) -> list[str]:
     for p in ray_session_processes(driver_pid):
         try:
             out.append(f"{p.pid} {p.name()}: {' '.join(p.cmdline())[:160]}")
-        except Exception:  # noqa: BLE001 -- it ended meanwhile
+        except (psutil.NoSuchProcess, psutil.AccessDenied):  # it ended meanwhile
             continue
     return out
 

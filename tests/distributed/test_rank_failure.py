@@ -113,7 +113,10 @@ def test_a_hung_rank_fails_the_other_at_the_collective_timeout(tmp_path, tiny_vl
     assert "error: the torchrun job failed: rank 0 exited with status 1 (its error is above); then torchrun " \
            "stopped the others (rank 1 was killed by SIGKILL)" in text, text[-4000:]
     assert waited >= timeout_s - 1, "rank 0 gave up before dist.timeout_s"
-    assert not psutil.pid_exists(hung.pid) or hung.status() == psutil.STATUS_ZOMBIE, "the hung rank outlived the job"
+    try:
+        assert hung.status() == psutil.STATUS_ZOMBIE, "the hung rank outlived the job"
+    except psutil.NoSuchProcess:
+        pass  # reaped: gone
     assert (run / "checkpoints" / "step_000001" / "state.pt").is_file()
 
 

@@ -41,5 +41,11 @@ def test_every_process_of_the_session_is_found_and_killed(monkeypatch):
     assert found.get(worker, "").startswith("ray::"), found  # a retitled task worker
     assert {"raylet", "gcs_server"} <= set(found.values()), found
     assert ["left", "0"] in lines, out.stdout
-    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-                   for pid in found), "a killed process still runs"
+    assert not [pid for pid in found if _running(pid)], "a killed process still runs"
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -109,7 +109,7 @@ class RolloutDriver:
         owns_ray: ``close()`` shuts the Ray cluster down (the driver started it).
     """
 
-    def __init__(self, run: Callable[[Any, int], Any], policy: Any, *, engine: Any = None, model: Any = None,
+    def __init__(self, run: Callable[[Any, int, bool], Any], policy: Any, *, engine: Any = None, model: Any = None,
                  overlap: int = 0, steps: int = 0, owns_ray: bool = False):
         if overlap not in (0, 1):
             raise ValueError(f"overlap must be 0 or 1, got {overlap}")
@@ -199,7 +199,7 @@ class RolloutDriver:
             ray.shutdown()
 
 
-def make_driver(cfg: Any, loaded: Any, policy: Any, run: Callable[[Any, int], Any], model_dir: Any = None,
+def make_driver(cfg: Any, loaded: Any, policy: Any, run: Callable[[Any, int, bool], Any], model_dir: Any = None,
                 fresh_model: Callable[[], Any] | None = None) -> RolloutDriver:
     """The driver of a run config's ``rollout`` section; ``policy`` is the recipe's in-process
     ``HFPolicy`` (used as it is on the default path). ``fresh_model()``: an unsharded copy of the
@@ -264,7 +264,7 @@ def engine_replicas(cfg: Any, loaded: Any, fresh_model: Callable[[], Any] | None
     full = full_state_dict(loaded.model, to_all_ranks=False)  # every rank takes part; rank 0 gets the weights
     # starting Ray and the replicas (rank 0), joining and attaching (the others) may take minutes on a
     # busy machine: the ranks wait for each other on a group whose timeout allows it, not the job's
-    slow = side_group("engine replicas start", timeout_s=max(world().timeout_s, STARTUP_TIMEOUT_S))
+    slow = side_group("engine replicas start", timeout_s=max(w.timeout_s, STARTUP_TIMEOUT_S))
     engine, owns, info = None, False, None
     if w.rank == 0:
         try:

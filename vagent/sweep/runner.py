@@ -133,18 +133,19 @@ def tune_trial(params: dict) -> None:
     tune.report({k: v for k, v in summary.items() if isinstance(v, (int, float))})
 
 
-_watching: set[int] = set()
+_watching = False
 
 
 def exit_with_parent(poll_s: float = 0.2) -> None:
-    """End this process within ``poll_s`` of its parent's death. A Ray worker is a child of the
-    raylet in a process group of its own, so killing the sweep's process group leaves it running
+    """End this process when its parent dies (checked every ``poll_s``). A Ray worker is a child of
+    the raylet in a process group of its own, so killing the sweep's process group leaves it running
     until Ray notices the lost raylet, long enough under load to finish the trial behind the back of
     the sweep that is started again. Once per process (Ray reuses workers)."""
-    parent = os.getppid()
-    if parent in _watching:
+    global _watching
+    if _watching:
         return
-    _watching.add(parent)
+    _watching = True
+    parent = os.getppid()
 
     def watch() -> None:
         while os.getppid() == parent:
