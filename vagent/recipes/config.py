@@ -120,6 +120,9 @@ class EnvEntry:
     #: ``vagent serve-env`` servers that host this entry's envs (failover in order, replay on server
     #: loss; docs/service.md); empty = the envs run in the training process
     urls: list[str] = field(default_factory=list)
+    #: bearer token of the ``urls`` servers (their ``--token``); null = the environment variable
+    #: VAGENT_SERVICE_TOKEN (preferred: a token written here is saved in the run's config.yaml)
+    token: str | None = None
 
 
 @dataclass
@@ -149,11 +152,13 @@ class RolloutConfig:
     #: same replies; 1.55x on bench/prefix_cache.py); false = every turn prefills the whole context
     prefix_cache: bool = True
     #: generation engine of training rollouts: hf (HF generate, vagent.models.engine) or vllm
-    #: (vLLM V1 on the trainer's GPU, weights pushed through its weight-transfer API; pip install
-    #: 'vagent[vllm]', GPU only). Validation always uses the trainer's in-process model
+    #: (vLLM V1, CUDA build on GPUs or vLLM's CPU build: scripts/vllm-env; the trainer's weights are
+    #: pushed into it before each rollout; docs/distributed.md). Validation always uses the
+    #: trainer's in-process model
     engine: Literal["hf", "vllm"] = "hf"
-    #: hf engine replicas as Ray actors (CPU; pip install 'vagent[ray]'): a trajectory's turns stay
-    #: on one replica, weights are pushed before each rollout; 0 = generate in the training process
+    #: engine replicas (of rollout.engine) as Ray actors (pip install 'vagent[ray]'): a trajectory's
+    #: turns stay on one replica, weights are pushed before each rollout; 0 = generate in the training
+    #: process (a job of several ranks with engine vllm needs >= 1)
     replicas: int = 0
     #: torch threads of each hf replica
     replica_threads: int = 1
@@ -163,8 +168,9 @@ class RolloutConfig:
     #: 1 = generate step k+1's batch with the previous weights while step k updates (staleness 1,
     #: PPO ratio against the sampling-time log-probs; needs replicas >= 1 or engine vllm); 0 = off
     overlap: int = 0
-    #: engine vllm: fraction of the GPU's memory vLLM may take (weights + KV cache)
-    vllm_gpu_memory: float = 0.4
+    #: engine vllm: share of the GPU's memory (vLLM's CPU build: of the RAM) each vLLM engine may
+    #: take for weights + KV cache; null = the platform's default (GPU 0.4, CPU 0.1)
+    vllm_gpu_memory: float | None = None
 
 
 @dataclass
@@ -415,11 +421,16 @@ class RunConfig:
 
 
 def validate(cfg: RunConfig) -> RunConfig:
-    """Check cross-field rules; raise ConfigError naming the field and the fix."""
+    """Check every number's range (vagent.recipes.config_checks.RANGES), the run name and the
+    cross-field rules; raise ConfigError naming the field and the fix."""
+    from vagent.recipes.config_checks import check_name, check_ranges
+
     def need(cond: bool, msg: str) -> None:
         if not cond:
             raise ConfigError(msg)
 
+    check_ranges(cfg)
+    check_name(cfg.name)
     need(cfg.steps >= 0, f"steps must be >= 0, got {cfg.steps}.")
     need(len(cfg.envs) > 0, "envs is empty: list at least one env, e.g. envs: [{name: frozenlake}].")
     for i, e in enumerate(cfg.envs):
@@ -435,12 +446,11 @@ def validate(cfg: RunConfig) -> RunConfig:
     need(not (r.overlap and r.engine == "hf" and r.replicas == 0),
          "rollout.overlap 1 generates while the trainer updates, so the generator needs its own weights: set "
          "rollout.replicas >= 1 (Ray actors) or rollout.engine vllm, or rollout.overlap 0.")
-    need(not (r.engine == "vllm" and r.replicas > 0),
-         "rollout.engine vllm runs one engine on the trainer's GPU (colocated); vLLM replicas as Ray actors are "
-         "not implemented yet: set rollout.replicas 0.")
     for i, e in enumerate(cfg.envs):
         bad = [u for u in e.urls if not str(u).startswith(("http://", "https://"))]
         need(not bad, f"envs.{i}.urls must be http(s) URLs of vagent serve-env servers, got {bad}.")
+        need(e.token is None or bool(e.urls), f"envs.{i}.token is the bearer token of envs.{i}.urls; set urls "
+             "too (the env servers), or drop the token.")
     u = cfg.update
     need(u.mini_batches >= 1 and u.epochs >= 1, "update.epochs and update.mini_batches must be >= 1.")
     need(u.micro_batch_tokens >= 16, f"update.micro_batch_tokens must be >= 16, got {u.micro_batch_tokens}.")
@@ -572,6 +582,8 @@ def load_config(
     """Build a :class:`RunConfig` from a YAML file (or mapping, or the default preset) plus overrides."""
     import yaml
 
+    from vagent.recipes.config_checks import read_config_text
+
     if source is None:
         tree = default_preset_dict()
     elif isinstance(source, Mapping):
@@ -585,7 +597,7 @@ def load_config(
                 f"--config configs/frozenlake_ppo.yaml (presets: {', '.join(presets) or 'none found'})."
             )
         try:
-            tree = yaml.safe_load(path.read_text()) or {}
+            tree = yaml.safe_load(read_config_text(path)) or {}
         except yaml.YAMLError as exc:
             raise ConfigError(f"{path}: not valid YAML ({exc}).") from exc
         if not isinstance(tree, dict):
