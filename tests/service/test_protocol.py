@@ -104,9 +104,11 @@ def test_import_plugins_by_path_and_name(tmp_path):
 
     from vagent.service.host import import_plugins
 
+    from vagent.plugins import PluginImportError
+
     plugin = tmp_path / "my_plugin_envs.py"
     plugin.write_text("LOADED = True\n")
-    import_plugins([str(plugin), "json"])
-    assert sys.modules["vagent_plugin_my_plugin_envs"].LOADED
-    with pytest.raises(FileNotFoundError, match="no such file"):
+    import_plugins([str(plugin), "json"])  # as every command imports (vagent.plugins): under its own name
+    assert sys.modules["my_plugin_envs"].LOADED
+    with pytest.raises(PluginImportError, match="no such file"):
         import_plugins([str(tmp_path / "missing.py")])

@@ -15,7 +15,8 @@ It checks (in this order):
    ``render="text"``, at least one with ``render="vision"``);
 4. determinism: the same seed gives the same observation texts, image bytes, states, rewards and
    infos for a scripted reply sequence, twice on one instance, on a second instance (factory),
-   and in a fresh Python process (envs made by ``make``: their ``spec_name``/``spec_config``);
+   and in a fresh Python process (envs made by ``make``: their ``spec_name``/``spec_config``; a
+   ``RemoteEnv`` of an env registered only on its server: a new ``RemoteEnv`` on the same servers);
 5. garbage replies (empty, random bytes, 1 MB, broken tags, unicode) never raise and report
    ``format_ok=False``;
 6. an episode ends (terminated or truncated) and a further ``step`` raises ``EpisodeOverError``;
@@ -31,6 +32,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 import subprocess
 import sys
 import warnings
@@ -124,15 +126,28 @@ import importlib, json, sys
 importlib.import_module(sys.argv[1])
 from vagent.envs import make
 from vagent.envs.checker import episode_digest
-env = make(sys.argv[2], **json.loads(sys.argv[3]))
+urls = json.loads(sys.argv[6])
+if urls:  # an env registered only on its server: a new RemoteEnv (token from VAGENT_SERVICE_TOKEN)
+    from vagent.service.client import RemoteEnv
+    env = RemoteEnv(urls, sys.argv[2], **json.loads(sys.argv[3]))
+else:
+    env = make(sys.argv[2], **json.loads(sys.argv[3]))
 print(json.dumps([episode_digest(env, int(s), int(sys.argv[5])) for s in json.loads(sys.argv[4])]))
 """
 
 
-def subprocess_digests(env_module: str, name: str, config: dict, seeds: list[int], n_steps: int) -> list[str]:
-    """The digests of ``seeds`` computed by a fresh Python process (its own hash salt)."""
-    cmd = [sys.executable, "-c", _SUBPROCESS_CODE, env_module, name, json.dumps(config), json.dumps(seeds), str(n_steps)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+def subprocess_digests(env_module: str, name: str, config: dict, seeds: list[int], n_steps: int,
+                       remote: tuple[list[str], str | None] | None = None) -> list[str]:
+    """The digests of ``seeds`` computed by a fresh Python process (its own hash salt).
+
+    ``remote``: (server URLs, token) of an env that is registered only on its server: the fresh
+    process makes a ``RemoteEnv`` there (a new session of the same servers) instead of ``make``.
+    """
+    urls, token = remote or ([], None)
+    cmd = [sys.executable, "-c", _SUBPROCESS_CODE, env_module, name, json.dumps(config), json.dumps(seeds), str(n_steps),
+           json.dumps(urls)]
+    environ = {**os.environ, "VAGENT_SERVICE_TOKEN": token} if token else None  # not in argv: ps shows argv
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=environ)
     if proc.returncode != 0:
         raise EnvCheckError(
             f"[check_env {name}] the fresh-process run failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}\n"
@@ -283,6 +298,15 @@ def _check_end(env: Any, name: str, seed: int, max_end_steps: int, report: Check
 
 
 # ---------------------------------------------------------------------------------------------
+def _server_only_source(env: Any, name: str) -> tuple[list[str], str | None] | None:
+    """(URLs, token) of a remote env (``RemoteEnv.remote_source``) whose env is not registered in
+    this process; None otherwise (the fresh process then compares with a local ``make``)."""
+    from vagent.envs.registry import list_envs
+
+    source = getattr(env, "remote_source", None)
+    return source() if callable(source) and name not in list_envs() else None
+
+
 # The checker
 # ---------------------------------------------------------------------------------------------
 
@@ -353,7 +377,8 @@ def check_env(env_or_factory: Any | Callable[[], Any], seeds: tuple[int, ...] = 
             warnings.warn(msg, stacklevel=2)
             report.warnings.append(msg)
         else:
-            fresh = subprocess_digests(module, spec_name, dict(env.spec_config), list(seeds), n_steps)
+            fresh = subprocess_digests(module, spec_name, dict(env.spec_config), list(seeds), n_steps,
+                                       _server_only_source(env, spec_name))
             for s, d in zip(seeds, fresh):
                 if d != digests[s]:
                     raise _fail(name, f"seed {s} gave a different episode in a fresh Python process.",

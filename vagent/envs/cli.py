@@ -83,7 +83,11 @@ def cmd_envs(args: argparse.Namespace) -> int:
         return 2
     names = [args.name] if args.name else list_envs()
     for name in names:
-        cls = env_class(name)
+        try:
+            cls = env_class(name)
+        except KeyError as exc:
+            print(f"error: {exc.args[0]}", file=sys.stderr)
+            return 2
         module_doc = (sys.modules[cls.__module__].__doc__ or "").strip().splitlines()
         print(f"{name}: {module_doc[0] if module_doc else cls.__name__}")
         print(f"  class {cls.__module__}:{cls.__name__}")
@@ -174,7 +178,7 @@ def cmd_play(args: argparse.Namespace) -> int:
     try:
         env = make(args.env, **config)
     except (ConfigError, KeyError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)
         return 2
     if args.policy == "solver" and not callable(getattr(env, "optimal_actions", None)):
         print(f"error: env '{args.env}' has no solver (optimal_actions); use --policy human or random.", file=sys.stderr)

@@ -16,6 +16,11 @@ from vagent.config import from_mapping
 
 _REGISTRY: dict[str, str | type] = {}
 
+#: how an env of one's own becomes known (the end of every "Unknown env" error)
+IMPORT_HINT = ("An env of your own is registered when its module is imported: pass --import MODULE (a dotted "
+               "module name found from the current folder, or a .py file; `imports: [MODULE]` in a run config), "
+               "or import the module in Python before make().")
+
 
 @dataclass
 class EnvConfig:
@@ -45,7 +50,8 @@ def env_class(name: str) -> type:
     if name not in _REGISTRY:
         close = difflib.get_close_matches(name, list(_REGISTRY), n=1)
         hint = f" Did you mean '{close[0]}'?" if close else ""
-        raise KeyError(f"Unknown env '{name}'.{hint} Registered envs: {', '.join(sorted(_REGISTRY))}.")
+        raise KeyError(f"Unknown env '{name}'.{hint} Registered envs: {', '.join(sorted(_REGISTRY))}. "
+                       f"{IMPORT_HINT}")
     entry = _REGISTRY[name]
     if isinstance(entry, str):
         module, _, attr = entry.partition(":")

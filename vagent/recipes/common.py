@@ -54,13 +54,37 @@ def val_env_specs(entry: EnvEntry) -> list:
 
 def stop_strings(cfg: RunConfig) -> tuple[str, ...]:
     """``rollout.stop`` plus the strings the run's envs declare as ending a reply
-    (an env class's optional ``reply_stop``, e.g. vigorl_zoom's ``"</tool_call>"``), in order."""
+    (an env class's optional ``reply_stop``, e.g. vigorl_zoom's ``"</tool_call>"``), in order.
+    A remote entry's (``urls``) come from its server: the env class may live only there."""
     from vagent.envs.registry import env_class
+    from vagent.service.preflight import remote_env_info
 
     out = list(cfg.rollout.stop)
     for e in cfg.envs:
-        out += [s for s in getattr(env_class(e.name), "reply_stop", ()) if s not in out]
+        declared = remote_env_info(e).reply_stop if e.urls else getattr(env_class(e.name), "reply_stop", ())
+        out += [s for s in declared if s not in out]
     return tuple(out)
+
+
+def check_remote_envs(cfg: RunConfig, say: Any) -> None:
+    """Before the model build: every server of every ``envs.N.urls`` answers, accepts the entry's
+    token and serves its env (``say`` gets one line per server; a failure raises ConfigError with
+    one line per failed server, :mod:`vagent.service.preflight`). SFT demonstrations are played in
+    this process, so they need the env registered here too."""
+    remote = [e for e in cfg.envs if e.urls]
+    if not remote:
+        return
+    from vagent.config import ConfigError
+    from vagent.envs.registry import IMPORT_HINT, list_envs
+    from vagent.service.preflight import check_env_servers
+
+    for line in check_env_servers(cfg.envs):
+        say(line)
+    local_only = [e.name for e in remote if e.name not in list_envs()]
+    if cfg.sft.steps > 0 and not cfg.sft.data and local_only:
+        raise ConfigError(f"sft.steps {cfg.sft.steps} plays solver demonstrations of {', '.join(local_only)} in this "
+                          "process, but that env lives only on its server. Set sft.steps=0, give sft.data, or "
+                          f"register the env here too. {IMPORT_HINT}")
 
 
 def sampling_for(cfg: RunConfig, step: int, greedy: bool = False):
@@ -136,9 +160,10 @@ def check_compatible(loaded: Any, cfg: RunConfig) -> None:
     if loaded.is_vision:
         return
     from vagent.envs import make
+    from vagent.rollout.driver import env_factory_for
 
     for i, e in enumerate(cfg.envs):
-        env = make(e.name, **e.config)
+        env = env_factory_for(e)() if e.urls else make(e.name, **e.config)  # a remote env: its server's
         try:
             obs, _ = env.reset(0)
         finally:

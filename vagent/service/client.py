@@ -54,6 +54,7 @@ Version:
 from __future__ import annotations
 
 import json
+import os
 import random
 import threading
 import time
@@ -145,6 +146,8 @@ class Transport:
     spend retrying; ``backoff``/``max_backoff``: the jittered exponential backoff in seconds;
     ``images``: the image codec asked of the server (``png``, ``raw``, ``zlib``; ``auto``: raw
     pixels when every URL is loopback, where bytes are free, else zlib; all lossless).
+    ``token``: the servers' bearer token; None reads the environment variable
+    ``VAGENT_SERVICE_TOKEN`` (the variable ``vagent serve-env`` reads too), "" sends none.
     """
 
     def __init__(self, url_or_urls: str | Sequence[str], token: str | None = None, timeout: float = 60.0,
@@ -158,6 +161,7 @@ class Transport:
         self.retry_timeout, self.backoff, self.max_backoff = retry_timeout, backoff, max_backoff
         self.images = resolve_image_codec(images, self.urls)
         headers = {P.IMAGES_HEADER: self.images}
+        self.token = token = service_token(token)  # the resolved token (None: none is sent)
         if token:
             headers["Authorization"] = f"Bearer {token}"
         self.http = HttpClient(timeout=timeout, headers=headers, max_connections=max_connections)
@@ -221,6 +225,16 @@ class Transport:
 
 _JSON_HEADERS = {"Content-Type": "application/json"}
 
+#: the environment variable that holds the env servers' bearer token (server and client read it)
+TOKEN_VARIABLE = "VAGENT_SERVICE_TOKEN"
+
+
+def service_token(token: str | None) -> str | None:
+    """The token to send: ``token`` when given (``""``: none), else ``$VAGENT_SERVICE_TOKEN``."""
+    if token is not None:
+        return token or None
+    return os.environ.get(TOKEN_VARIABLE) or None
+
 
 def resolve_image_codec(images: str, urls: Sequence[str]) -> str:
     """``auto`` -> ``raw`` when every URL's host is loopback (one machine: CPU, not bytes, is
@@ -281,7 +295,8 @@ class RemoteEnvConfig:
     urls: tuple[str, ...] = ("http://127.0.0.1:8000",)
     #: the registered env name on the server
     env: str = ""
-    #: bearer token of the server (None when it runs without auth on loopback)
+    #: bearer token of the server (None: $VAGENT_SERVICE_TOKEN if set, else none, for a server
+    #: without auth on loopback)
     token: str | None = None
     #: seconds one HTTP request may take (a step of a slow simulator included)
     timeout: float = 60.0
@@ -319,6 +334,7 @@ class RemoteEnv:
         self.config: Any = SimpleNamespace()
         self.action_names: tuple[str, ...] = ()
         self.action_sep = ","
+        self.reply_stop: tuple[str, ...] = ()
         self.judge_spec: JudgeSpec | None = None
         self._lock = threading.RLock()
         self._sid: str | None = None
@@ -347,6 +363,7 @@ class RemoteEnv:
         self.config = SimpleNamespace(**spec.get("config", {}))
         self.action_names = tuple(spec.get("action_names", ()))
         self.action_sep = spec.get("action_sep", ",")
+        self.reply_stop = tuple(spec.get("reply_stop", ()))
         js = spec.get("judge_spec")
         if js:
             self.judge_spec = JudgeSpec(
@@ -470,6 +487,11 @@ class RemoteEnv:
 
     def state(self) -> dict:
         return self._get("state")["state"]
+
+    def remote_source(self) -> tuple[list[str], str | None]:
+        """(server URLs, token): what a fresh process needs to make this env again (``check_env``'s
+        fresh-process check of an env that is registered only on the server)."""
+        return list(self._t.urls), self._t.token
 
     def _optimal_actions(self) -> list[str]:
         """The solver's next actions (reachable as ``optimal_actions`` when the env has a solver)."""

@@ -25,12 +25,9 @@ replaced (:meth:`SessionHost.redact`).
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import importlib.util
 import math
 import pickle
 import re
-import sys
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,21 +43,12 @@ Result = tuple  # ("ok", payload) | ("err", status, {"error", "detail", "session
 
 
 def import_plugins(modules: tuple[str, ...] | list[str]) -> None:
-    """Import modules that register envs: dotted names, or paths to ``.py`` files."""
-    for mod in modules:
-        if mod.endswith(".py"):
-            path = Path(mod).resolve()
-            if not path.is_file():
-                raise FileNotFoundError(f"--import {mod}: no such file")
-            name = f"vagent_plugin_{path.stem}"
-            if name in sys.modules:
-                continue
-            spec = importlib.util.spec_from_file_location(name, path)
-            module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-            sys.modules[name] = module
-            spec.loader.exec_module(module)  # type: ignore[union-attr]
-        else:
-            importlib.import_module(mod)
+    """Import modules that register envs, as every other command does (:func:`vagent.plugins.import_modules`:
+    a dotted name found from the current folder or ``sys.path``, or the path of a ``.py`` file);
+    raises :class:`vagent.plugins.PluginImportError` naming the fix."""
+    from vagent.plugins import import_modules
+
+    import_modules(modules)
 
 
 def to_jsonable(x: Any) -> Any:
@@ -90,8 +78,34 @@ def env_spec(env: Any, hidden: tuple[str, ...] = ()) -> dict[str, Any]:
         "config": {k: v for k, v in config.items() if k not in hidden},
         "action_names": [str(a) for a in (getattr(env, "action_names", ()) or ())],
         "action_sep": str(getattr(env, "action_sep", ",")),
+        "reply_stop": [str(x) for x in getattr(env, "reply_stop", ()) or ()],
         "judge_spec": to_jsonable(dataclasses.asdict(judge)) if dataclasses.is_dataclass(judge) else None,
     }
+
+
+def env_info(name: str, allowed: tuple[str, ...] = ()) -> Result:
+    """``GET /v1/envs/{name}``: what a client needs about env class ``name`` before any session
+    (protocol.EnvInfoOut): description, ``reply_stop``, actions, the config fields a client may set."""
+    import sys
+
+    from vagent.config import describe
+    from vagent.envs.limits import server_only_fields
+    from vagent.envs.registry import env_class
+
+    if allowed and name not in allowed:
+        return _err(422, "UnknownEnv", f"env '{name}' is not served here; served: {', '.join(allowed)}.")
+    try:
+        cls = env_class(name)
+    except KeyError as exc:
+        return _err(422, "UnknownEnv", str(exc.args[0]))
+    doc = (getattr(sys.modules.get(cls.__module__), "__doc__", None) or cls.__doc__ or "").strip().splitlines()
+    hidden = server_only_fields(cls)
+    fields = [{"name": f, "type": tp, "default": to_jsonable(default), "doc": d}
+              for f, tp, default, d in describe(cls.Config) if f not in hidden]
+    return ("ok", {"name": name, "description": doc[0] if doc else cls.__name__,
+                   "reply_stop": [str(x) for x in getattr(cls, "reply_stop", ()) or ()],
+                   "action_names": [str(a) for a in getattr(cls, "action_names", ()) or ()],
+                   "action_sep": str(getattr(cls, "action_sep", ",")), "config_fields": fields})
 
 
 def _err(status: int, kind: str, detail: str, closed: bool = False) -> Result:

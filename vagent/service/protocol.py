@@ -222,6 +222,30 @@ class EnvsOut(BaseModel):
     envs: list[str]
 
 
+class ConfigFieldOut(BaseModel):
+    """One field of an env's declared Config (as ``vagent envs NAME`` lists it)."""
+
+    name: str
+    type: str
+    default: Any = None
+    doc: str = ""
+
+
+class EnvInfoOut(BaseModel):
+    """What a trainer needs to know about a served env class before any session exists
+    (``GET /v1/envs/{name}``): the env may live only on the server."""
+
+    name: str
+    #: the first line of the env module's docstring (or the class name)
+    description: str
+    #: strings that end a reply besides ``</answer>`` (the class's ``reply_stop``)
+    reply_stop: list[str] = Field(default_factory=list)
+    action_names: list[str] = Field(default_factory=list)
+    action_sep: str = ","
+    #: the declared config fields a client may set (server-only fields left out)
+    config_fields: list[ConfigFieldOut] = Field(default_factory=list)
+
+
 class HealthOut(BaseModel):
     status: str
     version: str

@@ -587,6 +587,15 @@ def _add_service_routes(app: FastAPI, front: Front, cfg: ServerConfig) -> None:
 
         return JSONResponse({"envs": list(cfg.envs) or list_envs()})
 
+    @app.get(f"{P.API_PREFIX}/envs/{{name}}", response_model=P.EnvInfoOut)
+    async def env_info(name: str = Path(min_length=1, max_length=P.MAX_NAME)) -> Response:
+        from vagent.service.host import env_info as describe_env
+
+        result = await asyncio.to_thread(describe_env, name, tuple(cfg.envs))  # a first use imports the env's module
+        if result[0] == "ok":
+            return JSONResponse(result[1])
+        return JSONResponse(result[2], status_code=result[1])
+
     @app.get("/health", response_model=P.HealthOut)
     async def health() -> Response:
         return JSONResponse({"status": "ok", "version": __version__, "sessions": len(front.table),
@@ -623,7 +632,12 @@ def serve(cfg: ServerConfig) -> None:
     if cfg.token is None and os.environ.get("VAGENT_SERVICE_TOKEN"):
         cfg.token = os.environ["VAGENT_SERVICE_TOKEN"]
     validate_config(cfg)
-    import_plugins(cfg.imports)
+    from vagent.plugins import PluginImportError
+
+    try:
+        import_plugins(cfg.imports)
+    except PluginImportError as exc:
+        raise StartupError(f"--import: {exc}") from exc
     from vagent.envs import env_class, list_envs
 
     for name in cfg.envs:
