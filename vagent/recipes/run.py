@@ -68,7 +68,7 @@ def train(cfg: RunConfig | None = None, resume: str | Path | None = None, quiet:
 def _train(cfg: RunConfig, run: Any, resuming: bool, console: Any, t_start: float) -> Path:
     """``train`` after the run directory to resume (if any) and the console are known."""
     from vagent.distributed import broadcast_object, rank_device, world as current_world
-    from vagent.recipes.common import check_compatible, load_model, resolve_device, use_bf16
+    from vagent.recipes.common import check_compatible, check_remote_envs, load_model, resolve_device, use_bf16
     from vagent.recipes.session import Session, SilentLogger
     from vagent.runs import (
         MetricsLogger, TrainingError, is_oom, list_checkpoints, load_checkpoint, new_run_dir, oom_message, plot_run,
@@ -92,6 +92,7 @@ def _train(cfg: RunConfig, run: Any, resuming: bool, console: Any, t_start: floa
     from vagent.rollout.driver import check_rollout_setup
 
     check_rollout_setup(cfg.rollout, world.distributed)
+    check_remote_envs(cfg, console.print)  # envs.N.urls: reachable, token accepted, env served
     model_dir = prepare_model_once(cfg, console)  # several processes: rank 0 builds, the others wait
     loaded = load_model(cfg, model_dir, device)
     check_compatible(loaded, cfg)
