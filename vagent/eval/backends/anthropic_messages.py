@@ -24,7 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from vagent.eval.backends.common import ApiError, ApiPolicy, cut_at_stop, interleave, png_base64, restore_stop
+from vagent.eval.backends.common import ApiError, ApiPolicy, cut_at_stop, deadline_http_client, http_package, \
+    interleave, png_base64, restore_stop
 from vagent.eval.backends.openai_chat import sdk_error
 from vagent.rollout.policy import Conversation, Message, Reply, SamplingConfig
 
@@ -71,7 +72,9 @@ class AnthropicMessagesAdapter:
 
         self._sdk = anthropic
         self.model, self.stop_mode, self.send_sampling = model, stop_mode, send_sampling
-        self.client = anthropic.Anthropic(base_url=base_url, api_key=api_key, timeout=timeout_s, max_retries=0)
+        http = deadline_http_client(timeout_s, http_package(anthropic.DefaultHttpxClient))  # timeout_s: whole request
+        self.client = anthropic.Anthropic(base_url=base_url, api_key=api_key, timeout=timeout_s, max_retries=0,
+                                          http_client=http)
 
     def request(self, conversation: Conversation, sampling: SamplingConfig) -> dict[str, Any]:
         """The keyword arguments of ``messages.create`` for this conversation."""

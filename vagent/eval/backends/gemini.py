@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from vagent.eval.backends.common import ApiError, ApiPolicy, cut_at_stop, encode_png, interleave, \
-    kind_of_status, parse_retry_after, restore_stop
+from vagent.eval.backends.common import ApiError, ApiPolicy, cut_at_stop, deadline_http_client, encode_png, \
+    interleave, kind_of_status, parse_retry_after, restore_stop
 from vagent.rollout.policy import Conversation, Reply, SamplingConfig
 
 
@@ -80,7 +80,8 @@ class GeminiAdapter:
         self.model, self.stop_mode, self.send_seed = model, stop_mode, send_seed
         self.send_sampling = send_sampling
         http = types.HttpOptions(base_url=base_url, timeout=int(timeout_s * 1000),
-                                 retry_options=types.HttpRetryOptions(attempts=1))
+                                 retry_options=types.HttpRetryOptions(attempts=1),
+                                 httpx_client=deadline_http_client(timeout_s))  # timeout_s: the whole request
         self.client = genai.Client(api_key=api_key, http_options=http)
 
     def request(self, conversation: Conversation, sampling: SamplingConfig) -> dict[str, Any]:

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from vagent.eval.backends.common import ApiError, ApiPolicy, interleave, kind_of_status, parse_retry_after, \
-    png_base64, restore_stop, cut_at_stop
+from vagent.eval.backends.common import ApiError, ApiPolicy, deadline_http_client, http_package, interleave, \
+    kind_of_status, parse_retry_after, png_base64, restore_stop, cut_at_stop
 from vagent.rollout.policy import Conversation, Message, Reply, SamplingConfig
 
 
@@ -82,7 +82,9 @@ class OpenAIChatAdapter:
         self.model, self.stop_mode = model, stop_mode
         self.max_tokens_param, self.send_seed, self.restore_think = max_tokens_param, send_seed, restore_think
         self.send_sampling = send_sampling
-        self.client = openai.OpenAI(base_url=base_url, api_key=api_key, timeout=timeout_s, max_retries=0)
+        http = deadline_http_client(timeout_s, http_package(openai.DefaultHttpxClient))  # timeout_s: whole request
+        self.client = openai.OpenAI(base_url=base_url, api_key=api_key, timeout=timeout_s, max_retries=0,
+                                    http_client=http)
 
     def request(self, conversation: Conversation, sampling: SamplingConfig) -> dict[str, Any]:
         """The keyword arguments of ``chat.completions.create`` for this conversation."""
