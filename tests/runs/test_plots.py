@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 from vagent.runs.metrics import MetricsLogger, read_metrics
 from vagent.runs.plots import RATE_LIMITS, curves_figure, plot_run, val_figure
 
@@ -68,3 +71,27 @@ def test_plot_run_writes_both_files(tmp_path):
     _records(tmp_path)
     files = plot_run(tmp_path / "metrics.jsonl", tmp_path / "plots")
     assert [f.name for f in files] == ["curves.png", "val.png"] and all(f.stat().st_size > 1000 for f in files)
+
+
+def guide_metrics() -> list[str]:
+    """The metrics docs/training.md "Reading the curves" tells users to read, in its order."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "training.md").read_text()
+    section = text.split("## Reading the curves", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1] for line in section.splitlines() if line.startswith("| `")]
+    return [m for cell in rows for m in re.findall(r"`([a-z_]+/[a-z_/]+)`", cell)]
+
+
+def test_curves_carry_the_metrics_the_guide_names_in_its_order(tmp_path):
+    guide = guide_metrics()
+    assert len(guide) == 7 and guide[0] == "val/success_rate"
+    log = MetricsLogger(tmp_path, tensorboard=False)
+    for s in range(0, 4):
+        log.log(s, {"val/success_rate": 0.1 * s, "val/format_accuracy": 0.9})
+        if s:
+            log.log(s, {"rollout/episodes": 4.0, "rollout/success_rate": 0.2, "rollout/format_accuracy": 0.95,
+                        "rollout/return_mean": 0.3 * s, "reward/mean": 0.3 * s, "actor/kl_ref": 0.01 * s,
+                        "critic/explained_variance": -0.05, "loss/policy": -0.1, "actor/updated": 1.0})
+    log.close()
+    fig = curves_figure(read_metrics(tmp_path / "metrics.jsonl"))
+    names = [ax.get_ylabel() for ax in fig.axes if ax.get_title()]  # each panel's y axis names its metric
+    assert names[:len(guide)] == guide, names

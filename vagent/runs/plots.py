@@ -1,7 +1,8 @@
 """Learning-curve plots from ``metrics.jsonl``, redrawn as the run goes (matplotlib).
 
 ``plots/curves.png`` holds one panel per key metric (those of :data:`PANELS` present in the
-file); ``plots/val.png`` the validation success rate per env (one line per env, plus the mean
+file; first the metrics docs/training.md "Reading the curves" tells users to read, in its order;
+each panel's y axis names its metric); ``plots/val.png`` the validation success rate per env (one line per env, plus the mean
 over all validation episodes when there are several envs). Steps follow the run's convention
 (docs/metrics.md, "Steps"): training curves run 1..N (after k updates), validation 0..N (0 = the
 policy after SFT, before RL); the SFT phase gets its own panel (``sft/loss``) against SFT steps.
@@ -21,10 +22,16 @@ from typing import Any
 from vagent.runs.metrics import read_metrics
 
 PANELS = (
+    # docs/training.md "Reading the curves", in its order (tests/runs/test_plots.py reads the guide)
     ("val/success_rate", "validation success rate (greedy)"),
-    ("rollout/success_rate", "training success rate (sampled)"),
-    ("reward/mean", "mean episode reward"),
+    ("val/format_accuracy", "validation format accuracy (greedy)"),
     ("rollout/format_accuracy", "format accuracy"),
+    ("rollout/return_mean", "mean episode return (sampled)"),
+    ("rollout/success_rate", "training success rate (sampled)"),
+    ("actor/kl_ref", "KL to the reference policy (per token)"),
+    ("critic/explained_variance", "critic explained variance"),
+    # then the rest
+    ("reward/mean", "mean episode reward"),
     ("loss/policy", "policy loss"),
     ("loss/value", "value loss"),
     ("actor/entropy", "entropy"),
@@ -75,15 +82,16 @@ def curves_figure(records: list[dict]) -> Any | None:
             panels.append((key, title, phase, xs, ys))
     if not panels:
         return None
-    cols = 3
+    cols = 4
     rows = (len(panels) + cols - 1) // cols
-    fig = Figure(figsize=(4.2 * cols, 3.0 * rows))
+    fig = Figure(figsize=(4.0 * cols, 3.0 * rows))
     axes = fig.subplots(rows, cols, squeeze=False)
     for ax in axes.flat[len(panels):]:
         ax.axis("off")
     for ax, (key, title, phase, xs, ys) in zip(axes.flat, panels):
         ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, markersize=3)
         ax.set_title(title, fontsize=9)
+        ax.set_ylabel(key, fontsize=8)  # the name the guide, TensorBoard and metrics.jsonl use
         if phase == "sft":
             ax.set_xlabel("SFT step (after k updates)", fontsize=8)
         elif key.startswith("val/"):
