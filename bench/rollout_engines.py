@@ -12,8 +12,17 @@ Three measurements, each side by side in one process on the same seeds:
    with ``rollout.overlap`` 0 and 1, from the metrics' timestamps of steps 1..N (step 0 has no
    overlap to gain). Also prints each run's final ``reward/mean`` (few steps: not a learning
    comparison).
+4. ``vllm`` (needs vLLM: ``.venv-vllm/bin/python``, built by ``scripts/vllm-env``): the same
+   greedy rollout on ``HFEngine`` and on ``VLLMEngine`` (in process, fp32): episodes/s, sampled
+   tokens/s, and vLLM's start-up time (``LLM`` construction: engine process, model load, KV-cache
+   planning); checks that both played the same ids.
+5. ``train``: the default run (``vagent train`` with no config: configs/frozenlake_ppo.yaml),
+   ``--train-steps`` RL steps with SFT and validation off, with ``rollout.engine`` hf and vllm:
+   median RL step time, median rollout generation time, and the run's wall time (vLLM's start-up
+   included), in ``vagent train`` subprocesses after an untimed run that builds the tiny model.
 
 Run:  PYTHONPATH=. python bench/rollout_engines.py [--episodes 16] [--turns 3] [--part all]
+      PYTHONPATH=. .venv-vllm/bin/python bench/rollout_engines.py --part vllm   (and --part train)
 
 The printed table is in docs/results.md form. Timings depend on the machine (the 2-core CI
 machine shares its cores between the trainer, the replicas and the Ray processes).
@@ -119,6 +128,61 @@ def bench_overlap(args, rows):
                      f"weights lag {lags}, final reward/mean {recs[-1]['reward/mean']:.3f}"))
 
 
+def bench_vllm(args, model_dir, loaded, specs, sampling, rows):
+    from vagent.models.engine import HFEngine
+    from vagent.models.vllm_engine import VLLMEngine
+    from vagent.rollout import HFPolicy, rollout
+
+    def timed(policy):
+        rollout(specs[:2], policy, sampling, max_turns=1)  # warm-up
+        t = []
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            eps = rollout(specs, policy, sampling, max_turns=args.turns)
+            t.append(time.perf_counter() - t0)
+        return statistics.median(t), eps
+
+    def tokens(eps):
+        return sum(len(t.sampled_token_ids) for e in eps for t in e.turns)
+
+    s0, ref = timed(HFPolicy(HFEngine(loaded.model, loaded.encoder)))
+    rows.append(("HFEngine (in process)", len(ref) / s0, tokens(ref) / s0, s0, "-", "reference"))
+    t0 = time.perf_counter()
+    engine = VLLMEngine(model_dir, loaded.encoder, dtype="float32")
+    start = time.perf_counter() - t0
+    try:
+        s, eps = timed(HFPolicy(engine))
+    finally:
+        engine.close()
+    rows.append(("VLLMEngine (in process, fp32)", len(eps) / s, tokens(eps) / s, s, f"{start:.1f}",
+                 f"same ids; {s0 / s:.2f}x HF" if ids(eps) == ids(ref) else f"DIFFERENT ids; {s0 / s:.2f}x HF"))
+
+
+def bench_train(args, rows):
+    import subprocess
+    import sys
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench_train_engine_"))
+    base = ["sft.steps=0", "val.every=0", "log.tensorboard=false", "log.progress=false", "log.rollouts_every=0",
+            "log.checkpoint_every=0", "log.plot_every=0", f"out_dir={tmp / 'runs'}"]
+    root = Path(__file__).resolve().parents[1]
+
+    def train(*extra):
+        cmd = [sys.executable, "-m", "vagent", "train", *base, *extra]
+        t0 = time.perf_counter()
+        subprocess.run(cmd, check=True, cwd=root, capture_output=True, text=True)
+        return time.perf_counter() - t0
+
+    train("steps=0", "name=build")  # the default tiny model (built once under model.cache_dir, untimed)
+    for engine in ("hf", "vllm"):
+        wall = train(f"steps={args.train_steps}", f"rollout.engine={engine}", f"name={engine}")
+        (run_dir,) = (tmp / "runs").glob(f"*{engine}*")
+        recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        recs = [r for r in recs if "perf/step_time_s" in r]
+        rows.append((f"rollout.engine {engine}", statistics.median(r["perf/step_time_s"] for r in recs), wall,
+                     statistics.median(r["perf/generate_time_s"] for r in recs)))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--episodes", type=int, default=16)
@@ -128,7 +192,9 @@ def main() -> None:
     ap.add_argument("--delay", type=float, default=0.5, help="extra seconds per step of every second env")
     ap.add_argument("--replica-threads", type=int, default=1)
     ap.add_argument("--steps", type=int, default=5, help="PPO steps per overlap run")
-    ap.add_argument("--part", choices=["all", "replicas", "schedule", "overlap"], default="all")
+    ap.add_argument("--train-steps", type=int, default=3, help="RL steps per run of --part train")
+    ap.add_argument("--part", choices=["all", "replicas", "schedule", "overlap", "vllm", "train"], default="all",
+                    help="all = replicas, schedule, overlap (the parts that need no vLLM)")
     args = ap.parse_args()
 
     import torch
@@ -137,8 +203,8 @@ def main() -> None:
     from vagent.models import build_tiny_vlm, load_policy
     from vagent.rollout import EnvSpec, SamplingConfig
 
-    loaded = load_policy(build_tiny_vlm(tempfile.mkdtemp(prefix="bench_engines_"), family="qwen3_vl", layers=3,
-                                        image_size=128))
+    model_dir = build_tiny_vlm(tempfile.mkdtemp(prefix="bench_engines_"), family="qwen3_vl", layers=3, image_size=128)
+    loaded = load_policy(model_dir)
     env = {"format": "grounding_worldmodeling", "render": "vision", "image_size": 128, "description_style": "symbolic"}
     specs = [EnvSpec("frozenlake", env, 10_000 + s) for s in range(args.episodes)]
     sampling = SamplingConfig(temperature=0.0, max_new_tokens=args.max_new_tokens, stop=["</answer>"])
@@ -152,6 +218,22 @@ def main() -> None:
     print("| setting | episodes/s | wall s | check |\n|---|---|---|---|")
     for name, rate, s, note in rows:
         print(f"| {name} | {rate:.2f} | {s:.2f} | {note} |")
+    if args.part == "vllm":
+        rows6: list = []
+        bench_vllm(args, model_dir, loaded, specs, sampling, rows6)
+        print(f"\n{args.episodes} episodes x {args.turns} turns, {args.max_new_tokens} new tokens/turn, greedy, "
+              f"median of {args.repeats}")
+        print("| engine | episodes/s | sampled tokens/s | rollout s | start-up s | check |\n|---|---|---|---|---|---|")
+        for name, eps, tok, s, start, note in rows6:
+            print(f"| {name} | {eps:.2f} | {tok:.0f} | {s:.2f} | {start} | {note} |")
+    if args.part == "train":
+        rows.clear()
+        bench_train(args, rows)
+        print(f"\nthe default run (configs/frozenlake_ppo.yaml), {args.train_steps} RL steps, sft.steps=0, val.every=0")
+        print("| setting | median step s | median generate s | wall s |\n|---|---|---|---|")
+        hf_step = rows[0][1]
+        for name, step_s, wall, gen in rows:
+            print(f"| {name} | {step_s:.2f} ({hf_step / step_s:.2f}x hf) | {gen:.2f} | {wall:.1f} |")
     if args.part in ("all", "overlap"):
         rows.clear()
         bench_overlap(args, rows)

@@ -168,8 +168,9 @@ class EngineReplica:
         self.engine = BatchingEngine(HFEngine(model, encoder, prefix_cache=prefix_cache), max_batch=max_batch)
         self.version = 0
 
-    def ready(self) -> int:
-        return os.getpid()
+    def ready(self) -> tuple[int, bool]:
+        """(this actor's pid, whether its engine needs the raw images)."""
+        return os.getpid(), False
 
     def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[GenerationOutput]:
         version = self.version  # a weight update waits for running batches, so this is their version
@@ -192,6 +193,39 @@ class EngineReplica:
 
     def stats(self) -> dict:
         return {**self.engine.stats, **self.engine.engine.stats, "version": self.version}
+
+
+class VLLMReplica:
+    """One vLLM replica (the body of a Ray actor): a ``VLLMEngine`` on the policy's directory behind
+    a ``BatchingEngine`` (vLLM's ``generate`` is not thread-safe; the actor takes concurrent calls).
+    The engine stamps its outputs with the version of the weights it holds."""
+
+    def __init__(self, model_dir: str, encoder: Any, engine_kwargs: dict, max_batch: int = 64) -> None:
+        from vagent.models.batching import BatchingEngine
+        from vagent.models.vllm_engine import VLLMEngine
+
+        self.vllm = VLLMEngine(model_dir, encoder, colocate=False, **engine_kwargs)
+        self.engine = BatchingEngine(self.vllm, max_batch=max_batch)
+
+    def ready(self) -> tuple[int, bool]:
+        """(this actor's pid, whether its engine needs the raw images: yes)."""
+        return os.getpid(), True
+
+    def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[GenerationOutput]:
+        return self.engine.generate(requests, params)
+
+    def load_weights(self, state_dict: dict, version: int) -> int:
+        """Push the trainer's full state dict into vLLM between batches; later outputs carry ``version``."""
+        with self.engine.exclusive():
+            return self.vllm.update_state(state_dict, version)
+
+    def stats(self) -> dict:
+        return {**self.engine.stats, **self.vllm.stats, "version": self.vllm.weights_version}
+
+    def close(self) -> None:
+        """Stop the batching front and vLLM's engine (its engine-core process)."""
+        self.engine.close()
+        self.vllm.close()
 
 
 def token_logprobs(model: Any, input_ids: Sequence[int], n_prompt: int, temperature: float = 1.0) -> list[float]:
@@ -263,10 +297,32 @@ class RemoteEngine:
         engine._setup(ray, encoder, handles, owner=False)
         return engine
 
+    @classmethod
+    def vllm(cls, model_dir: Any, encoder: Any, *, replicas: int = 2, num_cpus: float = 0, num_gpus: float = 0,
+             max_concurrency: int = 64, names: Sequence[str] | None = None, **engine_kwargs: Any) -> "RemoteEngine":
+        """A ``RemoteEngine`` over ``replicas`` vLLM actors (``VLLMReplica``), each loading
+        ``model_dir`` with ``VLLMEngine(**engine_kwargs)``; they start at the same time. ``num_gpus``:
+        GPUs Ray gives each replica (1 on a GPU cluster: one vLLM per GPU; 0 for vLLM's CPU build)."""
+        if replicas < 1:
+            raise ValueError(f"RemoteEngine needs replicas >= 1, got {replicas}")
+        if names is not None and len(names) != replicas:
+            raise ValueError(f"RemoteEngine: {len(names)} names for {replicas} replicas")
+        ray = _running_ray()
+        actor = ray.remote(VLLMReplica)
+        named = [{} if names is None else {"name": n, "namespace": NAMESPACE} for n in (names or [None] * replicas)]
+        handles = [actor.options(num_cpus=num_cpus, num_gpus=num_gpus, max_concurrency=max_concurrency, **kw).remote(
+            str(model_dir), encoder, dict(engine_kwargs)) for kw in named]
+        engine = cls.__new__(cls)
+        engine._setup(ray, encoder, handles, owner=True)
+        return engine
+
     def _setup(self, ray: Any, encoder: Any, handles: list, owner: bool) -> None:
         self._ray, self.encoder, self.replicas, self.owner = ray, encoder, handles, owner
         replicas = len(handles)
-        self.pids = ray.get([r.ready.remote() for r in self.replicas])
+        ready = ray.get([r.ready.remote() for r in self.replicas])
+        self.pids = [pid for pid, _ in ready]
+        #: the replicas' engines take the raw images (vLLM runs its own image processor)
+        self.needs_images = any(images for _, images in ready)
         self._lock = threading.Lock()
         self._alive = [True] * replicas
         self._outstanding = [0] * replicas
@@ -413,4 +469,4 @@ def _cpu_copy(model: Any) -> Any:
     return copy.deepcopy(_unwrap(model)).to("cpu").eval()
 
 
-__all__ = ["RemoteEngine", "EngineReplica", "start_ray", "join_ray", "import_ray", "token_logprobs", "RAY_HINT"]
+__all__ = ["RemoteEngine", "EngineReplica", "VLLMReplica", "start_ray", "join_ray", "import_ray", "token_logprobs", "RAY_HINT"]

@@ -46,6 +46,10 @@ class ModelConfig:
     tiny_family: str = "qwen2_5_vl"
     #: tiny model hidden size (path "tiny" only)
     tiny_hidden: int = 128
+    #: tiny model attention heads (head size = tiny_hidden / tiny_heads; key/value heads = half of them,
+    #: at least 1). vLLM's CPU attention serves head sizes 32, 64, 80, 96, 112, 128, 160, 192, 224, 256 and
+    #: 512 only: the default 128 / 4 = 32 works (path "tiny" only)
+    tiny_heads: int = 4
     #: tiny model decoder layers (path "tiny" only)
     tiny_layers: int = 2
     #: tiny model largest image side in pixels (96 gives 9 image tokens; path "tiny" only)
@@ -431,6 +435,11 @@ def validate(cfg: RunConfig) -> RunConfig:
 
     check_ranges(cfg)
     check_name(cfg.name)
+    m = cfg.model
+    need(m.tiny_hidden % m.tiny_heads == 0 and (m.tiny_hidden // m.tiny_heads) % 2 == 0
+         and m.tiny_hidden // m.tiny_heads >= 8,
+         f"model.tiny_hidden / model.tiny_heads is the head size and must be an even whole number >= 8, got "
+         f"{m.tiny_hidden} / {m.tiny_heads}; e.g. tiny_hidden 128 with tiny_heads 4 (head size 32).")
     need(cfg.steps >= 0, f"steps must be >= 0, got {cfg.steps}.")
     need(len(cfg.envs) > 0, "envs is empty: list at least one env, e.g. envs: [{name: frozenlake}].")
     for i, e in enumerate(cfg.envs):
