@@ -20,6 +20,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=8765, help="port on 127.0.0.1 (0: any free port; default 8765)")
     p.add_argument("--max-episodes", type=int, default=None,
                    help="with --out: at most N episodes per step / cell (default: all)")
+    p.add_argument("--allow-host", metavar="NAME", action="append", default=[],
+                   help="answer requests addressed to this host name too (repeatable; default: only 127.0.0.1, "
+                        "localhost and [::1], so a web page cannot read the run through DNS rebinding)")
+    p.add_argument("--max-token-mb", type=float, default=None, metavar="MB",
+                   help="read token dumps up to this size (default 64 MB; a bigger one shows its episodes "
+                        "without tokens, saying so)")
     p.add_argument("--baseline", metavar="ROW", default=None,
                    help="a sweep: the row the differences are taken against (default: the sweep's baseline)")
     p.set_defaults(func=_view)
@@ -28,13 +34,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def _view(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from vagent.viewer.data import ViewerError, open_source
+    from vagent.viewer.data import MAX_TOKEN_MB, ViewerError, open_source
     from vagent.viewer.server import make_server, static_html, static_sweep_html
     from vagent.viewer.sweep import SweepSource, is_sweep_dir
 
     path = Path(args.path).expanduser()
     try:
-        source = SweepSource(path, args.baseline) if is_sweep_dir(path) else open_source(path)
+        max_mb = MAX_TOKEN_MB if args.max_token_mb is None else args.max_token_mb
+        source = SweepSource(path, args.baseline) if is_sweep_dir(path) else open_source(path, max_mb)
         if args.baseline and source.kind != "sweep":
             raise ViewerError(f"--baseline is for a sweep directory (with sweep.json); {path} is a "
                               f"{source.kind} directory")
@@ -51,7 +58,7 @@ def _view(args: argparse.Namespace) -> int:
         print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB; open it in a browser)")
         return 0
     try:
-        server = make_server(source, args.port)
+        server = make_server(source, args.port, tuple(args.allow_host))
     except OSError as exc:
         print(f"error: cannot listen on 127.0.0.1:{args.port} ({exc}); pass --port 0 for any free port",
               file=sys.stderr)

@@ -20,20 +20,171 @@ observation) is the row's ``after``.
 from __future__ import annotations
 
 import json
+import math
+import sys
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from vagent.runs.tokens import read_token_rows
 
+#: token dumps bigger than this are not read (``--max-token-mb``): a 200 MB dump takes ~16 s and
+#: ~1.6 GB to parse, for one episode's rows
+MAX_TOKEN_MB = 64.0
+
 
 class ViewerError(ValueError):
-    """A path that is neither a run directory nor an evaluation directory, or a bad request."""
+    """A path that is neither a run directory nor an evaluation directory, or a bad request (HTTP 404)."""
+
+    status = 404
 
 
-def open_source(path: str | Path) -> "RunSource | EvalSource":
+class BadFile(ViewerError):
+    """A file of the directory that the viewer cannot read: its message names the file and line (HTTP 422)."""
+
+    status = 422
+
+
+# ---------------------------------------------------------------------- reading files defensively
+def _no_constant(name: str) -> None:
+    """NaN / Infinity in a file read as null (the page shows a dash)."""
+    return None
+
+
+def _parse(text: str, where: str) -> Any:
+    """``text`` as JSON, or BadFile naming ``where`` (a nesting too deep for Python included)."""
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
+        raise BadFile(f"{where}: not valid JSON ({exc})") from None
+    except RecursionError:
+        raise BadFile(f"{where}: JSON nested deeper than this viewer reads "
+                      f"(Python's recursion limit {sys.getrecursionlimit()})") from None
+
+
+def _read_lines(path: Path, rel: str) -> list[tuple[int, dict]]:
+    """(line number, object) of each non-empty line of a JSONL file; BadFile names the line."""
+    out = []
+    for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), start=1):
+        if line.strip():
+            rec = _parse(line, f"{rel} line {n}")
+            if not isinstance(rec, dict):
+                raise BadFile(f"{rel} line {n}: a {type(rec).__name__}, expected a JSON object")
+            out.append((n, rec))
+    return out
+
+
+def _number(x: Any) -> float | None:
+    """``x`` if it is a finite number (not a bool), else None: what a rate or loss column shows."""
+    if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x):
+        return x
+    return None
+
+
+_NONE = type(None)
+_NUM = (int, float, _NONE)
+_STR = (str, _NONE)
+
+#: the types of what the viewer reads from an episode record, a turn and a turn's ``parsed``
+RECORD_TYPES = {"turns": (list,), "env_name": _STR, "seed": (int, _NONE), "key": (dict, _NONE),
+                "success": (bool, int, _NONE), "total_reward": _NUM, "env_return": _NUM, "error": _STR,
+                "env_config": (dict, _NONE), "final_frames": (list, _NONE), "terminated": (bool, _NONE),
+                "truncated": (bool, _NONE), "frames_skipped": (bool, _NONE), "system_prompt": _STR,
+                "final_observation": (dict, _NONE)}
+TURN_TYPES = {"index": (int,), "reply": _STR, "reward": _NUM, "env_reward": _NUM, "format_ok": (bool, _NONE),
+              "parsed": (dict, _NONE), "info": (dict, _NONE), "frames": (list, _NONE), "finish_reason": _STR,
+              "reasoning_scores": (dict, _NONE), "reasoning_rewards": (dict, _NONE), "judge_reasons": (dict, _NONE)}
+PARSED_TYPES = {"actions": (list, _NONE), "error": _STR, "format_ok": (bool, _NONE)}
+
+
+def _check_types(obj: Mapping[str, Any], types: Mapping[str, tuple], where: str, required: tuple = ()) -> None:
+    for key in required:
+        if key not in obj:
+            raise BadFile(f"{where}: no {key!r} (expected keys: {', '.join(types)})")
+    for key, ok in types.items():
+        if key in obj and not isinstance(obj[key], ok):
+            names = " or ".join("null" if t is _NONE else t.__name__ for t in ok)
+            raise BadFile(f"{where}: {key!r} is {json.dumps(obj[key])[:60]} ({type(obj[key]).__name__}), expected {names}")
+
+
+def _check_list(items: Any, ok: tuple, where: str) -> None:
+    bad = next((x for x in items if not isinstance(x, ok)), _check_list)
+    if bad is not _check_list:
+        names = " or ".join("null" if t is _NONE else t.__name__ for t in ok)
+        raise BadFile(f"{where}: holds {json.dumps(bad)[:60]}, expected a list of {names}")
+
+
+def check_record(rec: Mapping[str, Any], where: str, kind: str = "run") -> None:
+    """BadFile (naming ``where`` and the field) unless ``rec`` is an episode record the viewer can show:
+    the fields it reads have the types a run (``vagent.runs.samples``) or an evaluation writes."""
+    _check_types(rec, RECORD_TYPES, where, required=("turns",) + (("key",) if kind == "eval" else ()))
+    if kind == "eval":
+        _check_types(rec["key"], {"seed": (int,), "sample": (int,)}, f"{where}: key", required=("seed", "sample"))
+    _check_list(rec.get("final_frames") or [], (str,), f"{where}: final_frames")
+    _check_list(rec.get("turns"), (dict,), f"{where}: turns")
+    for k, t in enumerate(rec["turns"]):
+        at = f"{where}: turns[{k}]"
+        _check_types(t, {**TURN_TYPES, "observation": (dict, _NONE) if kind == "eval" else _STR}, at, required=("index",))
+        _check_types(t.get("parsed") or {}, PARSED_TYPES, f"{at}.parsed")
+        _check_list((t.get("parsed") or {}).get("actions") or [], (str,), f"{at}.parsed.actions")
+        _check_list(t.get("frames") or [], (str,), f"{at}.frames")
+        _check_list((t.get("reasoning_rewards") or {}).values(), (int, float), f"{at}.reasoning_rewards")
+        _check_list((t.get("reasoning_scores") or {}).values(), _NUM, f"{at}.reasoning_scores")
+        _check_list((t.get("judge_reasons") or {}).values(), _STR, f"{at}.judge_reasons")
+        if kind == "eval":
+            obs = t.get("observation") or {}
+            _check_types(obs, {"text": _STR, "images": (list, _NONE)}, f"{at}.observation")
+            _check_list(obs.get("images") or [], (str,), f"{at}.observation.images")
+    if kind == "eval":
+        final = rec.get("final_observation") or {}
+        _check_list(final.get("images") or [], (str,), f"{where}: final_observation.images")
+
+
+ROW_INTS = ("row", "episode", "bootstrap_index")
+ROW_ARRAYS = ("input_ids", "loss_mask", "turn_index", "sample_logprobs")
+
+
+def check_token_doc(doc: Any, rel: str) -> None:
+    """BadFile (naming the file and row) unless ``doc`` is a token dump the viewer can split into turns:
+    every row's arrays as long as its ``input_ids``, ids and turn indices integers, the mask 0/1."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("rows"), list):
+        raise BadFile(f"{rel}: not a token dump (expected a JSON object with a 'rows' list)")
+    _check_types(doc, {"fields": (list,), "pieces": (dict,), "image_token_id": (int, _NONE)}, rel,
+                 required=("fields", "pieces"))
+    _check_list(doc["fields"], (str,), f"{rel}: fields")
+    for r, row in enumerate(doc["rows"]):
+        at = f"{rel}: rows[{r}]"
+        if not isinstance(row, dict):
+            raise BadFile(f"{at}: a {type(row).__name__}, expected a JSON object")
+        arrays = ROW_ARRAYS + tuple(doc["fields"])
+        _check_types(row, {**{k: (int,) for k in ROW_INTS}, "truncated": (bool,), **{k: (list,) for k in arrays}}, at,
+                     required=ROW_INTS + arrays)
+        n = len(row["input_ids"])
+        for name in arrays[1:]:
+            if len(row[name]) != n:
+                raise BadFile(f"{at}: {name} has {len(row[name])} entries, input_ids {n}; every array of a row "
+                              "holds one entry per token")
+        _check_list(row["input_ids"], (int,), f"{at}.input_ids")
+        _check_list(row["turn_index"], (int,), f"{at}.turn_index")
+        if any(m not in (0, 1) for m in row["loss_mask"]):
+            raise BadFile(f"{at}.loss_mask: entries other than 0 and 1")
+        for name in arrays[3:]:
+            _check_list(row[name], _NUM, f"{at}.{name}")
+
+
+def _guarded(where: str, build: Callable[[], Any]) -> Any:
+    """``build()``; an error from an odd value that the checks above let through becomes BadFile naming ``where``."""
+    try:
+        return build()
+    except ViewerError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError) as exc:
+        raise BadFile(f"{where}: cannot show this record ({type(exc).__name__}: {exc})") from None
+
+
+def open_source(path: str | Path, max_token_mb: float = MAX_TOKEN_MB) -> "RunSource | EvalSource":
     """The source for ``path``: a run directory (``rollouts/``, ``metrics.jsonl``) or an evaluation
-    directory (``summary.json``, ``episodes/``)."""
+    directory (``summary.json``, ``episodes/``). max_token_mb: see :class:`RunSource`."""
     root = Path(path).expanduser()
     if not root.is_dir():
         raise ViewerError(f"vagent view {str(root)!r}: no such directory. Pass a run directory (runs/<name>-<time>) "
@@ -41,7 +192,7 @@ def open_source(path: str | Path) -> "RunSource | EvalSource":
     if (root / "episodes").is_dir() or _has_cells(root / "summary.json"):  # a run's summary.json has no cells
         return EvalSource(root)
     if (root / "rollouts").is_dir() or (root / "metrics.jsonl").is_file():
-        return RunSource(root)
+        return RunSource(root, max_token_mb)
     raise ViewerError(f"vagent view {str(root)!r}: neither a run directory (no rollouts/ or metrics.jsonl) nor an "
                       "evaluation directory (no summary.json or episodes/).")
 
@@ -103,16 +254,19 @@ def _format_reward(turn: Mapping[str, Any], env_name: str, env_config: Mapping[s
 
 
 def turn_view(turn: Mapping[str, Any], env_name: str, env_config: Mapping[str, Any], images: list[str],
-              prompt: str) -> dict:
+              prompt: str, observation: str | None = None) -> dict:
+    """One turn as the page shows it; ``observation``: the observation's text (shown in full when the
+    turn has no image: a text env's board is there, not in the collapsed prompt)."""
     parsed = turn.get("parsed") or {}
     fmt = _format_reward(turn, env_name, env_config)
-    env_r = float(turn.get("env_reward", 0.0))
+    env_r = _number(turn.get("env_reward")) or 0.0
     judge = _judge_parts(turn)
     return {
-        "index": turn["index"], "images": images, "prompt": prompt, "reply": turn.get("reply", ""),
+        "index": turn["index"], "images": images, "prompt": prompt, "observation": observation,
+        "reply": turn.get("reply") or "",
         "format_ok": bool(turn.get("format_ok", parsed.get("format_ok"))), "format_error": parsed.get("error"),
         "actions": parsed.get("actions") or [], "finish_reason": turn.get("finish_reason"),
-        "reward": float(turn.get("reward", 0.0)),
+        "reward": _number(turn.get("reward")),
         "reward_parts": {"env": env_r - (fmt or 0.0), "format": fmt, "judge": sum(j["reward"] for j in judge)},
         "judge": judge, "info": turn.get("info") or {}, "tokens": None,
     }
@@ -133,7 +287,7 @@ def _summary(i: int, rec: Mapping[str, Any], turns: list[Mapping[str, Any]]) -> 
         "env_return": rec.get("env_return"), "n_turns": len(turns), "format_errors": n_fmt,
         "judge_penalties": sum(_penalized(t) for t in turns),
         "error": rec.get("error"), "max_abs_adv": None, "has_tokens": False,
-        "first_reply": (turns[0].get("reply", "") if turns else "")[:160],
+        "first_reply": ((turns[0].get("reply") if turns else None) or "")[:160],
     }
 
 
@@ -190,56 +344,87 @@ def _max_abs_adv(rows: list[Mapping[str, Any]]) -> float | None:
 # ---------------------------------------------------------------------- run directories
 class RunSource:
     """A training run directory (``vagent.runs.rundir``): groups are the RL steps with dumps
-    (``step_<6-digit step>``) and the validation points with saved episodes (``val_<6-digit step>``)."""
+    (``step_<6-digit step>``) and the validation points with saved episodes (``val_<6-digit step>``).
+
+    max_token_mb: token dumps bigger than this are not read; their episodes show text, images and
+    rewards with a note naming the size (``vagent view --max-token-mb``).
+    """
 
     kind = "run"
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, max_token_mb: float = MAX_TOKEN_MB):
         self.root = root
         self.rollouts = root / "rollouts"
+        self.max_token_mb = float(max_token_mb)
         self._steps = self._dumped("step")
         self._vals = self._dumped("val")
         self._load = lru_cache(maxsize=8)(self._load_step)  # (prefix, step) -> records, dump, rows
         self.episodes = lru_cache(maxsize=8)(self.episodes)  # type: ignore[method-assign]
 
     def _dumped(self, prefix: str) -> list[int]:
-        """The steps of ``rollouts/<prefix>_<6-digit step>.jsonl`` files (prefix: step or val)."""
+        """The steps of ``rollouts/<prefix>_<6-digit step>.jsonl`` files (prefix: step or val); other
+        files there (``step_latest.jsonl``, a copy) are not the run's and are left alone."""
         if not self.rollouts.is_dir():
             return []
         n = len(prefix) + 1
-        return sorted(int(p.name[n:n + 6]) for p in self.rollouts.glob(f"{prefix}_??????.jsonl"))
+        names = (p.name[n:n + 6] for p in self.rollouts.glob(f"{prefix}_??????.jsonl") if p.is_file())
+        return sorted(int(d) for d in names if d.isdigit() and d.isascii())
 
     def _metrics(self) -> list[dict]:
+        """The records of ``metrics.jsonl`` (read again when the file changed); a last line without its
+        newline (being written) is left out, any other line that is not a JSON object with an integer
+        ``step`` is BadFile."""
         path = self.root / "metrics.jsonl"
         if not path.is_file():
             return []
+        st = path.stat()
+        key = (st.st_mtime_ns, st.st_size)
+        if getattr(self, "_metrics_key", None) != key:
+            self._metrics_records, self._metrics_key = self._read_metrics(path), key
+        return self._metrics_records
+
+    @staticmethod
+    def _read_metrics(path: Path) -> list[dict]:
+        text = path.read_text(encoding="utf-8", errors="replace")
+        lines = text.splitlines()
+        if lines and not text.endswith("\n"):
+            lines.pop()  # a line being written right now
         out = []
-        for line in path.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:  # a line being written right now
+        for n, line in enumerate(lines, start=1):
+            if not line.strip():
                 continue
+            rec = _parse(line, f"metrics.jsonl line {n}")
+            if not isinstance(rec, dict) or not isinstance(rec.get("step"), int) or isinstance(rec["step"], bool):
+                raise BadFile(f"metrics.jsonl line {n}: expected a JSON object with an integer 'step', found "
+                              f"{line[:80]!r}")
+            out.append(rec)
         return out
 
     def index(self) -> dict:
         rl = [m for m in self._metrics() if m.get("phase", "rl") == "rl"]
         steps: dict[int, dict] = {}
+        updated: dict[int, bool] = {}
         val = []
         for m in rl:
+            if "actor/updated" in m and _number(m["actor/updated"]) is not None:
+                updated[m["step"]] = bool(m["actor/updated"])
             if "val/success_rate" in m:
-                val.append({"step": m["step"], "success": m.get("val/success_rate"), "return": m.get("val/return"),
-                            "format": m.get("val/format_accuracy"), "turns": m.get("val/turns")})
+                val.append({"step": m["step"], **{k: _number(m.get(f"val/{name}")) for k, name in (
+                    ("success", "success_rate"), ("return", "return"), ("format", "format_accuracy"),
+                    ("turns", "turns"))}})
             if "rollout/success_rate" in m or "reward/mean" in m:
                 steps[m["step"]] = {
-                    "step": m["step"], "success": m.get("rollout/success_rate"),
-                    "return": m.get("rollout/return_mean", m.get("reward/mean")),
-                    "format": m.get("rollout/format_accuracy"), "loss_policy": m.get("loss/policy"),
-                    "explained_variance": m.get("critic/explained_variance"),
+                    "step": m["step"], "success": _number(m.get("rollout/success_rate")),
+                    "return": _number(m.get("rollout/return_mean", m.get("reward/mean"))),
+                    "format": _number(m.get("rollout/format_accuracy")), "loss_policy": _number(m.get("loss/policy")),
+                    "explained_variance": _number(m.get("critic/explained_variance")),
                 }
+        for s, row in steps.items():
+            row["actor_updated"] = updated.get(s)
         groups = []
         for s in self._steps:
             groups.append({"id": f"step_{s:06d}", "label": f"step {s}", "split": "train", "step": s,
-                           **steps.get(s, {}), "tokens": self._token_status(s)})
+                           **steps.get(s, {}), "actor_updated": updated.get(s), "tokens": self._token_status(s)})
         val_at = {v["step"]: v for v in val}
         for s in self._vals:
             groups.append({"id": f"val_{s:06d}", "label": f"validation @ step {s}", "split": "val", "step": s,
@@ -247,17 +432,51 @@ class RunSource:
         return {"kind": "run", "title": self.root.name, "path": str(self.root), "groups": groups,
                 "steps": [steps[k] for k in sorted(steps)], "val": val, "training": True}
 
+    def _actor_updated(self, step: int) -> bool | None:
+        """Whether the actor was updated at ``step`` (``actor/updated`` of metrics.jsonl; PPO's critic
+        warm-up logs 0); None when the run does not log it (GRPO always updates the actor)."""
+        flags = [bool(m["actor/updated"]) for m in self._metrics()
+                 if m["step"] == step and m.get("phase", "rl") == "rl" and _number(m.get("actor/updated")) is not None]
+        return flags[-1] if flags else None
+
+    def _token_path(self, step: int) -> Path:
+        return self.rollouts / f"step_{step:06d}.tokens.json"
+
+    def _too_big(self, path: Path) -> str | None:
+        """Why the token dump at ``path`` is not read (bigger than max_token_mb), or None."""
+        mb = path.stat().st_size / 1e6
+        if mb <= self.max_token_mb:
+            return None
+        return (f"the token dump {path.name} is {mb:.0f} MB, more than this viewer reads "
+                f"({self.max_token_mb:g} MB); run vagent view with --max-token-mb {math.ceil(mb)} to read it "
+                "(it takes about 8x its size in memory), or lower log.rollouts_n in the run")
+
     def _token_status(self, step: int) -> str:
         """yes / no / the size cap's note, without reading a whole dump (a stub is a few hundred bytes)."""
-        path = self.rollouts / f"step_{step:06d}.tokens.json"
+        path = self._token_path(step)
         if not path.is_file():
             return "no"
-        return "yes" if path.stat().st_size > 4096 else (read_token_rows(path).get("skipped") and "skipped (size cap)"
-                                                           or "yes")
+        if self._too_big(path):
+            return f"not read ({path.stat().st_size / 1e6:.0f} MB, over --max-token-mb)"
+        if path.stat().st_size > 4096:
+            return "yes"
+        doc = self._token_doc(step)
+        return "skipped (size cap)" if doc and doc.get("skipped") else "yes"
 
     def _token_doc(self, step: int) -> dict | None:
-        path = self.rollouts / f"step_{step:06d}.tokens.json"
-        return read_token_rows(path) if path.is_file() else None
+        path = self._token_path(step)
+        if not path.is_file() or self._too_big(path):
+            return None
+        rel = f"rollouts/{path.name}"
+        try:
+            doc = read_token_rows(path)
+        except RecursionError:
+            raise BadFile(f"{rel}: JSON nested deeper than this viewer reads") from None
+        except ValueError as exc:
+            raise BadFile(str(exc).replace(str(path), rel)) from None
+        if not doc.get("skipped"):
+            check_token_doc(doc, rel)
+        return doc
 
     def _group_of(self, group: str) -> tuple[str, int]:
         """("step" | "val", step) of a group id such as step_000010 or val_000010."""
@@ -271,20 +490,25 @@ class RunSource:
             raise ViewerError(f"no {what} at step {step} (saved: {dumped[:20]})")
         return prefix, step
 
-    def _load_step(self, prefix: str, step: int) -> tuple[list[dict], dict | None, dict[int, list[dict]]]:
-        """(episode records, token dump or None, the dump's rows by episode) of a group."""
-        lines = (self.rollouts / f"{prefix}_{step:06d}.jsonl").read_text().splitlines()
+    def _load_step(self, prefix: str, step: int) -> tuple[list[tuple[str, dict]], dict | None, dict[int, list[dict]]]:
+        """((where, record) of each episode, token dump or None, the dump's rows by episode) of a group;
+        ``where`` names the record's file and line for error messages."""
+        rel = f"rollouts/{prefix}_{step:06d}.jsonl"
+        recs = []
+        for n, rec in _read_lines(self.rollouts / f"{prefix}_{step:06d}.jsonl", rel):
+            check_record(rec, f"{rel} line {n}")
+            recs.append((f"{rel} line {n}", rec))
         doc = self._token_doc(step) if prefix == "step" else None
         by_episode: dict[int, list[dict]] = {}
         for r in (doc or {}).get("rows", []):
             by_episode.setdefault(r["episode"], []).append(r)
-        return [json.loads(x) for x in lines if x.strip()], doc, by_episode
+        return recs, doc, by_episode
 
     def episodes(self, group: str) -> list[dict]:
         recs, _, rows_of = self._load(*self._group_of(group))
         out = []
-        for i, rec in enumerate(recs):
-            s = _summary(i, rec, rec["turns"])
+        for i, (where, rec) in enumerate(recs):
+            s = _guarded(where, lambda: _summary(i, rec, rec["turns"]))
             rows = rows_of.get(i, [])
             s["has_tokens"], s["max_abs_adv"] = bool(rows), _max_abs_adv(rows)
             out.append(s)
@@ -295,15 +519,22 @@ class RunSource:
         recs, doc, rows_of = self._load(prefix, step)
         if not 0 <= i < len(recs):
             raise ViewerError(f"{group}: episode {i} out of range (0..{len(recs) - 1})")
-        rec = recs[i]
+        where, rec = recs[i]
+        rows = rows_of.get(i, [])
+        return _guarded(where, lambda: self._episode(group, i, prefix, step, rec, doc, rows))
+
+    def _episode(self, group: str, i: int, prefix: str, step: int, rec: dict, doc: dict | None,
+                 rows: list[dict]) -> dict:
         cfg = rec.get("env_config") or {}
         turns = [turn_view(t, rec.get("env_name"), cfg, [f"rollouts/{f}" for f in t.get("frames") or []],
-                           t.get("observation", "")) for t in rec["turns"]]
-        rows = rows_of.get(i, [])
+                           t.get("observation") or "", t.get("observation")) for t in rec["turns"]]
         tokens = attach_tokens(turns, rows, doc) if rows else None
         why = None
+        path = self._token_path(step)
         if prefix == "val":
             why = "validation episodes are played greedily and not trained, so they have no token rows"
+        elif tokens is None and path.is_file() and self._too_big(path):
+            why = self._too_big(path)
         elif tokens is None:
             why = (doc or {}).get("skipped") or ("no token dump for this step (a run from before token dumps, or "
                                                  "log.rollouts_every off)" if doc is None else
@@ -313,6 +544,8 @@ class RunSource:
                 "terminated": rec.get("terminated"), "truncated": rec.get("truncated"),
                 "final_images": [f"rollouts/{f}" for f in rec.get("final_frames") or []],
                 "turns": turns, "token_data": tokens, "no_tokens_reason": why,
+                "actor_updated": self._actor_updated(step) if prefix == "step" else None,
+                "legend": env_legend(rec.get("env_name") or ""),
                 "frames_skipped": rec.get("frames_skipped", False)}
 
     def file(self, rel: str) -> Path:
@@ -328,7 +561,11 @@ class EvalSource:
     def __init__(self, root: Path):
         self.root = root
         summary = root / "summary.json"
-        self.summary = json.loads(summary.read_text()) if summary.is_file() else {"cells": []}
+        self.summary = _parse(summary.read_text(encoding="utf-8", errors="replace"), "summary.json") \
+            if summary.is_file() else {"cells": []}
+        if not isinstance(self.summary, dict) or not isinstance(self.summary.get("cells", []), list) or not all(
+                isinstance(c, dict) for c in self.summary.get("cells", [])):
+            raise BadFile("summary.json: expected a JSON object whose 'cells' is a list of objects")
         self._cells = {}
         for d in sorted((root / "episodes").glob("*/*/*")) if (root / "episodes").is_dir() else []:
             if d.is_dir():
@@ -337,45 +574,94 @@ class EvalSource:
         self._load = lru_cache(maxsize=8)(self._load_cell)
 
     def index(self) -> dict:
-        rows = {f"{c['model']}/{c['env']}/{c['format']}": c for c in self.summary.get("cells", [])}
+        rows = {f"{c.get('model')}/{c.get('env')}/{c.get('format')}": c for c in self.summary.get("cells", [])}
         groups = []
         for gid in self._cells:
             c = rows.get(gid, {})
-            groups.append({"id": gid, "label": gid, "success": c.get("success_rate"), "return": c.get("mean_return"),
-                           "format": c.get("format_accuracy"), "episodes": c.get("finished"), "tokens": "no"})
+            groups.append({"id": gid, "label": gid, "success": _number(c.get("success_rate")),
+                           "return": _number(c.get("mean_return")), "format": _number(c.get("format_accuracy")),
+                           "episodes": _number(c.get("finished")), "tokens": "no"})
         return {"kind": "eval", "title": self.root.name, "path": str(self.root), "groups": groups, "steps": [],
                 "val": [], "training": False}
 
-    def _load_cell(self, group: str) -> list[dict]:
+    def _load_cell(self, group: str) -> list[tuple[str, dict]]:
+        """(where, record) of the cell's episodes, in (seed, sample) order; BadFile names a bad file."""
         if group not in self._cells:
             raise ViewerError(f"unknown cell {group!r}; cells: {sorted(self._cells)[:20]}")
-        recs = [json.loads(p.read_text()) for p in self._cells[group].glob("*.json")]
-        return sorted(recs, key=lambda r: (r["key"]["seed"], r["key"]["sample"]))
+        recs = []
+        for p in self._cells[group].glob("*.json"):
+            where = str(p.relative_to(self.root))
+            rec = _parse(p.read_text(encoding="utf-8", errors="replace"), where)
+            if not isinstance(rec, dict):
+                raise BadFile(f"{where}: a {type(rec).__name__}, expected a JSON object (an episode record)")
+            check_record(rec, where, kind="eval")
+            recs.append((where, rec))
+        return sorted(recs, key=lambda wr: (wr[1]["key"]["seed"], wr[1]["key"]["sample"]))
 
     def episodes(self, group: str) -> list[dict]:
-        return [_summary(i, r, r["turns"]) for i, r in enumerate(self._load(group))]
+        return [_guarded(w, lambda: _summary(i, r, r["turns"])) for i, (w, r) in enumerate(self._load(group))]
 
     def episode(self, group: str, i: int) -> dict:
         recs = self._load(group)
         if not 0 <= i < len(recs):
             raise ViewerError(f"{group}: episode {i} out of range (0..{len(recs) - 1})")
-        rec = recs[i]
+        where, rec = recs[i]
+        return _guarded(where, lambda: self._episode(group, i, rec))
+
+    def _episode(self, group: str, i: int, rec: dict) -> dict:
         cfg = rec.get("env_config") or {}
         turns = []
         for t in rec["turns"]:
             obs = t.get("observation") or {}
-            prompt = (rec.get("system_prompt", "") + "\n\n" if t["index"] == 0 else "") + obs.get("text", "")
+            text = obs.get("text") or ""
+            prompt = ((rec.get("system_prompt") or "") + "\n\n" if t["index"] == 0 else "") + text
             fmt_ok = (t.get("parsed") or {}).get("format_ok")
             turns.append(turn_view({**t, "format_ok": fmt_ok}, rec.get("env_name"), cfg, list(obs.get("images") or []),
-                                   prompt))
+                                   prompt, text))
         final = rec.get("final_observation") or {}
         return {"group": group, "i": i, **_summary(i, rec, rec["turns"]), "env_config": cfg,
                 "terminated": rec.get("terminated"), "truncated": rec.get("truncated"),
                 "final_images": list(final.get("images") or []), "turns": turns, "token_data": None,
-                "no_tokens_reason": "evaluation records hold no tokens", "frames_skipped": False}
+                "no_tokens_reason": "evaluation records hold no tokens", "actor_updated": None,
+                "legend": env_legend(rec.get("env_name") or ""),
+                "frames_skipped": False}
 
     def file(self, rel: str) -> Path:
         return _safe_file(self.root, rel)
+
+
+# ---------------------------------------------------------------------- what a grid env's symbols mean
+@lru_cache(maxsize=64)
+def env_legend(env_name: str) -> list[dict]:
+    """What each symbol of a built-in grid env's board means: [{"symbol", "meaning", "tile"}], from the
+    env module's ``LEGEND`` ("P player, _ ice, ..."); ``tile`` is that cell as the env draws it for
+    ``render="vision"`` (a PNG data: URI, from the module's ``TILES`` and ``render_image``), or None.
+    Empty for envs without a ``LEGEND`` and for envs that are not built in."""
+    import base64
+    import io
+
+    from vagent.envs.registry import env_class, list_envs
+
+    if env_name not in list_envs(builtin_only=True):
+        return []
+    try:
+        module = sys.modules[env_class(env_name).__module__]
+    except Exception:  # noqa: BLE001 - display only: an env whose optional dependency is missing
+        return []
+    legend = getattr(module, "LEGEND", None)
+    if not isinstance(legend, str):
+        return []
+    tiles, draw = getattr(module, "TILES", {}), getattr(module, "render_image", None)
+    out = []
+    for item in legend.split(", "):
+        symbol, _, meaning = item.strip().partition(" ")
+        tile = None
+        if symbol in tiles and draw is not None:
+            buf = io.BytesIO()
+            draw([symbol], 32).save(buf, format="PNG")
+            tile = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+        out.append({"symbol": symbol, "meaning": meaning, "tile": tile})
+    return out
 
 
 def _safe_file(root: Path, rel: str) -> Path:
@@ -386,4 +672,5 @@ def _safe_file(root: Path, rel: str) -> Path:
     return path
 
 
-__all__ = ["ViewerError", "RunSource", "EvalSource", "open_source", "split_row", "attach_tokens", "turn_view"]
+__all__ = ["ViewerError", "BadFile", "RunSource", "EvalSource", "open_source", "split_row", "attach_tokens", "turn_view", "check_record",
+           "check_token_doc", "env_legend", "MAX_TOKEN_MB"]

@@ -9,6 +9,12 @@ vagent, no third-party code, nothing fetched from elsewhere). Served, it asks th
     /api/episode?group=G&i=N         one episode: turns, reward parts, token rows
     /files/<path>                    a frame (PNG) inside the directory
 
+Every answer to a request is a page or JSON: a missing thing is 404 ``{"error"}``, a file of the
+directory the viewer cannot read is 422 ``{"error"}`` naming the file and line (``data.BadFile``).
+Only requests addressed to the viewer's own names are answered (``Host`` header 127.0.0.1,
+localhost or [::1], any port, or a name passed with ``--allow-host``); any other Host gets 403,
+so a web page that re-points its own domain name at 127.0.0.1 (DNS rebinding) cannot read the run.
+
 A sweep directory (``sweep.py``) is served as ``static/sweep.html`` + ``sweep.js`` with::
 
     /api/sweep                       the report's tables, curves and trials (sweep.py: index())
@@ -34,6 +40,9 @@ from urllib.parse import parse_qs, unquote, urlparse
 
 from vagent.viewer.data import ViewerError
 
+#: the Host names the viewer answers to, besides those passed with ``--allow-host``
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "[::1]")
+
 STATIC = Path(__file__).parent / "static"
 _TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
           ".css": "text/css; charset=utf-8"}
@@ -58,7 +67,10 @@ def _run_route(source: Any, path: str, q: dict[str, str], extra_index: dict | No
     if path == "/api/episodes":
         return _json_bytes(source.episodes(q.get("group", ""))), "application/json"
     if path == "/api/episode":
-        return _json_bytes(source.episode(q.get("group", ""), int(q.get("i", "-1")))), "application/json"
+        i = q.get("i", "")
+        if not i.lstrip("-").isdigit():
+            raise ViewerError(f"episode index i={i!r}: expected an integer, e.g. /api/episode?group=step_000010&i=0")
+        return _json_bytes(source.episode(q.get("group", ""), int(i))), "application/json"
     if path.startswith("/files/"):
         file = source.file(unquote(path.removeprefix("/files/")))
         return file.read_bytes(), mimetypes.guess_type(file.name)[0] or "application/octet-stream"
@@ -98,8 +110,22 @@ def _sweep_route(sweep: Any, path: str, q: dict[str, str]) -> tuple[bytes, str]:
     raise ViewerError(f"no such page {path!r}")
 
 
+def host_name(header: str | None) -> str | None:
+    """The name of a ``Host`` header without its port, lower case (``[::1]:8765`` -> ``[::1]``,
+    ``LocalHost.:8765`` -> ``localhost``); None without a header."""
+    if header is None:
+        return None
+    h = header.strip().lower()
+    if h.startswith("["):
+        h = h[:h.find("]") + 1] if "]" in h else h
+    elif h.count(":") == 1:
+        h = h.rsplit(":", 1)[0]
+    return h.rstrip(".")
+
+
 class _Handler(BaseHTTPRequestHandler):
     source: Any = None  # set on the subclass made by make_server
+    allowed_hosts: frozenset[str] = frozenset(LOCAL_HOSTS)
 
     def log_message(self, fmt: str, *args: Any) -> None:  # quiet: the command prints the URL once
         pass
@@ -115,6 +141,15 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        host = self.headers.get("Host")
+        if host_name(host) not in self.allowed_hosts:
+            names = ", ".join(sorted(self.allowed_hosts))
+            self._send(403, _json_bytes({"error": f"Host {host!r} is not a name of this viewer ({names}): requests "
+                                                  "addressed to another name are refused, so that a web page cannot "
+                                                  "read the run through DNS rebinding. To open the viewer under "
+                                                  "another name (a proxy, an SSH tunnel to a named host), pass "
+                                                  "vagent view --allow-host NAME."}), "application/json")
+            return
         url = urlparse(self.path)
         q = {k: v[0] for k, v in parse_qs(url.query).items()}
         route = _sweep_route if getattr(self.source, "kind", "") == "sweep" else _run_route
@@ -123,21 +158,27 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(200, body, ctype)
         except _Redirect as moved:
             self._send(301, b"", "text/plain", location=str(moved))
-        except (ViewerError, ValueError) as exc:
-            self._send(404, _json_bytes({"error": str(exc)}), "application/json")
+        except ValueError as exc:  # ViewerError: 404 not found, 422 a file the viewer cannot read (BadFile)
+            self._send(getattr(exc, "status", 404), _json_bytes({"error": str(exc)}), "application/json")
+        except Exception as exc:  # noqa: BLE001 - a viewer bug: still an answer, never a closed connection
+            self._send(500, _json_bytes({"error": f"vagent view failed on {url.path}: {type(exc).__name__}: {exc}"}),
+                       "application/json")
 
 
-def make_server(source: Any, port: int = 8765) -> ThreadingHTTPServer:
-    """An HTTP server for ``source`` on 127.0.0.1:``port`` (0: any free port); not yet serving."""
-    handler = type("Handler", (_Handler,), {"source": source})
+def make_server(source: Any, port: int = 8765, allow_hosts: tuple[str, ...] = ()) -> ThreadingHTTPServer:
+    """An HTTP server for ``source`` on 127.0.0.1:``port`` (0: any free port); not yet serving.
+
+    allow_hosts: Host names answered besides :data:`LOCAL_HOSTS` (the module docstring says why)."""
+    allowed = frozenset(LOCAL_HOSTS) | {host_name(h) for h in allow_hosts}
+    handler = type("Handler", (_Handler,), {"source": source, "allowed_hosts": allowed})
     server = ThreadingHTTPServer(("127.0.0.1", port), handler)
     server.daemon_threads = True
     return server
 
 
-def serve_in_thread(source: Any, port: int = 0) -> tuple[ThreadingHTTPServer, str]:
+def serve_in_thread(source: Any, port: int = 0, allow_hosts: tuple[str, ...] = ()) -> tuple[ThreadingHTTPServer, str]:
     """Start serving in a daemon thread; returns (server, base URL). ``server.shutdown()`` stops it."""
-    server = make_server(source, port)
+    server = make_server(source, port, allow_hosts)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, f"http://127.0.0.1:{server.server_address[1]}/"
 
@@ -181,9 +222,17 @@ def static_sweep_html(sweep: Any) -> str:
     return _inline(STATIC / "sweep.html", "sweep.js", {"sweep": index, "files": curves})
 
 
+def embed_json(data: Any) -> str:
+    """``data`` as JSON that is safe inside ``<script type="application/json">`` whatever its strings
+    hold: every ``<``, ``>`` and ``&`` written as a \\u escape, so no text (``</script>``, ``<!--<script>``)
+    can end the block or switch the HTML parser's script state; ``JSON.parse`` reads the same data."""
+    text = json.dumps(data, separators=(",", ":"), allow_nan=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
 def _inline(page_path: Path, js_name: str, data: dict) -> str:
     """``page_path`` with viewer.css and ``js_name`` inline and ``data`` in the vagent-data block."""
-    text = json.dumps(data, separators=(",", ":"), allow_nan=False).replace("</", "<\\/")
+    text = embed_json(data)
     page = page_path.read_text()
     css, js = (STATIC / "viewer.css").read_text(), (STATIC / js_name).read_text().replace("</", "<\\/")
     page = page.replace('<link rel="stylesheet" href="static/viewer.css">', f"<style>{css}</style>")
@@ -191,4 +240,5 @@ def _inline(page_path: Path, js_name: str, data: dict) -> str:
                         f'<script id="vagent-data" type="application/json">{text}</script>\n<script>{js}</script>')
 
 
-__all__ = ["make_server", "serve_in_thread", "static_html", "static_sweep_html", "STATIC"]
+__all__ = ["make_server", "serve_in_thread", "static_html", "static_sweep_html", "embed_json", "host_name",
+           "LOCAL_HOSTS", "STATIC"]
