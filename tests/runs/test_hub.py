@@ -35,12 +35,14 @@ def api_for(hub):
     return HfApi(endpoint=hub.url, token="hf_test")
 
 
-def wait_until(cond, timeout=10.0):
+def wait_until(cond, up: HubUploader):
+    """Poll ``cond`` while the uploader's thread lives. No clock of its own, so a loaded machine
+    only makes it slower: a thread that died fails here at once, a hang ends at pyproject's
+    per-test timeout."""
     import time
 
-    t0 = time.time()
     while not cond():
-        assert time.time() - t0 < timeout, "timed out"
+        assert up._thread.is_alive(), "the upload thread ended before the condition held"
         time.sleep(0.02)
 
 
@@ -49,7 +51,7 @@ def test_every_second_checkpoint_and_the_last(tmp_path):
         up = HubUploader("me/run", tmp_path, every=2, say=lambda m: None, poll_s=0.02, api=api_for(hub)).start()
         for step in (1, 2, 3):
             fake_checkpoint(tmp_path, step)
-            wait_until(lambda: up.n_new == step)
+            wait_until(lambda: up.n_new == step, up)
         up.close()
     assert up.uploaded == ["step_000002", "step_000003"]
     assert [c["message"] for c in hub.commits] == ["vagent: rl step 2 (policy)", "vagent: rl step 3 (policy)"]
@@ -62,9 +64,9 @@ def test_a_failed_upload_is_logged_and_retried_with_the_next_checkpoint(tmp_path
     with FakeHub(fail_commits=1) as hub:
         up = HubUploader("me/run", tmp_path, say=said.append, poll_s=0.02, api=api_for(hub)).start()
         fake_checkpoint(tmp_path, 1)
-        wait_until(lambda: up.failures == 1)
+        wait_until(lambda: up.failures == 1, up)
         fake_checkpoint(tmp_path, 2)
-        wait_until(lambda: up.uploaded == ["step_000002"])
+        wait_until(lambda: up.uploaded == ["step_000002"], up)
         up.close()
     assert any("upload of step_000001 to me/run failed" in m and "retrying with the next checkpoint" in m for m in said)
     assert [sorted(c["files"]) for c in hub.commits] == [["config.json", "model.safetensors"]]
