@@ -346,7 +346,7 @@ class PrimitiveSkillEnv:
         if cfg.backend == "maniskill":
             from vagent.envs.primitive_skill.maniskill import ManiSkillBackend
 
-            self._backend: Backend = ManiSkillBackend(self.task, self.bounds, self.tol)
+            self._backend: Backend = ManiSkillBackend(self.task, self.bounds, self.tol, cfg.image_size)
         else:
             self._backend = KinematicBackend(self.task, self.bounds, self.tol)
         self._clock = EpisodeClock("primitive_skill", cfg.max_steps)

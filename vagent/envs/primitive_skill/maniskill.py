@@ -1,165 +1,633 @@
-"""Optional ManiSkill 3 backend for ``PrimitiveSkillEnv`` (``backend="maniskill"``).
+"""The ManiSkill 3 backend of ``PrimitiveSkillEnv`` (``backend="maniskill"``): real contact physics
+(PhysX on the CPU) with a Franka Panda and a rendered camera image.
 
-Status: UNVERIFIED. ManiSkill needs a GPU with Vulkan (SAPIEN renders with it) and downloads robot
-and object assets on first use, so it cannot run where vagent's tests run. This module is written
-against ManiSkill's public motion-planning example API as read from its repository
-(``mani_skill/examples/motionplanning/panda/motionplanner.py``: ``PandaArmMotionPlanningSolver``
-with ``move_to_pose_with_screw(pose)``, ``open_gripper()``, ``close_gripper()``; its
-``solutions/stack_cube.py`` and ``push_cube.py`` use them as below) and has never been executed.
-Nothing imports it unless the config asks for it; ``mani_skill`` itself is imported only inside
-:class:`ManiSkillBackend`.
+Install: ``scripts/maniskill-env`` (ManiSkill in ``.venv-maniskill`` layered on ``.venv``, and Mesa
+25's lavapipe, a Vulkan device on the CPU, in ``.cache/mesa``; ``pip install 'vagent[maniskill]'``
+plus a Vulkan driver elsewhere). When ``VK_ICD_FILENAMES`` is unset and the repository has
+``.cache/mesa/lvp_icd.json``, this module points Vulkan at it before SAPIEN starts.
 
-Mapping of our skills (mm, robot frame) to ManiSkill (metres, world frame), the gripper pointing
-down with the orientation it has after reset:
+Scene (our own ManiSkill env, :func:`tabletop_env_class`): ManiSkill's table and Panda (base at
+x = -615 mm, as in its tabletop tasks), the task's cubes (40 mm, the kinematic colours) and flat
+red-white target discs (radius 50 mm, no collision). The world frame is our frame in metres. A
+reset draws the layout with the kinematic builder (``task.build(default_rng(seed))``), so a seed gives
+the same layout on both backends, and puts the arm in its rest pose (the gripper at ``REST_MM``,
+out of the camera's view).
 
-- ``pick(p)``: open the gripper, move (screw motion) 50 mm above ``p``, down to ``p``, close the
-  gripper, lift 100 mm;
-- ``place(p)``: move 50 mm above ``p``, down to ``p``, open the gripper, lift 100 mm;
-- ``push(p1, p2)``: close the gripper, move 50 mm above ``p1``, down to ``p1``, to ``p2`` (a straight
-  screw motion), lift 50 mm.
+Skills: the kinematic rules decide first, on the scene read back from the simulator (same
+tolerances, same failure messages; a refused skill moves nothing). An accepted skill becomes
+Cartesian waypoints for the gripper (straight lines, 10 mm apart, 5 mm while pushing), each solved
+by inverse kinematics (SAPIEN's Pinocchio model) from the previous solution; the whole plan is solved
+before the arm moves, so a failed plan (no IK solution, a jump in the joints) is reported as
+``no motion plan: ...`` and changes nothing. The plan runs on the ``pd_joint_pos`` controller.
 
-A skill fails (``SkillResult.ok`` False) when the planner returns -1 (no plan). The scene snapshot
-for text, stages and the oracle reads the actors' poses (VAGEN's AlignTwoCube / PlaceTwoCube /
-StackThreeCube expose them as attributes named ``red_cube``, ``green_cube``, ``purple_cube`` and
-targets ``goal_region_A`` / ``goal_region_B``) and infers what rests on what from the geometry.
-These env ids are registered by VAGEN's own package (not by ManiSkill); import the module that
-registers them (``register_module``) before use. The drawer task is not mapped (VAGEN's
-PutAppleInDrawer loads a PartNet-Mobility cabinet whose joint our snapshot does not read).
-GPU physics is not bit-deterministic, so the "a seed fixes the episode" rule holds only
-approximately with this backend.
+- ``pick``: the object the kinematic rule selects is grasped at its centre, the fingers closing
+  along its horizontal axis with the most room beside it; the arm lifts it to ``TRAVEL_M`` and
+  stays there. It fails (after moving) when the object is not in the gripper afterwards.
+- ``place``: the held object's centre goes to the kinematic landing point (snapped onto a cube
+  within ``stack_tolerance``) 3 mm above its resting height, the gripper opens, the arm returns to rest.
+- ``push``: the closed gripper's leading face follows the segment at z1, then the arm returns to rest.
+
+What the text, stages, success and the oracle see is read back from the actors: positions (mm),
+what rests on what (a cube within ``stack_tolerance`` horizontally whose top is within 10 mm of the
+bottom), the held object (ManiSkill's ``is_grasping``), the gripper (the TCP). Physics may differ
+from the kinematic prediction (a cube may slip or tip); the outcome the text reports is the
+simulated one. ``drawer`` needs ManiSkill's PartNet-Mobility cabinet and YCB apple (downloads) and
+is refused at ``make()`` with the download commands.
 """
 
 from __future__ import annotations
 
-import importlib
+import math
+import os
+import sys
+import time
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 from PIL import Image
 
+from vagent.config import ConfigError
 from vagent.envs.primitive_skill.sim import (
-    GRIPPER, TABLE, Body, Bounds, Scene, Skill, SkillResult, Target, Tolerances, dist_xy,
+    GRIPPER, TABLE, Body, Bounds, Scene, Skill, SkillResult, Target, Tolerances, dist_xy, fmt_point,
 )
 from vagent.envs.primitive_skill.tasks import COLORS, CUBE_HALF, Task
 
 INSTALL_HINT = (
-    "backend='maniskill' needs ManiSkill 3 and its motion planner: `pip install mani_skill mplib`, a GPU with "
-    "Vulkan drivers (SAPIEN renders with Vulkan) and network access on first use to download assets. Without "
-    "them use backend='kinematic' (the default), our CPU simulator with the same skills and tasks."
+    "backend='maniskill' needs ManiSkill 3 and a Vulkan device: run scripts/maniskill-env in a vagent checkout "
+    "(it installs vagent[maniskill] into .venv-maniskill and Mesa's lavapipe into .cache/mesa; then use "
+    ".venv-maniskill/bin/python), or `pip install 'vagent[maniskill]'` beside a Vulkan driver. Without them use "
+    "backend='kinematic' (the default): the same skills and tasks on our CPU simulator."
 )
-#: our task -> (VAGEN's ManiSkill env id, body attribute names, target attribute names -> our target names)
-ENV_IDS: dict[str, tuple[str, tuple[str, ...], dict[str, str]]] = {
-    "align": ("AlignTwoCube", ("red_cube", "green_cube"), {}),
-    # VAGEN's red cube goes to goal_region_A (y = -0.1 m), which it calls "left" (as its camera, facing the
-    # robot, sees it); we keep its cube -> target pairing, so our left_target there has y < 0
-    "place": ("PlaceTwoCube", ("red_cube", "green_cube"),
-              {"goal_region_A": "left_target", "goal_region_B": "right_target"}),
-    "stack": ("StackThreeCube", ("red_cube", "green_cube", "purple_cube"), {}),
-}
-_APPROACH_M = 0.05
-_LIFT_M = 0.10
+DRAWER_ASSETS = (("partnet_mobility", "partnet_mobility_cabinet"), ("assets/mani_skill2_ycb", "ycb"))
+#: the Panda's base, as in ManiSkill's tabletop tasks (metres)
+ROBOT_BASE = (-0.615, 0.0, 0.0)
+#: where the gripper waits between skills (mm): behind the workspace, out of the camera's view
+REST_MM = (-300.0, 0.0, 320.0)
+#: height (m) of the gripper's centre when it moves over the table (clears a 3-cube stack with a held cube)
+TRAVEL_M = 0.19
+#: the gripper's (normalized) pd_joint_pos action: open, closed; and its finger joint when open (m)
+GRIPPER_OPEN, GRIPPER_CLOSED = 1.0, -1.0
+FINGER_OPEN_Q = 0.04
+#: half the thickness of the closed fingers along a push (m): the leading face is this far ahead of the TCP
+FINGER_HALF_M = 0.012
+_STEP_M, _PUSH_STEP_M = 0.01, 0.005
+_MAX_JOINT_JUMP = 0.25
+_CAMERA_HEIGHT_M = 1.2
+_VIEW_CENTRE_M = (0.0025, 0.0)  # the kinematic image's centre (x, y)
+_VIEW_HALF_M = 0.215
 
 
-def _import_maniskill() -> tuple[Any, Any, Any]:
-    """(gymnasium, sapien, PandaArmMotionPlanningSolver), or ImportError with the install hint."""
+# ---------------------------------------------------------------------------------------------
+# Availability
+# ---------------------------------------------------------------------------------------------
+
+def _repo_root() -> Path:
+    return Path(__file__).resolve().parents[3]
+
+
+def setup_vulkan() -> str | None:
+    """Point Vulkan at the repository's lavapipe (``.cache/mesa/lvp_icd.json``, from
+    scripts/maniskill-env) unless ``VK_ICD_FILENAMES`` is set already; returns the json used."""
+    if os.environ.get("VK_ICD_FILENAMES"):
+        return os.environ["VK_ICD_FILENAMES"]
+    icd = Path(os.environ.get("VAGENT_MESA_DIR", _repo_root() / ".cache" / "mesa")) / "lvp_icd.json"
+    if icd.is_file():
+        os.environ["VK_ICD_FILENAMES"] = str(icd)
+        return str(icd)
+    return None
+
+
+def import_maniskill() -> Any:
+    """The ``mani_skill`` package (after :func:`setup_vulkan`), or ImportError with the install hint."""
+    setup_vulkan()
     try:
-        import gymnasium as gym
-        import mani_skill.envs  # noqa: F401  (registers ManiSkill's envs)
-        import sapien
-        from mani_skill.examples.motionplanning.panda.motionplanner import PandaArmMotionPlanningSolver
-    except ImportError as exc:  # the usual case here: not installed
+        import mani_skill
+        import mani_skill.envs  # noqa: F401
+        import sapien  # noqa: F401
+    except ImportError as exc:
         raise ImportError(f"{INSTALL_HINT} (import failed: {exc})") from exc
-    return gym, sapien, PandaArmMotionPlanningSolver
+    return mani_skill
 
+
+def drawer_refusal(asset_dir: Path) -> str:
+    """Why ``drawer`` cannot run on ManiSkill here, naming the download commands."""
+    missing = [group for sub, group in DRAWER_ASSETS if not (asset_dir / sub).is_dir()]
+    cmds = " and ".join(f"`python -m mani_skill.utils.download_asset {g} -y`" for g in (missing or [g for _, g in DRAWER_ASSETS]))
+    if missing:
+        return (f"primitive_skill task 'drawer' on backend='maniskill' needs ManiSkill assets that are not in "
+                f"{asset_dir}: {', '.join(missing)}. Download them with {cmds} (MS_ASSET_DIR sets the folder), "
+                "or use backend='kinematic'.")
+    return ("primitive_skill task 'drawer' on backend='maniskill' is not mapped yet (its assets are present in "
+            f"{asset_dir}, but vagent has no ManiSkill drawer scene); use backend='kinematic'.")
+
+
+# ---------------------------------------------------------------------------------------------
+# The ManiSkill env (built lazily: mani_skill is imported only when asked)
+# ---------------------------------------------------------------------------------------------
+
+_ENV_CLASS: Any = None
+
+
+def tabletop_env_class() -> Any:
+    """Our ManiSkill ``BaseEnv``: table, Panda, the cubes and targets named in ``bodies`` /
+    ``targets``; ``set_layout`` before ``reset`` fixes where they stand; a top-down camera."""
+    global _ENV_CLASS
+    if _ENV_CLASS is not None:
+        return _ENV_CLASS
+    import_maniskill()
+    import sapien
+    import torch
+    from mani_skill.envs.sapien_env import BaseEnv
+    from mani_skill.sensors.camera import CameraConfig
+    from mani_skill.utils import sapien_utils
+    from mani_skill.utils.building import actors
+    from mani_skill.utils.scene_builder.table import TableSceneBuilder
+    from mani_skill.utils.structs import Pose
+    from transforms3d.euler import euler2quat
+
+    class VagentTabletopEnv(BaseEnv):
+        SUPPORTED_ROBOTS = ["panda"]
+
+        def __init__(self, *args, bodies: tuple[str, ...] = (), targets: tuple[str, ...] = (),
+                     image_size: int = 128, **kwargs):
+            self.body_names, self.target_names, self.image_size = tuple(bodies), tuple(targets), int(image_size)
+            self.layout: dict[str, tuple[float, float, float]] = {}
+            self.rest_qpos: np.ndarray | None = None
+            super().__init__(*args, robot_uids="panda", **kwargs)
+
+        @property
+        def _default_sensor_configs(self):
+            return []
+
+        @property
+        def _default_human_render_camera_configs(self):
+            cx, cy = _VIEW_CENTRE_M
+            pose = sapien_utils.look_at(eye=[cx, cy, _CAMERA_HEIGHT_M], target=[cx, cy, 0.0], up=[1.0, 0.0, 0.0])
+            fov = 2 * math.atan(_VIEW_HALF_M / _CAMERA_HEIGHT_M)
+            return CameraConfig("top_camera", pose=pose, width=self.image_size, height=self.image_size, fov=fov,
+                                near=0.05, far=10)
+
+        def _load_agent(self, options: dict):
+            super()._load_agent(options, sapien.Pose(p=list(ROBOT_BASE)))
+
+        def _load_scene(self, options: dict):
+            self.table_scene = TableSceneBuilder(env=self, robot_init_qpos_noise=0.0)
+            self.table_scene.build()
+            self.cubes = {}
+            for name in self.body_names:
+                rgba = np.array([*COLORS[name], 255]) / 255
+                self.cubes[name] = actors.build_cube(self.scene, half_size=CUBE_HALF[0] / 1000, color=rgba, name=name,
+                                                     initial_pose=sapien.Pose(p=[0, 0, CUBE_HALF[2] / 1000]))
+            self.targets = {}
+            for name in self.target_names:
+                self.targets[name] = actors.build_red_white_target(
+                    self.scene, radius=0.05, thickness=1e-5, name=name, add_collision=False, body_type="kinematic",
+                    initial_pose=sapien.Pose(p=[0, 0, 1e-3], q=euler2quat(0, np.pi / 2, 0)))
+
+        def _initialize_episode(self, env_idx, options: dict):
+            self.table_scene.initialize(env_idx)
+            if self.rest_qpos is not None:
+                self.agent.reset(self.rest_qpos[None])
+            for name, actor in {**self.cubes, **self.targets}.items():
+                x, y, z = self.layout.get(name, (0.0, 0.0, 0.0))
+                q = [1, 0, 0, 0] if name in self.cubes else euler2quat(0, np.pi / 2, 0)
+                z = z if name in self.cubes else 1e-3
+                actor.set_pose(Pose.create_from_pq(p=torch.tensor([[x, y, z]], dtype=torch.float32),
+                                                   q=torch.tensor([q], dtype=torch.float32)))
+                if name in self.cubes:
+                    actor.set_linear_velocity(torch.zeros((1, 3)))
+                    actor.set_angular_velocity(torch.zeros((1, 3)))
+
+        def evaluate(self):
+            return {}
+
+        def _get_obs_extra(self, info: dict):
+            return {}
+
+    _ENV_CLASS = VagentTabletopEnv
+    return _ENV_CLASS
+
+
+# ---------------------------------------------------------------------------------------------
+# Geometry helpers (pure)
+# ---------------------------------------------------------------------------------------------
+
+def yaw_of(q: np.ndarray) -> float:
+    """Rotation about z (rad) of a wxyz quaternion."""
+    w, x, y, z = (float(v) for v in q)
+    return math.atan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z))
+
+
+def down_quat(closing_yaw: float) -> np.ndarray:
+    """wxyz quaternion of a gripper pointing down whose fingers close along the horizontal
+    direction at ``closing_yaw`` (ManiSkill's ``build_grasp_pose`` frame: z approach, y closing)."""
+    approach = np.array([0.0, 0.0, -1.0])
+    closing = np.array([math.cos(closing_yaw), math.sin(closing_yaw), 0.0])
+    ortho = np.cross(closing, approach)
+    rot = np.stack([ortho, closing, approach], axis=1)
+    # rotation matrix -> quaternion (wxyz); rot is proper (det 1)
+    t = np.trace(rot)
+    if t > 0:
+        s = math.sqrt(t + 1.0) * 2
+        q = [0.25 * s, (rot[2, 1] - rot[1, 2]) / s, (rot[0, 2] - rot[2, 0]) / s, (rot[1, 0] - rot[0, 1]) / s]
+    else:
+        i = int(np.argmax(np.diag(rot)))
+        j, k = (i + 1) % 3, (i + 2) % 3
+        s = math.sqrt(1.0 + rot[i, i] - rot[j, j] - rot[k, k]) * 2
+        q = [0.0, 0.0, 0.0, 0.0]
+        q[0] = (rot[k, j] - rot[j, k]) / s
+        q[1 + i] = 0.25 * s
+        q[1 + j] = (rot[j, i] + rot[i, j]) / s
+        q[1 + k] = (rot[k, i] + rot[i, k]) / s
+    out = np.array(q)
+    return out / np.linalg.norm(out)
+
+
+def grasp_yaw(centre: tuple[float, float], cube_yaw: float, others: list[tuple[float, float]]) -> float:
+    """The closing direction (rad) for a cube at ``centre``: one of its two horizontal axes (the
+    one nearest the world y axis on a tie), the one with the most room for the fingers, i.e. the
+    largest distance along it to another object that lies within 45 mm of the closing line."""
+    best, best_room = 0.0, -1.0
+    base = cube_yaw % (math.pi / 2)
+    for cand in sorted((base, base + math.pi / 2), key=lambda a: abs(math.sin(a))):  # nearest to y first
+        d = np.array([math.cos(cand), math.sin(cand)])
+        room = math.inf
+        for o in others:
+            rel = np.array(o) - np.array(centre)
+            along, across = abs(float(rel @ d)), abs(float(rel[0] * d[1] - rel[1] * d[0]))
+            if across < 45.0:
+                room = min(room, along)
+        if room > best_room + 1e-6:
+            best, best_room = cand, room
+    # the Panda's wrist turns least when closing along world y (yaw pi/2 or -pi/2)
+    return best if math.cos(best - math.pi / 2) >= 0 else best + math.pi
+
+
+# ---------------------------------------------------------------------------------------------
+# The backend
+# ---------------------------------------------------------------------------------------------
 
 class ManiSkillBackend:
-    """The ``Backend`` protocol of ``env.py`` over a ManiSkill env driven by its Panda motion planner."""
+    """The ``Backend`` protocol of ``env.py`` on our ManiSkill tabletop with an IK-planned Panda."""
 
-    def __init__(self, task: Task, bounds: Bounds, tol: Tolerances,
-                 register_module: str = "vagen.env.primitive_skill.maniskill.env") -> None:
-        self._gym, self._sapien, self._solver_cls = _import_maniskill()
-        if task.name not in ENV_IDS:
-            raise NotImplementedError(
-                f"backend='maniskill' maps only the tasks {', '.join(ENV_IDS)}; task '{task.name}' needs the "
-                "kinematic backend.")
-        importlib.import_module(register_module)  # registers VAGEN's AlignTwoCube, ... with ManiSkill
+    def __init__(self, task: Task, bounds: Bounds, tol: Tolerances, image_size: int = 128) -> None:
+        mani_skill = import_maniskill()
+        if task.name == "drawer":
+            raise ConfigError(drawer_refusal(Path(mani_skill.ASSET_DIR)))
+        probe = task.build(np.random.default_rng(0), bounds, tol)
         self.task, self.bounds, self.tol = task, bounds, tol
-        self.env_id, self.body_names, self.target_names = ENV_IDS[task.name]
-        self.env = self._gym.make(self.env_id, obs_mode="state", control_mode="pd_joint_pos",
-                                  render_mode="rgb_array", num_envs=1)
-        self.planner: Any = None
+        self.body_names = tuple(probe.bodies)
+        self.target_names = tuple(probe.targets)
+        try:
+            import sapien
+
+            sapien.set_log_level("off")
+        except Exception:  # noqa: BLE001  (older sapien: keep its logging)
+            pass
+        cls = tabletop_env_class()
+        self.env = cls(bodies=self.body_names, targets=self.target_names, image_size=image_size, num_envs=1,
+                       obs_mode="none", reward_mode="none", control_mode="pd_joint_pos", render_mode="rgb_array",
+                       sim_backend="physx_cpu", render_backend="cpu")
+        self.base = self.env.unwrapped
+        self.pmodel = self.robot._objs[0].create_pinocchio_model()
+        self.ee_index = [link.name for link in self.robot.links].index("panda_hand_tcp")
+        self.root_pose = self.robot._objs[0].get_root_pose()
+        n = len(self.robot._objs[0].get_active_joints())
+        self.arm_mask = np.array([1] * 7 + [0] * (n - 7), dtype=bool)
+        self.qlimits = self.robot.get_qlimits()[0].cpu().numpy().astype(np.float64)
+        self.gripper = GRIPPER_OPEN
+        self._rest_q: np.ndarray | None = None
+        self._target_q: np.ndarray | None = None
+        self._scene_cache: Scene | None = None
 
     # -- protocol ----------------------------------------------------------------------------
     def reset(self, seed: int) -> None:
-        self.env.reset(seed=seed)
-        base = self.env.unwrapped
-        self.planner = self._solver_cls(self.env, debug=False, vis=False, base_pose=base.agent.robot.pose,
-                                        visualize_target_grasp_pose=False, print_env_info=False)
+        layout = self.task.build(np.random.default_rng(seed), self.bounds, self.tol)
+        self.base.layout = {b.name: tuple(v / 1000.0 for v in b.pos) for b in layout.bodies.values()}
+        self.base.layout.update({t.name: (t.x / 1000.0, t.y / 1000.0, 0.0) for t in layout.targets.values()})
+        if self._rest_q is None:
+            self.env.reset(seed=seed)
+            q0 = self._qpos()
+            rest = tuple(v / 1000 for v in REST_MM)
+            sol = self._ik(self._pose_m(rest, math.pi / 2), q0)
+            sol = sol if sol is not None else self._ik(self._pose_m(rest, -math.pi / 2), q0)
+            if sol is None:
+                raise RuntimeError("ManiSkill backend: no IK solution for the rest pose REST_MM")
+            sol[~self.arm_mask] = FINGER_OPEN_Q
+            self._rest_q = sol
+            self.base.rest_qpos = sol
+        # a fresh PhysX scene each episode: resetting poses alone leaves contact caches that make
+        # episodes of the same seed differ in the last digits
+        self.env.reset(seed=seed, options={"reconfigure": True})
+        self.gripper = GRIPPER_OPEN
+        self._target_q = self._rest_q
+        for _ in range(5):  # let the cubes settle on the table
+            self._act(self._rest_q)
+        self._scene_cache = None
 
     def scene(self) -> Scene:
-        base = self.env.unwrapped
-        bodies: dict[str, Body] = {}
-        held = None
-        for name in self.body_names:
-            actor = getattr(base, name)
-            p = actor.pose.p[0].cpu().numpy() * 1000.0
-            bodies[name] = Body(name, "cube", COLORS[name], CUBE_HALF, (float(p[0]), float(p[1]), float(p[2])))
-            if bool(base.agent.is_grasping(actor)[0]):
-                held = name
-        for b in bodies.values():  # infer supports from the geometry
-            if b.name == held:
-                b.support = GRIPPER
-                continue
-            below = [o for o in bodies.values() if o is not b and dist_xy(o.pos, b.pos) <= self.tol.stack
-                     and abs(o.top - b.bottom) <= 10.0]
-            b.support = below[0].name if below else TABLE
-        targets = {}
-        for attr, ours in self.target_names.items():
-            p = getattr(base, attr).pose.p[0].cpu().numpy() * 1000.0
-            targets[ours] = Target(ours, float(p[0]), float(p[1]))
-        tcp = base.agent.tcp.pose.p[0].cpu().numpy() * 1000.0
-        return Scene(bodies, targets, None, (float(tcp[0]), float(tcp[1]), float(tcp[2])), held, self.bounds, self.tol)
+        if self._scene_cache is None:
+            self._scene_cache = self._read_scene()
+        return self._scene_cache
 
     def apply(self, skill: Skill) -> SkillResult:
-        for i in range(0, len(skill.args), 3):
-            why = self.bounds.violation(skill.args[i:i + 3])
-            if why is not None:
-                return SkillResult(False, f"{skill.text()} is out of reach: {why}")
         before = self.scene()
-        pts = [tuple(v / 1000.0 for v in skill.args[i:i + 3]) for i in range(0, len(skill.args), 3)]
-        ok = {"pick": self._pick, "place": self._place, "push": self._push}[skill.name](*pts)
-        after = self.scene()
-        changed = any(dist_xy(before.bodies[n].pos, after.bodies[n].pos) > 1.0 for n in after.bodies)
-        return SkillResult(ok, f"{skill.name} {'done' if ok else 'failed: no motion plan'}", changed)
+        probe = before.copy()
+        verdict = probe.apply(skill)  # the kinematic rules: tolerances, reach, what is grasped, landing
+        if not verdict.ok:
+            return verdict
+        if skill.name == "pick":
+            res = self._pick(before, probe)
+        elif skill.name == "place":
+            res = self._place(before, skill)
+        else:
+            res = self._push(before, skill, probe)
+        return res
 
     def render(self, size: int) -> Image.Image:
         frame = self.env.render()
-        arr = frame[0].cpu().numpy() if hasattr(frame, "cpu") else frame[0]
-        return Image.fromarray(arr.astype("uint8")).convert("RGB").resize((size, size), Image.BILINEAR)
+        arr = frame[0].cpu().numpy() if hasattr(frame, "cpu") else np.asarray(frame)[0]
+        img = Image.fromarray(arr[..., :3].astype("uint8")).convert("RGB")
+        return img if img.size == (size, size) else img.resize((size, size), Image.BILINEAR)
 
     def close(self) -> None:
         self.env.close()
 
-    # -- skills on the motion planner -----------------------------------------------------------
-    def _pose(self, p: tuple[float, ...], dz: float = 0.0) -> Any:
-        q = self.env.unwrapped.agent.tcp.pose.sp.q  # keep the current (downward) gripper orientation
-        return self._sapien.Pose(p=[p[0], p[1], p[2] + dz], q=q)
+    # -- reading the simulator ----------------------------------------------------------------
+    @property
+    def robot(self) -> Any:
+        return self.base.agent.robot  # rebuilt by every reset
 
-    def _moves(self, *poses: Any) -> bool:
-        return all(not isinstance(self.planner.move_to_pose_with_screw(pose), int) for pose in poses)
+    def _qpos(self) -> np.ndarray:
+        return self.robot.get_qpos()[0].cpu().numpy().astype(np.float64)
 
-    def _pick(self, p: tuple[float, ...]) -> bool:
-        self.planner.open_gripper()
-        if not self._moves(self._pose(p, _APPROACH_M), self._pose(p)):
-            return False
-        self.planner.close_gripper()
-        return self._moves(self._pose(p, _LIFT_M))
+    def tcp_mm(self) -> tuple[float, float, float]:
+        p = self.base.agent.tcp.pose.p[0].cpu().numpy() * 1000.0
+        return (float(p[0]), float(p[1]), float(p[2]))
 
-    def _place(self, p: tuple[float, ...]) -> bool:
-        if not self._moves(self._pose(p, _APPROACH_M), self._pose(p)):
-            return False
-        self.planner.open_gripper()
-        return self._moves(self._pose(p, _LIFT_M))
+    def camera_params(self) -> dict[str, np.ndarray]:
+        """The top camera's ``intrinsic_cv`` (3x3) and ``extrinsic_cv`` (3x4, world -> camera) for projections."""
+        cam = self.base._human_render_cameras["top_camera"]
+        params = cam.get_params()
+        return {k: params[k][0].cpu().numpy() for k in ("intrinsic_cv", "extrinsic_cv")}
 
-    def _push(self, p1: tuple[float, ...], p2: tuple[float, ...]) -> bool:
-        self.planner.close_gripper()
-        return self._moves(self._pose(p1, _APPROACH_M), self._pose(p1), self._pose(p2), self._pose(p2, _APPROACH_M))
+    def _read_scene(self) -> Scene:
+        bodies: dict[str, Body] = {}
+        held = None
+        for name in self.body_names:
+            actor = self.base.cubes[name]
+            p = actor.pose.p[0].cpu().numpy() * 1000.0
+            bodies[name] = Body(name, "cube", COLORS[name], CUBE_HALF, (float(p[0]), float(p[1]), float(p[2])))
+            if self.gripper == GRIPPER_CLOSED and bool(self.base.agent.is_grasping(actor)[0]):
+                held = name
+        for b in bodies.values():
+            if b.name == held:
+                b.support = GRIPPER
+                continue
+            below = [o for o in bodies.values() if o is not b and o.name != held and dist_xy(o.pos, b.pos) <= self.tol.stack
+                     and abs(o.top - b.bottom) <= 10.0]
+            b.support = below[0].name if below else TABLE
+        targets = {}
+        for name in self.target_names:
+            p = self.base.targets[name].pose.p[0].cpu().numpy() * 1000.0
+            targets[name] = Target(name, float(p[0]), float(p[1]))
+        return Scene(bodies, targets, None, self.tcp_mm(), held, self.bounds, self.tol)
+
+    # -- planning -------------------------------------------------------------------------------
+    def _pose_m(self, p: tuple[float, ...], yaw: float) -> Any:
+        import sapien
+
+        return sapien.Pose(p=[float(v) for v in p], q=down_quat(yaw))
+
+    def _ik(self, pose_world: Any, q_seed: np.ndarray) -> np.ndarray | None:
+        local = self.root_pose.inv() * pose_world
+        q, ok, _err = self.pmodel.compute_inverse_kinematics(
+            self.ee_index, local, initial_qpos=q_seed, active_qmask=self.arm_mask, max_iterations=200)
+        q = np.asarray(q, dtype=np.float64)
+        lo, hi = self.qlimits[:, 0], self.qlimits[:, 1]
+        if not ok or np.any(((q < lo - 1e-4) | (q > hi + 1e-4))[self.arm_mask]):
+            return None
+        return q
+
+    def _line(self, q: np.ndarray, a: tuple[float, float, float], b: tuple[float, float, float], yaw: float,
+              step: float) -> list[np.ndarray] | str:
+        """Joint positions along the straight segment a -> b (metres) at ``yaw``, or why none."""
+        n = max(1, math.ceil(math.dist(a, b) / step))
+        out = []
+        for k in range(1, n + 1):
+            t = k / n
+            p = tuple(a[i] + t * (b[i] - a[i]) for i in range(3))
+            sol = self._ik(self._pose_m(p, yaw), q)
+            if sol is None:
+                return f"no inverse-kinematics solution at {fmt_point([v * 1000 for v in p])}"
+            if np.max(np.abs(sol[self.arm_mask] - q[self.arm_mask])) > _MAX_JOINT_JUMP:
+                return f"the arm would have to jump near {fmt_point([v * 1000 for v in p])}"
+            out.append(sol)
+            q = sol
+        return out
+
+    def _plan(self, legs: list[tuple[tuple[float, float, float], float, float, float | None]]) -> list | str:
+        """Plan legs (target position in m, closing yaw, step, gripper after the leg or None) from the
+        current TCP; returns [(joint path, gripper)] or why there is no plan. The gripper is
+        symmetric, so a leg may use ``yaw + pi`` instead (whichever the wrist's range allows, nearest first)."""
+        q = self._qpos()
+        pos = tuple(v / 1000 for v in self.tcp_mm())
+        yaw = self._current_yaw()
+        plan: list = []
+        for target, leg_yaw, step, grip in legs:
+            why = "no plan"
+            for cand in sorted((leg_yaw, leg_yaw + math.pi), key=lambda c: abs(math.remainder(c - yaw, 2 * math.pi))):
+                turn = self._turn(q, pos, yaw, cand)
+                if isinstance(turn, str):
+                    why = turn
+                    continue
+                path = self._line(turn[-1] if turn else q, pos, target, cand, step)
+                if isinstance(path, str):
+                    why = path
+                    continue
+                if turn:
+                    plan.append((turn, None))
+                plan.append((path, grip))
+                q, pos, yaw = path[-1], target, cand
+                break
+            else:
+                return why
+        return plan
+
+    def _turn(self, q: np.ndarray, pos, yaw0: float, yaw1: float) -> list[np.ndarray] | str:
+        delta = math.remainder(yaw1 - yaw0, 2 * math.pi)
+        if abs(delta) < 1e-6:
+            return []
+        n = max(1, math.ceil(abs(delta) / 0.1))
+        out = []
+        for k in range(1, n + 1):
+            sol = self._ik(self._pose_m(pos, yaw0 + delta * k / n), q)
+            if sol is None:
+                return f"no inverse-kinematics solution turning the gripper at {fmt_point([v * 1000 for v in pos])}"
+            out.append(sol)
+            q = sol
+        return out
+
+    # -- execution -------------------------------------------------------------------------------
+    def _act(self, q: np.ndarray) -> None:
+        import torch
+
+        action = np.concatenate([q[:7], [self.gripper]]).astype(np.float32)
+        self.env.step(torch.from_numpy(action)[None])
+
+    def _run(self, plan: list) -> None:
+        for path, grip in plan:
+            for q in path:
+                self._target_q = q
+                self._act(q)
+            self._hold_until_reached(path[-1] if path else self._qpos())
+            if grip is not None:
+                self.gripper = grip
+                for _ in range(12):
+                    self._act(self._target_q)
+        self._scene_cache = None
+
+    def _hold_until_reached(self, q: np.ndarray, tol: float = 0.01, most: int = 25) -> None:
+        self._target_q = q
+        for _ in range(most):
+            if np.max(np.abs(self._qpos()[self.arm_mask] - q[self.arm_mask])) < tol:
+                break
+            self._act(q)
+
+    def _rest_leg(self, yaw: float) -> list:
+        r = tuple(v / 1000 for v in REST_MM)
+        return [(r, yaw, 2 * _STEP_M, None)]
+
+    def _current_yaw(self) -> float:
+        m = self.base.agent.tcp.pose.to_transformation_matrix()[0].cpu().numpy()
+        closing = m[:3, 1]
+        return math.atan2(closing[1], closing[0])
+
+    # -- skills -----------------------------------------------------------------------------------
+    def _pick(self, before: Scene, probe: Scene) -> SkillResult:
+        name = probe.held
+        assert name is not None
+        b = before.bodies[name]
+        actor = self.base.cubes[name]
+        cube_yaw = yaw_of(actor.pose.q[0].cpu().numpy())
+        others = [o.pos[:2] for o in before.bodies.values() if o.name != name]
+        yaw = grasp_yaw(b.pos[:2], cube_yaw, others)
+        x, y, z = (v / 1000 for v in b.pos)
+        start_yaw = self._current_yaw()
+        cur = tuple(v / 1000 for v in self.tcp_mm())
+        legs = [((cur[0], cur[1], max(cur[2], TRAVEL_M)), start_yaw, 2 * _STEP_M, None),
+                ((x, y, TRAVEL_M), yaw, 2 * _STEP_M, None),
+                ((x, y, z), yaw, _STEP_M, GRIPPER_CLOSED),
+                ((x, y, TRAVEL_M), yaw, _STEP_M, None)]
+        plan = self._plan(legs)
+        if isinstance(plan, str):
+            return SkillResult(False, f"no motion plan: {plan}")
+        if self.gripper != GRIPPER_OPEN:
+            self.gripper = GRIPPER_OPEN
+        self._run(plan)
+        after = self.scene()
+        if after.held != name:
+            return SkillResult(False, f"the grasp failed: the {name} is not in the gripper (it is at "
+                                      f"{fmt_point(after.bodies[name].pos)})", True)
+        return SkillResult(True, f"picked up the {name}", True)
+
+    def _place(self, before: Scene, skill: Skill) -> SkillResult:
+        name = before.held
+        assert name is not None
+        b = before.bodies[name]
+        land = before.landing(b, skill.args[0], skill.args[1])
+        assert not isinstance(land, str)
+        support, lx, ly, lz = land
+        tcp = self.tcp_mm()
+        off = tuple((b.pos[i] - tcp[i]) / 1000 for i in range(3))  # held cube centre relative to the TCP
+        tx, ty = lx / 1000 - off[0], ly / 1000 - off[1]
+        tz = (lz + 3.0) / 1000 - off[2]
+        yaw = self._current_yaw()
+        cur = tuple(v / 1000 for v in tcp)
+        legs = [((cur[0], cur[1], max(cur[2], TRAVEL_M)), yaw, 2 * _STEP_M, None),
+                ((tx, ty, max(TRAVEL_M, tz)), yaw, 2 * _STEP_M, None),
+                ((tx, ty, tz), yaw, _STEP_M, GRIPPER_OPEN),
+                ((tx, ty, TRAVEL_M), yaw, _STEP_M, None)] + self._rest_leg(yaw)
+        plan = self._plan(legs)
+        if isinstance(plan, str):
+            return SkillResult(False, f"no motion plan: {plan}")
+        self._run(plan)
+        after = self.scene()
+        a = after.bodies[name]
+        where = "on the table" if a.support == TABLE else "in the gripper" if a.support == GRIPPER else f"on the {a.support}"
+        return SkillResult(True, f"placed the {name} {where} at {fmt_point(a.pos)}", True)
+
+    def _push(self, before: Scene, skill: Skill, probe: Scene) -> SkillResult:
+        p1, p2 = skill.args[:3], skill.args[3:]
+        moved = [n for n in before.bodies if dist_xy(before.bodies[n].pos, probe.bodies[n].pos) > 1e-6]
+        dx, dy = p2[0] - p1[0], p2[1] - p1[1]
+        length = math.hypot(dx, dy)
+        ux, uy = dx / length, dy / length
+        back = FINGER_HALF_M
+        a = (p1[0] / 1000 - ux * back, p1[1] / 1000 - uy * back, p1[2] / 1000)
+        b = (p2[0] / 1000 - ux * back, p2[1] / 1000 - uy * back, p2[2] / 1000)
+        # the closed fingers' wide side faces the push: close along the push direction
+        yaw = math.atan2(uy, ux)
+        yaw = yaw if math.cos(yaw - math.pi / 2) >= 0 else yaw + math.pi
+        cur = tuple(v / 1000 for v in self.tcp_mm())
+        start_yaw = self._current_yaw()
+        legs = [((cur[0], cur[1], max(cur[2], TRAVEL_M)), start_yaw, 2 * _STEP_M, None),
+                ((a[0], a[1], TRAVEL_M), yaw, 2 * _STEP_M, None),
+                (a, yaw, _STEP_M, None),
+                (b, yaw, _PUSH_STEP_M, None),
+                ((b[0], b[1], TRAVEL_M), yaw, _STEP_M, None)] + self._rest_leg(yaw)
+        plan = self._plan(legs)
+        if isinstance(plan, str):
+            return SkillResult(False, f"no motion plan: {plan}")
+        self.gripper = GRIPPER_CLOSED
+        for _ in range(8):
+            self._act(self._qpos())
+        self._run(plan)
+        self.gripper = GRIPPER_OPEN
+        for _ in range(8):
+            self._act(self._target_q)
+        self._scene_cache = None
+        after = self.scene()
+        name = moved[0] if moved else min(before.bodies, key=lambda n: dist_xy(before.bodies[n].pos, p1))
+        changed = any(dist_xy(before.bodies[n].pos, after.bodies[n].pos) > 1.0 for n in after.bodies)
+        return SkillResult(True, f"pushed the {name} to {fmt_point(after.bodies[name].pos)}", changed)
+
+
+# ---------------------------------------------------------------------------------------------
+# python -m vagent.envs.primitive_skill.maniskill --check
+# ---------------------------------------------------------------------------------------------
+
+def _check() -> int:
+    from vagent.envs.primitive_skill.sim import Bounds as _B, Tolerances as _T
+    from vagent.envs.primitive_skill.tasks import get_task
+
+    icd = setup_vulkan()
+    try:
+        import_maniskill()
+    except ImportError as exc:
+        print(f"maniskill check: FAILED: {exc}", file=sys.stderr)
+        return 1
+    t0 = time.perf_counter()
+    try:
+        backend = ManiSkillBackend(get_task("stack"), _B(), _T())
+        backend.reset(0)
+        img = backend.render(128)
+    except Exception as exc:  # noqa: BLE001  (report any start failure with what to do)
+        print(f"maniskill check: FAILED to start a rendered ManiSkill scene: {type(exc).__name__}: {exc}\n"
+              f"VK_ICD_FILENAMES={icd}; run scripts/maniskill-env (it fetches Mesa's lavapipe into .cache/mesa).",
+              file=sys.stderr)
+        return 1
+    arr = np.asarray(img)
+    backend.close()
+    print(f"maniskill check: ok (stack scene built, reset and rendered {img.size[0]} px in "
+          f"{time.perf_counter() - t0:.1f} s; mean colour {arr.reshape(-1, 3).mean(0).round(1).tolist()}; "
+          f"Vulkan ICD {icd or 'system'})")
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--check"]:
+        raise SystemExit(_check())
+    print("usage: python -m vagent.envs.primitive_skill.maniskill --check", file=sys.stderr)
+    raise SystemExit(2)
