@@ -43,13 +43,18 @@ def launch(nproc: int, train_args: Sequence[str], **kw) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
 
+    from vagent.distributed.world import LAUNCHER_PID_ENV
+
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's own default; threads= in the config overrides
+    os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # the ranks' parent: they end when it does
     try:
         torchrun_main(torchrun_args(nproc, train_args, **kw))
     except ChildFailedError as exc:
         ends = {rank: (f.exitcode, f.timestamp) for rank, f in exc.failures.items()}
         print(f"error: the torchrun job failed: {describe_failure(ends)}", file=sys.stderr)
         return 1
+    finally:
+        os.environ.pop(LAUNCHER_PID_ENV, None)
     return 0
 
 

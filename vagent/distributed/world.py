@@ -43,6 +43,9 @@ class World:
 
 _WORLD = World()
 
+#: set by ``vagent train --nproc`` (vagent.distributed.launch) to its own PID, the ranks' parent
+LAUNCHER_PID_ENV = "VAGENT_LAUNCHER_PID"
+
 
 def world() -> World:
     """The current world (rank 0 of 1 until :func:`init_world` joins a process group)."""
@@ -54,8 +57,19 @@ def launched_by_torchrun() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def init_world(device: str = "auto", timeout_s: float = 600.0) -> World:
-    """Join the job's process group when torchrun started this process with WORLD_SIZE > 1.
+    """Join the job's process group when torchrun started this process with WORLD_SIZE > 1, and
+    end this process when its torchrun agent dies (:func:`vagent.lifetime.exit_with_parent`).
 
     Backend: nccl when this rank runs on CUDA (``device`` auto/cuda and a GPU is visible; rank r
     takes ``cuda:LOCAL_RANK``), else gloo. Returns the world; single process: ``World()`` and no
@@ -67,6 +81,14 @@ def init_world(device: str = "auto", timeout_s: float = 600.0) -> World:
         return _WORLD
     import torch.distributed as dist
 
+    from vagent.lifetime import exit_with_parent
+
+    # a rank ends with its torchrun agent (the launcher), however the agent ends: SIGKILL of
+    # `vagent train --nproc N` would otherwise leave the ranks training on, reparented to PID 1
+    launcher = int(os.environ.get(LAUNCHER_PID_ENV) or 0)
+    if launcher and launcher != os.getppid() and not _alive(launcher):
+        os._exit(1)  # the launcher died while this rank was starting
+    exit_with_parent()
     rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_RANK", "0"))
     cuda = device != "cpu" and torch.cuda.is_available()

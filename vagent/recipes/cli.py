@@ -129,6 +129,19 @@ def launch_job(args: argparse.Namespace) -> int:
     if launched_by_torchrun():
         return _error("--nproc/--nnodes start a torchrun job; this process already is a worker of one "
                       "(drop them when you run torchrun yourself).")
+    if args.resume:  # before starting any process: a live job's run directory, a finished run
+        from vagent.runs import existing_run_dir
+        from vagent.runs.lock import RunDirLocked, check_unlocked
+
+        try:
+            run = existing_run_dir(args.resume)
+            check_unlocked(run.root)
+        except (FileNotFoundError, RunDirLocked) as exc:
+            return _error(str(exc))
+        from vagent.recipes.run import finished
+
+        if finished(run, quiet=args.quiet):
+            return 0
     train_args = list(args.overrides)
     if args.config:
         train_args += ["--config", args.config]

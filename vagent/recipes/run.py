@@ -13,9 +13,12 @@ The order, top to bottom::
     plots, summary.json
 
 Resuming (``--resume RUN_DIR``) continues exactly: the config is read from the run directory, the
-newest complete checkpoint restores weights, optimizers, schedules and RNG states, rollout seeds
-and sampling seeds are functions of (run seed, step), and records the killed process wrote after
-that checkpoint are dropped from ``metrics.jsonl``. Resuming a finished run (one with
+newest intact checkpoint (its manifest verified; a damaged newer one is named and skipped)
+restores weights, optimizers, schedules and RNG states, rollout seeds and sampling seeds are
+functions of (run seed, step), and records the killed process wrote after that checkpoint are
+dropped from ``metrics.jsonl``; temporary folders of saves that were killed are deleted. Out of
+disk space anywhere is one :class:`~vagent.runs.errors.DiskFullError` line (the path, the free
+space); the checkpoints already written stay intact and the run resumes once space is freed. Resuming a finished run (one with
 ``summary.json``) prints that it is finished and writes nothing.
 
 While the run runs, Python warnings and the messages of transformers / huggingface_hub go to
@@ -26,8 +29,11 @@ shows one progress display with ETA, on the console and in ``train.log``.
 from __future__ import annotations
 
 import json
+import os
 import random
+import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -51,27 +57,72 @@ def train(cfg: RunConfig | None = None, resume: str | Path | None = None, quiet:
         if cfg is not None:
             raise ConfigError("--resume continues a run with its saved config.yaml; do not pass a config or overrides.")
         run = existing_run_dir(resume)
-        if (run.root / "summary.json").is_file():  # written last: nothing is left to do
-            if not quiet:
-                print(f"{run.root} is finished (it has summary.json); nothing to resume, nothing changed. "
-                      "Start a new run to train further.", flush=True)
+        if finished(run, quiet or os.environ.get("RANK", "0") != "0"):  # a job's rank 0 says it, once
             return run.root
         cfg = load_config(run.config)
     cfg = cfg if cfg is not None else load_config()
+    if run is None:
+        from vagent.recipes.config_checks import check_out_dir
+
+        check_out_dir(cfg.out_dir)  # before any model work
     world = init_world(cfg.device, cfg.dist.timeout_s)  # started by torchrun: join the job; else nothing
     console = Console(run.log if run and world.is_main else None, quiet=quiet or not world.is_main,
                       buffer=world.is_main)
-    with library_output_to_log(console):
-        return _train(cfg, run, resume is not None, console, t_start)
+    with ExitStack() as owned, library_output_to_log(console):
+        try:
+            if run is not None:  # --resume: one writer per run directory (vagent.runs.lock)
+                hold_run_dir(run.root, owned, console)
+                if finished(run, quiet=not world.is_main or quiet):  # it finished while this one started
+                    return run.root
+            return _train(cfg, run, resume is not None, console, t_start, owned)
+        except BaseException as exc:
+            from vagent.runs.errors import disk_full_error, is_disk_full
+
+            if not is_disk_full(exc):
+                raise
+            root = console.log_path.parent if console.log_path is not None else None  # the run directory
+            err = disk_full_error(root or cfg.out_dir, exc, resume=root)
+            console.log(f"error: {err}")
+            raise err from exc
 
 
-def _train(cfg: RunConfig, run: Any, resuming: bool, console: Any, t_start: float) -> Path:
-    """``train`` after the run directory to resume (if any) and the console are known."""
+def finished(run: Any, quiet: bool) -> bool:
+    """Does the run have summary.json (written last: nothing is left to do)? Says so unless quiet."""
+    if not (run.root / "summary.json").is_file():
+        return False
+    if not quiet:
+        print(f"{run.root} is finished (it has summary.json); nothing to resume, nothing changed. "
+              "Start a new run to train further.", flush=True)
+    return True
+
+
+def hold_run_dir(root: Path, owned: ExitStack, console: Any) -> None:
+    """Rank 0 (or the one process) takes the run directory's lock until ``owned`` closes
+    (:func:`vagent.runs.lock.lock_run_dir`); in a job every rank learns whether it could, and
+    every rank raises :class:`~vagent.runs.lock.RunDirLocked` when a live process holds it."""
+    from vagent.distributed import broadcast_object, world
+    from vagent.runs.lock import RunDirLocked, lock_run_dir
+
+    w, refused = world(), None
+    if w.is_main:
+        try:
+            owned.enter_context(lock_run_dir(root, say=console.print))
+        except RunDirLocked as exc:
+            refused = str(exc)
+    if w.distributed:
+        refused = broadcast_object(refused, "run directory lock")
+    if refused is not None:
+        raise RunDirLocked(refused)
+
+
+def _train(cfg: RunConfig, run: Any, resuming: bool, console: Any, t_start: float, owned: ExitStack) -> Path:
+    """``train`` after the run directory to resume (if any) and the console are known; ``owned``
+    holds the run directory's lock (a new run's is taken here, when the directory is made)."""
     from vagent.distributed import broadcast_object, rank_device, world as current_world
     from vagent.recipes.common import check_compatible, check_remote_envs, load_model, resolve_device, use_bf16
     from vagent.recipes.session import Session, SilentLogger
     from vagent.runs import (
-        MetricsLogger, TrainingError, is_oom, list_checkpoints, load_checkpoint, new_run_dir, oom_message, plot_run,
+        MetricsLogger, TrainingError, is_oom, load_checkpoint, new_run_dir, oom_message, plot_run,
         startup_arithmetic,
     )
     from vagent.runs.progress import config_summary
@@ -102,14 +153,23 @@ def _train(cfg: RunConfig, run: Any, resuming: bool, console: Any, t_start: floa
         console.attach(run.log)  # with the lines printed so far (the model build's)
     if world.distributed:
         run = RunDir(Path(broadcast_object(str(run.root) if world.is_main else None, "run directory")))
+    if not resuming:
+        hold_run_dir(run.root, owned, console)
     console.print(*config_summary(cfg, load_config(), run.config))
     from vagent.runs.environment import record_environment
 
     if world.is_main:
         record_environment(run.root, say=console.print)  # threads, CPU kernels, versions (a resume compares)
 
-    checkpoints = list_checkpoints(run.checkpoints)
-    latest = checkpoints[-1] if checkpoints else None
+    from vagent.runs.checkpoint import select_checkpoint
+    from vagent.runs.manifest import remove_stale_temporaries
+
+    latest = None
+    if world.is_main:  # rank 0 checks the checkpoints (manifests) and tells the job which one
+        remove_stale_temporaries(run.checkpoints, say=console.print)
+        latest = select_checkpoint(run.checkpoints, say=console.print)
+    if world.distributed:
+        latest = broadcast_object(latest, "checkpoint to resume")
     logger = MetricsLogger(run.root, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb,
                            wandb_project=cfg.log.wandb_project, run_name=run.root.name) if world.is_main else SilentLogger()
     if latest is not None:
@@ -142,11 +202,11 @@ def _train(cfg: RunConfig, run: Any, resuming: bool, console: Any, t_start: floa
         elif latest is not None and cfg.sft.steps > 0:
             # RL resume: the reference model and the critic's initial backbone are the SFT result,
             # as in the uninterrupted run (the RL checkpoint then restores policy, critic and RNG)
-            from vagent.runs.checkpoint import list_checkpoints
-
-            sft_ckpts = [c for c in list_checkpoints(run.checkpoints) if c.phase == "sft"]
-            if sft_ckpts:
-                load_checkpoint(sft_ckpts[-1].path, {"policy": loaded.model})
+            sft_ckpt = select_checkpoint(run.checkpoints, "sft", say=console.print) if world.is_main else None
+            if world.distributed:
+                sft_ckpt = broadcast_object(sft_ckpt, "SFT checkpoint")
+            if sft_ckpt is not None:
+                load_checkpoint(sft_ckpt.path, {"policy": loaded.model})
             else:
                 console.print("warning: no SFT checkpoint left in the run; the KL reference is the base model")
         if cfg.recipe != "sft":
@@ -170,11 +230,20 @@ def _train(cfg: RunConfig, run: Any, resuming: bool, console: Any, t_start: floa
             raise TrainingError(oom_message(phase, cfg)) from exc
         raise
     finally:
+        failing = sys.exc_info()[1] is not None  # then a failure here must not hide that error
+        closing = [logger.close]
         if hub is not None:
-            hub.close()  # uploads the last checkpoint if it is not up yet (bounded wait)
-        logger.close()
+            closing.insert(0, hub.close)  # uploads the last checkpoint if it is not up yet (bounded wait)
         if world.is_main and run.metrics.is_file():
-            plot_run(run.metrics, run.plots)
+            closing.append(lambda: plot_run(run.metrics, run.plots))
+        for close in closing:
+            try:
+                close()
+            except Exception as exc:
+                if not failing:
+                    raise
+                console.log(f"warning: while stopping, {getattr(close, '__qualname__', 'plotting')} failed too: "
+                            f"{type(exc).__name__}: {exc}")
     if world.is_main:
         summary = summarize(run, time.time() - t_start)
         (run.root / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -11,6 +11,8 @@ Layout (``runs/<name>-<timestamp>/`` by default)::
     train.log              what was printed (config summary, start-up arithmetic, model build and
                            progress lines with ETA, library warnings, errors)
     summary.json           key numbers, written when the run has finished (``--resume`` then does nothing)
+    run.lock               held by the live job's writer (PID, host): one writer per run directory
+                           (vagent.runs.lock; a second ``--resume`` is refused while it lives)
 
 Steps: step k of a phase (SFT, or RL) is the state after k updates of that phase. Metrics of the
 k-th update, its rollouts (``rollouts/step_k``, the episodes the update trained on), its checkpoint
@@ -73,10 +75,14 @@ def new_run_dir(out_dir: str | Path, name: str, now: float | None = None) -> Run
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now if now is not None else time.time()))
     base = Path(out_dir).expanduser() / f"{name}-{stamp}"
     root, i = base, 1
-    while root.exists():
-        root = base.with_name(f"{base.name}-{i}")
-        i += 1
-    return RunDir(root).make()
+    while True:
+        try:
+            base.parent.mkdir(parents=True, exist_ok=True)
+            root.mkdir()  # atomic: two runs started in the same second get two folders, never one
+            return RunDir(root).make()
+        except FileExistsError:
+            root = base.with_name(f"{base.name}-{i}")
+            i += 1
 
 
 def existing_run_dir(path: str | Path) -> RunDir:

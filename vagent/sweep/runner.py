@@ -23,12 +23,12 @@ import json
 import logging
 import os
 import shutil
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from vagent.lifetime import exit_with_parent  # noqa: F401 (the Tune trainable calls it)
 from vagent.sweep.spec import Sweep, Trial
 
 RAY_HINT = "pip install 'vagent[ray]'"
@@ -131,28 +131,6 @@ def tune_trial(params: dict) -> None:
     t = trials[params["trial"]]
     summary = execute_trial(sweep_dir, Trial(t["row"], t["seed"], t["config"]))
     tune.report({k: v for k, v in summary.items() if isinstance(v, (int, float))})
-
-
-_watching = False
-
-
-def exit_with_parent(poll_s: float = 0.2) -> None:
-    """End this process when its parent dies (checked every ``poll_s``). A Ray worker is a child of
-    the raylet in a process group of its own, so killing the sweep's process group leaves it running
-    until Ray notices the lost raylet, long enough under load to finish the trial behind the back of
-    the sweep that is started again. Once per process (Ray reuses workers)."""
-    global _watching
-    if _watching:
-        return
-    _watching = True
-    parent = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(poll_s)
-        os._exit(1)  # the parent is gone; a checkpoint written so far is what a rerun resumes from
-
-    threading.Thread(target=watch, name="vagent-exit-with-parent", daemon=True).start()
 
 
 def _import_tune() -> Any:
