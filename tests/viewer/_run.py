@@ -73,11 +73,11 @@ def _user_segment(obs) -> Segment:
     return Segment(tokens, False, pixel_values=pixels, image_grid_thw=grid, n_images=n)
 
 
-def episode(seed: int, traj: int, step: int, gen: torch.Generator) -> Episode:
-    env = make("frozenlake", **ENV_CONFIG)
+def episode(seed: int, traj: int, step: int, gen: torch.Generator, env_config: dict = ENV_CONFIG) -> Episode:
+    env = make("frozenlake", **env_config)
     obs, _ = env.reset(seed)
     conv = Conversation(segments=[Segment([IM_START] + ids("system\n" + env.system_prompt()) + [IM_END], False)])
-    ep = Episode("frozenlake", dict(ENV_CONFIG), seed, traj, traj, env.system_prompt(), samples=[conv])
+    ep = Episode("frozenlake", dict(env_config), seed, traj, traj, env.system_prompt(), samples=[conv])
     for k in range(3):
         reply = REPLIES[(seed + k + step) % len(REPLIES)]
         before = env.state()

@@ -21,6 +21,7 @@ const S = {            // page state
   selected: null,      // summary index (or pair index in compare mode)
   shown: {},           // episode key -> episode document (for the token tooltip)
   advScale: 1,
+  seq: 0,              // the latest episode request: an older answer arriving late is dropped
 };
 
 // ---------------------------------------------------------------- data access
@@ -112,6 +113,7 @@ function table(head, rows, onRow) {
     const tr = el("tr", { class: onRow ? "group" : null, onclick: onRow ? () => onRow(r) : null },
       r.cells.map((c, i) => el("td", { class: i ? null : "l", text: c })));
     if (r.id) tr.dataset.group = r.id;
+    if (r.warmup) { tr.dataset.actorUpdated = "0"; tr.classList.add("warmup"); }
     t.append(tr);
   });
   return t;
@@ -128,9 +130,10 @@ function renderOverview() {
     ? ["step / validation point", "success", "return", "format", "loss/policy", "expl. var.", "tokens"]
     : ["cell (model/env/format)", "success", "return", "format", "episodes"];
   const groupRows = ix.groups.map((g) => ({
-    id: g.id,
+    id: g.id, warmup: g.actor_updated === false,
     cells: ix.training
-      ? [g.label, fmt(g.success), fmt(g.return), fmt(g.format), fmt(g.loss_policy), fmt(g.explained_variance), g.tokens]
+      ? [g.label + (g.actor_updated === false ? " · critic warm-up: actor not updated" : ""), fmt(g.success),
+        fmt(g.return), fmt(g.format), fmt(g.loss_policy), fmt(g.explained_variance), g.tokens]
       : [g.label, fmt(g.success), fmt(g.return), fmt(g.format), g.episodes ?? "—"],
   }));
   const parts = [el("div", {}, el("h2", { text: ix.training ? "Steps and validation points with saved episodes (click one)"
@@ -271,7 +274,8 @@ function tokenSpan(key, td, r, p, extra) {
   const row = td.rows[r], m = row.mask[p];
   const span = el("span", { class: `tok m${m}${extra || ""}`, "data-k": key, "data-r": r, "data-p": p,
     text: pieceText(td.pieces[String(row.ids[p])] ?? `<${row.ids[p]}>`) });
-  if (m && row.advantages) span.style.background = advColor(row.advantages[p]);
+  if (m && S.shown[key]?.actor_updated === false) span.classList.add("frozen");  // sampled, not trained
+  else if (m && row.advantages) span.style.background = advColor(row.advantages[p]);
   return span;
 }
 
@@ -317,6 +321,11 @@ function renderTurn(key, ep, t) {
   t.actions.length ? el("span", { class: "badge", text: "actions: " + t.actions.join(", ") }) : null,
   t.finish_reason && t.finish_reason !== "stop" ? el("span", { class: "badge warn", text: `finish: ${t.finish_reason}` }) : null);
   let body;
+  // a text env's board is in its observation: shown in full, not only inside the collapsed prompt
+  const seen = !t.images.length && t.observation
+    ? el("div", { class: "observation" }, el("div", { class: "meta", text: "observation (what the model read)" }),
+      el("pre", { class: "plain", text: t.observation }))
+    : null;
   if (td && t.tokens) {
     const { row: r, ctx, reply } = t.tokens;
     const ids = td.rows[r].ids;
@@ -334,7 +343,7 @@ function renderTurn(key, ep, t) {
     body = [el("details", { class: "prompt" }, el("summary", { text: "prompt (text)" }), el("pre", { text: t.prompt })),
       el("pre", { class: "plain reply-block", text: t.reply })];
   }
-  return el("div", { class: "turn", "data-turn": t.index }, frames, el("div", {}, head, body, rewardTable(t)));
+  return el("div", { class: "turn", "data-turn": t.index }, frames, el("div", {}, head, seen, body, rewardTable(t)));
 }
 
 function renderEpisode(ep, label) {
@@ -346,7 +355,12 @@ function renderEpisode(ep, label) {
     ` · return ${fmt(ep.env_return, 2)} (total reward ${fmt(ep.total_reward, 2)}) · ${ep.n_turns} turns` +
     (ep.terminated ? " · terminated" : "") + (ep.truncated ? " · truncated (turn limit)" : ""));
   const info = [];
-  if (td) {
+  if (td && ep.actor_updated === false) {
+    info.push(el("div", { class: "note warmup", "data-actor-updated": "0",
+      text: `Actor not updated at this step (critic warm-up, ppo.critic_warmup_steps): the policy trained on none ` +
+        `of its ${td.n_loss} sampled tokens (outlined, uncoloured); only the critic was fitted on them. The ` +
+        `advantages (hover a token) were computed but not applied.` }));
+  } else if (td) {
     info.push(el("div", { class: "legend" }, `advantage  −${fmt(S.advScale, 2)}`, el("span", { class: "bar" }),
       `+${fmt(S.advScale, 2)}   red: pushed down · blue: pushed up · striped grey: loss mask 0 (not trained) · ` +
       `${td.n_loss} trained tokens`));
@@ -354,6 +368,11 @@ function renderEpisode(ep, label) {
     info.push(el("div", { class: "note", text: `No token data: ${ep.no_tokens_reason}` }));
   }
   if (ep.error) info.push(el("pre", { class: "note", text: ep.error }));
+  if (ep.legend && ep.legend.length) {  // what the board's symbols (text) and tiles (image) mean
+    info.push(el("div", { class: "env-legend" }, el("span", { class: "meta", text: `${ep.env} board: ` }),
+      ep.legend.map((x) => el("span", { class: "sym", "data-symbol": x.symbol },
+        x.tile ? el("img", { src: x.tile, alt: x.meaning }) : null, el("code", { text: x.symbol }), " " + x.meaning))));
+  }
   const turns = ep.turns.map((t) => renderTurn(key, ep, t));
   const tail = [];
   if (td && td.after.length) {
@@ -372,15 +391,18 @@ function renderEpisode(ep, label) {
 }
 
 async function openEpisode(i) {
+  const seq = ++S.seq;
   S.selected = i;
   location.hash = `group=${encodeURIComponent(S.group)}&i=${i}` + (S.other ? `&other=${encodeURIComponent(S.other)}` : "");
   renderList();
   const pane = document.getElementById("episode-pane");
   pane.replaceChildren(el("p", { class: "meta", text: "loading…" }));
   const ep = await getJSON("episode", { group: S.group, i });
+  if (seq !== S.seq) return;  // another episode was opened meanwhile
   if (!S.other) { pane.replaceChildren(renderEpisode(ep)); return; }
   const partner = pairs().map.get(i);
   const other = partner ? await getJSON("episode", { group: S.other, i: partner.e.i }) : null;
+  if (seq !== S.seq) return;
   const labelOf = (g) => S.index.groups.find((x) => x.id === g)?.label + ": ";
   const how = !partner ? null : partner.sameSeed
     ? el("div", { class: "note pair-how", "data-same-seed": "1", text: `same env seed ${ep.seed}: the same board` })
@@ -398,8 +420,12 @@ async function openGroup(id, then) {
   S.otherEpisodes = S.other ? await getJSON("episodes", { group: S.other }) : [];
   updateScale();
   renderControls(); renderList();
-  document.getElementById("episode-pane").replaceChildren(el("p", { class: "meta", text: "Pick an episode." }));
+  if (then === undefined) {  // no episode asked for (#i=N): the first one of the list
+    const first = visibleEpisodes().find((e) => !S.other || pairs().map.has(e.i));
+    then = first ? first.i : undefined;
+  }
   if (then !== undefined) await openEpisode(then);
+  else document.getElementById("episode-pane").replaceChildren(el("p", { class: "meta", text: "This group has no episodes." }));
 }
 
 async function setCompare(id) {
