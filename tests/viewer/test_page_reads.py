@@ -11,7 +11,8 @@ plus a validation point of text-rendered FrozenLake episodes:
   keeps its colours;
 - a text env's observation (the board) is shown in full, not only in the collapsed prompt;
 - each episode has a legend of its env's board symbols, with the tile each one is drawn as;
-- an ``--out`` page whose replies hold ``<!--<script>`` and ``</script>`` works and shows them.
+- an ``--out`` page whose replies hold ``<!--<script>`` and ``</script>`` works and shows them;
+- a file the server cannot read is shown as its one-line error, naming the file and line.
 """
 
 from __future__ import annotations
@@ -134,3 +135,20 @@ def test_out_page_embeds_any_text(run, page, tmp_path):
     # so the turn shows the record's reply where the list's search reads it)
     page.fill("#search", "<!--<script>")
     assert "of 1 episodes" in page.locator("#count").inner_text()
+
+
+def test_a_file_the_server_cannot_read_is_shown_by_name_and_line(page, tmp_path):
+    from tests.viewer.test_safety import NO_TURNS, RECORD, write_run
+    from vagent.viewer.data import open_source
+    from vagent.viewer.server import serve_in_thread
+
+    root = write_run(tmp_path / "run", records=[RECORD, NO_TURNS])
+    server, url = serve_in_thread(open_source(root), port=0)
+    try:
+        page.goto(url)
+        page.wait_for_selector("body[data-ready='error']", timeout=15_000)
+        text = page.locator("#episode-pane .note.error").inner_text()
+        assert text.startswith("rollouts/step_000001.jsonl line 2: no 'turns'"), text
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -634,9 +634,11 @@ class EvalSource:
 @lru_cache(maxsize=64)
 def env_legend(env_name: str) -> list[dict]:
     """What each symbol of a built-in grid env's board means: [{"symbol", "meaning", "tile"}], from the
-    env module's ``LEGEND`` ("P player, _ ice, ..."); ``tile`` is that cell as the env draws it for
-    ``render="vision"`` (a PNG data: URI, from the module's ``TILES`` and ``render_image``), or None.
-    Empty for envs without a ``LEGEND`` and for envs that are not built in."""
+    env module's ``LEGEND`` ("P player, _ ice, ...", the text board's symbols); ``tile`` is that cell
+    as the env draws it for ``render="vision"`` (a PNG data: URI, from the module's ``TILES`` and
+    ``render_image``), or None. Empty for envs that are not grid envs (no ``LEGEND`` and ``TILES``:
+    navigation's and svg's LEGEND are the symbols of a description style, not of the board) and for
+    envs that are not built in."""
     import base64
     import io
 
@@ -649,7 +651,7 @@ def env_legend(env_name: str) -> list[dict]:
     except Exception:  # noqa: BLE001 - display only: an env whose optional dependency is missing
         return []
     legend = getattr(module, "LEGEND", None)
-    if not isinstance(legend, str):
+    if not isinstance(legend, str) or not getattr(module, "TILES", None):
         return []
     tiles, draw = getattr(module, "TILES", {}), getattr(module, "render_image", None)
     out = []

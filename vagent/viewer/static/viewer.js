@@ -34,7 +34,7 @@ async function getJSON(path, params) {
   const q = new URLSearchParams(params || {}).toString();
   const r = await fetch(`api/${path}${q ? "?" + q : ""}`);
   const body = await r.json();
-  if (!r.ok) throw new Error(body.error || r.statusText);
+  if (!r.ok) throw Object.assign(new Error(body.error || r.statusText), { fromServer: true });
   return body;
 }
 function fileUrl(rel) {
@@ -43,6 +43,11 @@ function fileUrl(rel) {
 }
 
 // ---------------------------------------------------------------- small helpers
+/* a request that failed (the server's one-line error: a file it cannot read, say) shown in the episode pane */
+function shownErrors(promise) {
+  return promise.catch((err) => document.getElementById("episode-pane").replaceChildren(
+    el("pre", { class: "note error", text: String(err.message || err) })));
+}
 function el(tag, attrs, ...kids) {
   const e = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) {
@@ -138,7 +143,7 @@ function renderOverview() {
   }));
   const parts = [el("div", {}, el("h2", { text: ix.training ? "Steps and validation points with saved episodes (click one)"
     : "Cells (click one)" }),
-    table(groupHead, groupRows, (r) => openGroup(r.id)))];
+    table(groupHead, groupRows, (r) => shownErrors(openGroup(r.id))))];
   if (ix.training) {
     parts.push(el("div", {}, el("h2", { text: "RL steps (metrics.jsonl)" }),
       table(["step", "success", "return", "format"], ix.steps.map((s) => ({
@@ -162,7 +167,7 @@ function renderControls() {
      ["turns_desc", "most turns"], ["seed", "seed"]].map(([v, t]) => el("option", { value: v, text: t, selected: S.sort === v })));
   const search = el("input", { type: "text", id: "search", placeholder: "env, seed or reply text", value: S.search,
     oninput: (e) => { S.search = e.target.value.toLowerCase(); S.page = 0; renderList(); } });
-  const other = el("select", { id: "compare", onchange: (e) => setCompare(e.target.value || null) },
+  const other = el("select", { id: "compare", onchange: (e) => shownErrors(setCompare(e.target.value || null)) },
     el("option", { value: "", text: "— none —" }),
     ix.groups.filter((g) => g.id !== S.group).map((g) => el("option", { value: g.id, text: g.label, selected: S.other === g.id })));
   document.getElementById("controls").replaceChildren(
@@ -259,7 +264,7 @@ function renderList() {
       text: p.sameSeed ? `#${p.e.i}, = seed` : `#${p.e.i}, ≠ seed ${p.e.seed}` });
   };
   const rows = slice.map((e) => el("tr", {
-    class: "ep" + (S.selected === e.i ? " current" : ""), "data-i": e.i, onclick: () => openEpisode(e.i) },
+    class: "ep" + (S.selected === e.i ? " current" : ""), "data-i": e.i, onclick: () => shownErrors(openEpisode(e.i)) },
     el("td", { text: String(e.i) }), el("td", { class: "l", text: e.env || "" }), el("td", { text: String(e.seed) }),
     el("td", {}, el("span", { class: e.success ? "ok" : "bad", text: e.success ? "✓" : "✗" })),
     el("td", { text: fmt(e.total_reward, 2) }), el("td", { text: String(e.n_turns) }),
@@ -478,5 +483,6 @@ async function main() {
 }
 main().catch((err) => {
   document.body.dataset.ready = "error";
-  document.getElementById("episode-pane").replaceChildren(el("pre", { class: "note", text: String(err.stack || err) }));
+  document.getElementById("episode-pane").replaceChildren(el("pre", { class: "note error",
+    text: String(err.fromServer ? err.message : err.stack || err) }));
 });
