@@ -41,6 +41,7 @@ import math
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -102,9 +103,11 @@ def import_maniskill() -> Any:
     """The ``mani_skill`` package (after :func:`setup_vulkan`), or ImportError with the install hint."""
     setup_vulkan()
     try:
-        import mani_skill
-        import mani_skill.envs  # noqa: F401
-        import sapien  # noqa: F401
+        with warnings.catch_warnings():  # "Failed to find system libvulkan. Fallback to SAPIEN builtin libvulkan."
+            warnings.filterwarnings("ignore", message=".*libvulkan.*")
+            import sapien  # noqa: F401
+            import mani_skill
+            import mani_skill.envs  # noqa: F401
     except ImportError as exc:
         raise ImportError(f"{INSTALL_HINT} (import failed: {exc})") from exc
     return mani_skill
@@ -191,7 +194,7 @@ def tabletop_env_class() -> Any:
                 self.agent.reset(self.rest_qpos[None])
             for name, actor in {**self.cubes, **self.targets}.items():
                 x, y, z = self.layout.get(name, (0.0, 0.0, 0.0))
-                q = [1, 0, 0, 0] if name in self.cubes else euler2quat(0, np.pi / 2, 0)
+                q = [1.0, 0.0, 0.0, 0.0] if name in self.cubes else [float(v) for v in euler2quat(0, np.pi / 2, 0)]
                 z = z if name in self.cubes else 1e-3
                 actor.set_pose(Pose.create_from_pq(p=torch.tensor([[x, y, z]], dtype=torch.float32),
                                                    q=torch.tensor([q], dtype=torch.float32)))
@@ -471,10 +474,7 @@ class ManiSkillBackend:
 
     # -- execution -------------------------------------------------------------------------------
     def _act(self, q: np.ndarray) -> None:
-        import torch
-
-        action = np.concatenate([q[:7], [self.gripper]]).astype(np.float32)
-        self.env.step(torch.from_numpy(action)[None])
+        self.env.step(np.concatenate([q[:7], [self.gripper]]).astype(np.float32)[None])
 
     def _run(self, plan: list) -> None:
         for path, grip in plan:
@@ -598,31 +598,45 @@ class ManiSkillBackend:
 # python -m vagent.envs.primitive_skill.maniskill --check
 # ---------------------------------------------------------------------------------------------
 
-def _check() -> int:
-    from vagent.envs.primitive_skill.sim import Bounds as _B, Tolerances as _T
-    from vagent.envs.primitive_skill.tasks import get_task
+def vulkan_device() -> str:
+    """The name of the Vulkan device SAPIEN renders on (a RenderSystem is created), or RuntimeError
+    saying what is missing."""
+    import_maniskill()
+    import sapien
 
-    icd = setup_vulkan()
     try:
-        import_maniskill()
-    except ImportError as exc:
-        print(f"maniskill check: FAILED: {exc}", file=sys.stderr)
-        return 1
+        sapien.render.RenderSystem(sapien.Device("cpu"))
+    except RuntimeError as exc:
+        raise RuntimeError(
+            f"SAPIEN found no Vulkan device ({exc}); VK_ICD_FILENAMES={os.environ.get('VK_ICD_FILENAMES')}. "
+            "Run scripts/maniskill-env (Mesa 25's lavapipe into .cache/mesa; Debian 12's own Mesa 22 is refused) "
+            "or install a Vulkan driver.") from exc
+    summary = sapien.render.get_device_summary() if hasattr(sapien.render, "get_device_summary") else ""
+    first = next((line for line in summary.splitlines() if line.strip().startswith("GPU:")), "GPU: ?")
+    return first.split(":", 1)[1].strip()
+
+
+def unavailable_reason() -> str | None:
+    """Why ``backend="maniskill"`` cannot run here (ManiSkill missing, no Vulkan device), or None."""
+    try:
+        vulkan_device()
+    except (ImportError, RuntimeError) as exc:
+        return str(exc)
+    return None
+
+
+def _check() -> int:
     t0 = time.perf_counter()
-    try:
-        backend = ManiSkillBackend(get_task("stack"), _B(), _T())
-        backend.reset(0)
-        img = backend.render(128)
-    except Exception as exc:  # noqa: BLE001  (report any start failure with what to do)
-        print(f"maniskill check: FAILED to start a rendered ManiSkill scene: {type(exc).__name__}: {exc}\n"
-              f"VK_ICD_FILENAMES={icd}; run scripts/maniskill-env (it fetches Mesa's lavapipe into .cache/mesa).",
-              file=sys.stderr)
+    why = unavailable_reason()
+    if why is not None:
+        print(f"maniskill check: FAILED: {why}", file=sys.stderr)
         return 1
-    arr = np.asarray(img)
-    backend.close()
-    print(f"maniskill check: ok (stack scene built, reset and rendered {img.size[0]} px in "
-          f"{time.perf_counter() - t0:.1f} s; mean colour {arr.reshape(-1, 3).mean(0).round(1).tolist()}; "
-          f"Vulkan ICD {icd or 'system'})")
+    import mani_skill
+    import sapien
+
+    print(f"maniskill check: ok (mani_skill {mani_skill.__version__}, sapien {sapien.__version__}, Vulkan device "
+          f"{vulkan_device()!r} via {os.environ.get('VK_ICD_FILENAMES') or 'the system loader'}; "
+          f"{time.perf_counter() - t0:.1f} s)")
     return 0
 
 
