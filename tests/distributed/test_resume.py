@@ -73,3 +73,26 @@ def test_exported_policy_loads_with_the_sharded_weights(sft_ppo_two):
     sharded = {k[len("policy."):]: v for k, v in checkpoint_weights(ckpt).items() if k.startswith("policy.")}
     assert exported.keys() == sharded.keys()
     assert all(torch.equal(exported[k], sharded[k]) for k in sharded)
+
+
+def test_sharded_checkpoint_has_a_manifest_and_a_damaged_shard_is_skipped(sft_ppo_two, tmp_path):
+    """The manifest of a sharded checkpoint covers every rank's files (DCP shards, RNG states); a
+    flipped byte in one shard is named, and the resume's choice falls back to the intact checkpoint."""
+    import json
+
+    from vagent.runs.checkpoint import CheckpointError, load_checkpoint, select_checkpoint
+
+    ckpts = shutil.copytree(sft_ppo_two / "checkpoints", tmp_path / "checkpoints")
+    listed = json.loads((ckpts / "step_000002" / "manifest.json").read_text())["files"]
+    assert {"state.pt", "rng_rank0.pt", "rng_rank1.pt", "dcp/.metadata", "policy/config.json"} <= set(listed)
+    assert any(k.startswith("dcp/__1_") for k in listed), "rank 1's shard is listed"
+    assert not [p for p in ckpts.iterdir() if p.name.startswith(".tmp-")]
+    shard = sorted((ckpts / "step_000002" / "dcp").glob("__1_*.distcp"))[0]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
+    said: list[str] = []
+    assert select_checkpoint(ckpts, say=said.append).path.name == "step_000001"
+    assert f"({shard.relative_to(ckpts / 'step_000002').as_posix()} does not match" in said[0]
+    with pytest.raises(CheckpointError, match="intact checkpoints beside it: sft_000001, step_000001"):
+        load_checkpoint(ckpts / "step_000002", {"policy": torch.nn.Linear(2, 2)})

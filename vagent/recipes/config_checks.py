@@ -73,7 +73,8 @@ RANGES: dict[str, Range] = {
     "seed": Range(0, 2**63 - 1),
     "threads": Range(0, 4096),
     # model
-    "model.tiny_hidden": Range(32, 8192, multiple_of=8, why="4 heads of an even head size >= 8"),
+    "model.tiny_hidden": Range(32, 8192, multiple_of=8, why="tiny_heads heads of an even head size >= 8"),
+    "model.tiny_heads": Range(1, 128),
     "model.tiny_layers": Range(1, 128),
     "model.tiny_image_size": Range(28, 4096),
     "model.tiny_seed": Range(0, 2**32 - 1),
@@ -96,7 +97,7 @@ RANGES: dict[str, Range] = {
     "rollout.max_turns": Range(1, 10_000),
     "rollout.window": Range(1, 10_000),
     "rollout.max_new_tokens": Range(1, TOKENS),
-    "rollout.temperature": Range(0, 100, lo_open=True, why="log-probs are scored at it: 0 would divide by zero"),
+    "rollout.temperature": Range(0, 100, why="0 = greedy rollouts (log-probs scored at 1)"),
     "rollout.top_p": Range(0, 1, lo_open=True),
     "rollout.top_k": Range(0, TOKENS),
     "rollout.replicas": Range(0, 1024),

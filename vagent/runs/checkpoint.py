@@ -6,8 +6,20 @@ A checkpoint is a folder ``checkpoints/step_<step>`` (or ``sft_<step>`` during a
     <name>.pt    a state_dict per module (policy, critic, ...) - exact for resuming
     policy/      the policy saved with save_pretrained + its tokenizer files (for eval / inference)
 
-It is written to a hidden temporary folder and renamed into place, so a process killed while
-saving (SIGKILL included) leaves the previous checkpoints intact and never a half-written one.
+    manifest.json  every file's size and SHA-256, written last (vagent.runs.manifest)
+
+It is written to a hidden temporary folder ``.tmp-<name>-<pid>`` and renamed into place, so a
+process killed while saving (SIGKILL included) leaves the previous checkpoints intact and never a
+half-written one; the next save or resume deletes such a leftover folder once its writer is gone
+(:func:`vagent.runs.manifest.remove_stale_temporaries`). A save that runs out of disk space deletes
+its temporary folder and raises :class:`vagent.runs.errors.DiskFullError` (one line: the path and
+the free space).
+
+Loading checks the manifest first (every file's size and hash), then the state's schema; a
+damaged checkpoint raises :class:`CheckpointError` naming the file and the intact checkpoints
+beside it, and :func:`select_checkpoint` (what ``--resume`` uses) falls back to the newest intact
+one, saying which file failed. A checkpoint without a manifest (written by vagent before
+manifests) loads with a warning that it is unverified, after a CRC check of its ``.pt`` files.
 After a save, all but the newest ``keep_last`` checkpoints OF THAT PHASE are deleted, so the end of
 the SFT warm start (the policy RL started from) is never pruned by RL's checkpoints.
 
@@ -31,12 +43,18 @@ import os
 import random
 import re
 import shutil
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 import torch
+
+from vagent.runs.errors import TrainingError, disk_full_error, is_disk_full
+from vagent.runs.manifest import (
+    MANIFEST, WriterLock, check_zip_files, remove_stale_temporaries, verify_manifest, write_manifest,
+)
 
 PHASES = ("sft", "rl")
 _NAME = re.compile(r"^(sft|step)_(\d{6,})$")
@@ -58,6 +76,15 @@ def restore_rng(state: Mapping[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+class CheckpointError(TrainingError):
+    """A checkpoint cannot be loaded (damaged, truncated, another schema); the message names the
+    file and the intact checkpoints beside it."""
+
+
+#: the keys of ``state.pt`` (the schema ``load_checkpoint`` reads)
+STATE_KEYS = ("phase", "step", "data_position", "rng", "optimizers", "schedulers", "extra")
+
+
 @dataclass(frozen=True)
 class CheckpointInfo:
     path: Path
@@ -76,14 +103,15 @@ def _folder_name(phase: str, step: int) -> str:
 
 
 def list_checkpoints(ckpt_dir: str | Path) -> list[CheckpointInfo]:
-    """Complete checkpoints in ``ckpt_dir``, oldest first (temporary folders are ignored)."""
+    """Complete checkpoints in ``ckpt_dir``, oldest first (temporary folders are ignored; a
+    complete one has its manifest, or state.pt when written before manifests)."""
     d = Path(ckpt_dir)
     if not d.is_dir():
         return []
     out = []
     for p in d.iterdir():
         m = _NAME.match(p.name)
-        if m and (p / "state.pt").is_file():
+        if m and ((p / MANIFEST).is_file() or (p / "state.pt").is_file()):
             out.append(CheckpointInfo(p, "sft" if m.group(1) == "sft" else "rl", int(m.group(2))))
     return sorted(out, key=lambda c: c.order)
 
@@ -107,28 +135,59 @@ def save_checkpoint(
         return _save_sharded(Path(ckpt_dir), phase, step, modules, optimizers, schedulers, data_position,
                              extra, export, keep_last)
     d = Path(ckpt_dir)
-    d.mkdir(parents=True, exist_ok=True)
     final = d / _folder_name(phase, step)
     tmp = d / f".tmp-{final.name}-{os.getpid()}"
+    with _writing(tmp, final) as lock:
+        for name, module in modules.items():
+            _save(module.state_dict(), tmp / f"{name}.pt")
+        state = {
+            "phase": phase,
+            "step": int(step),
+            "data_position": data_position,
+            "rng": capture_rng(),
+            "optimizers": {k: o.state_dict() for k, o in optimizers.items()},
+            "schedulers": {k: s.state_dict() for k, s in schedulers.items()},
+            "extra": dict(extra or {}),
+        }
+        if export is not None:
+            export(tmp / "policy")
+        _save(state, tmp / "state.pt")
+        write_manifest(tmp)  # the commit point: last, after every file is on disk
+        lock.unlink()
+        _publish(tmp, final, d, phase, keep_last)
+    return final
+
+
+def _save(obj: Any, path: Path) -> None:
+    """torch.save through a Python file, so a full disk surfaces as OSError(ENOSPC) in the chain."""
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+
+
+@contextmanager
+def _writing(tmp: Path, final: Path) -> Iterator[WriterLock]:
+    """A fresh temporary folder ``tmp`` held by this process's writer lock; stale temporary folders
+    of dead writers are removed first. On any error ``tmp`` is deleted (earlier checkpoints stay
+    as they were) and a full disk becomes :class:`DiskFullError`."""
+    d = tmp.parent
+    d.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(d)
     if tmp.exists():
         shutil.rmtree(tmp)
-    tmp.mkdir()
-    for name, module in modules.items():
-        torch.save(module.state_dict(), tmp / f"{name}.pt")
-    state = {
-        "phase": phase,
-        "step": int(step),
-        "data_position": data_position,
-        "rng": capture_rng(),
-        "optimizers": {k: o.state_dict() for k, o in optimizers.items()},
-        "schedulers": {k: s.state_dict() for k, s in schedulers.items()},
-        "extra": dict(extra or {}),
-    }
-    if export is not None:
-        export(tmp / "policy")
-    torch.save(state, tmp / "state.pt")
-    _publish(tmp, final, d, phase, keep_last)
-    return final
+    lock = None
+    try:
+        tmp.mkdir()
+        lock = WriterLock(tmp)
+        yield lock
+    except BaseException as exc:
+        full = disk_full_error(final, exc, what="checkpoint") if is_disk_full(exc) else None
+        shutil.rmtree(tmp, ignore_errors=True)
+        if full is not None:
+            raise full from exc
+        raise
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 def _publish(tmp: Path, final: Path, d: Path, phase: str, keep_last: int) -> None:
@@ -164,7 +223,11 @@ def load_checkpoint(
     from vagent.distributed import world
 
     p = Path(path)
-    state = torch.load(p / "state.pt", weights_only=False, map_location="cpu")
+    if not world().distributed:  # a job's rank 0 checked it when it chose it (vagent.recipes.run)
+        problem = check_checkpoint(p)
+        if problem is not None:
+            raise CheckpointError(_damaged(p, problem))
+    state = _read_state(p)
     if (p / "dcp").is_dir():
         return _load_sharded(p, state, modules, optimizers, schedulers, restore_rng_state)
     if world().distributed:
@@ -174,17 +237,115 @@ def load_checkpoint(
         f = p / f"{name}.pt"
         if not f.is_file():
             raise FileNotFoundError(f"checkpoint {p} has no {name}.pt; it was written by a different recipe?")
-        module.load_state_dict(torch.load(f, map_location="cpu", weights_only=True))
+        _load_into(f, lambda: module.load_state_dict(torch.load(f, map_location="cpu", weights_only=True)))
     for name, opt in optimizers.items():
         if name not in state["optimizers"]:
             raise KeyError(f"checkpoint {p} has no optimizer '{name}' (has {list(state['optimizers'])}).")
-        opt.load_state_dict(state["optimizers"][name])
+        _load_into(p / "state.pt", lambda: opt.load_state_dict(state["optimizers"][name]))
     for name, sched in schedulers.items():
         if name in state["schedulers"]:
             sched.load_state_dict(state["schedulers"][name])
     if restore_rng_state:
-        restore_rng(state["rng"])
+        _load_into(p / "state.pt", lambda: restore_rng(state["rng"]))
     return state
+
+
+def _load_into(f: Path, load: Callable[[], Any]) -> None:
+    """``load()``; an unreadable or mismatched file becomes a CheckpointError naming ``f``."""
+    try:
+        load()
+    except (RuntimeError, ValueError, KeyError, TypeError, EOFError, OSError, AttributeError,
+            IndexError) as exc:
+        raise CheckpointError(_damaged(f.parent, f"{f.name} cannot be loaded ({_first_line(exc)})")) from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+def _read_state(p: Path) -> dict:
+    """``state.pt`` with the schema :data:`STATE_KEYS`; else a CheckpointError naming the file."""
+    state, problem = _state_or_problem(p)
+    if problem is not None:
+        raise CheckpointError(_damaged(p, problem))
+    return state
+
+
+def _state_or_problem(p: Path) -> tuple[Any, str | None]:
+    try:
+        state = torch.load(p / "state.pt", weights_only=False, map_location="cpu")
+    except Exception as exc:  # truncated, empty, not a torch file: whatever torch raises
+        return None, f"state.pt cannot be read ({_first_line(exc)})"
+    missing = [k for k in STATE_KEYS if k not in state] if isinstance(state, dict) else list(STATE_KEYS)
+    if missing or not isinstance(state.get("optimizers"), dict) or not isinstance(state.get("schedulers"), dict):
+        return None, (f"state.pt is not a vagent checkpoint state (missing {missing or 'dicts'}; expected the keys "
+                      f"{list(STATE_KEYS)})")
+    return state, None
+
+
+# ----------------------------------------------------------------------------------------------
+# integrity: which checkpoints can be trusted, and the newest of them
+# ----------------------------------------------------------------------------------------------
+
+_VERIFIED: dict[tuple[str, int, int], None] = {}  # manifests verified by this process (a resume verifies once)
+
+
+def check_checkpoint(path: str | Path) -> str | None:
+    """None if checkpoint folder ``path`` is intact; else what is wrong, naming the file. With a
+    manifest: every file's size and SHA-256; without (an older vagent's): each .pt file's CRC-32
+    and state.pt's schema."""
+    p = Path(path)
+    m = p / MANIFEST
+    if m.is_file():
+        st = m.stat()
+        key = (str(p.resolve()), st.st_mtime_ns, st.st_size)
+        if key in _VERIFIED:
+            return None
+        problem = verify_manifest(p)
+        if problem is None:
+            _VERIFIED[key] = None
+        return problem
+    return check_zip_files(p) or _state_or_problem(p)[1]
+
+
+def _damaged(p: Path, problem: str) -> str:
+    intact = [c.path.name for c in list_checkpoints(p.parent) if c.path != p and check_checkpoint(c.path) is None]
+    beside = (f"intact checkpoints beside it: {', '.join(intact)} (vagent train --resume falls back to the newest)"
+              if intact else "no intact checkpoint beside it (delete the damaged folder to start the run over)")
+    return f"checkpoint {p} is damaged: {problem}; {beside}."
+
+
+def is_verified(path: str | Path) -> bool:
+    """Whether checkpoint ``path`` has a manifest (older checkpoints load unverified)."""
+    return (Path(path) / MANIFEST).is_file()
+
+
+def select_checkpoint(ckpt_dir: str | Path, phase: str | None = None,
+                      say: Callable[[str], None] = print) -> CheckpointInfo | None:
+    """The newest intact checkpoint (of ``phase``, or any) in ``ckpt_dir``, None if there is none.
+
+    A damaged newer one is reported through ``say`` (which file, what is wrong) and skipped: the run
+    resumes from the newest intact one and writes the later steps again. If every checkpoint is
+    damaged, :class:`CheckpointError` lists them (never a silent start from scratch)."""
+    found = [c for c in list_checkpoints(ckpt_dir) if phase is None or c.phase == phase]
+    damaged: list[str] = []
+    for c in reversed(found):
+        problem = check_checkpoint(c.path)
+        if problem is not None:
+            damaged.append(f"{c.path.name}: {problem}")
+            say(f"warning: checkpoint {c.path} is damaged ({problem}); it is skipped")
+            continue
+        if damaged:
+            say(f"warning: resuming from {c.path.name}, the newest intact checkpoint; the steps after it run again")
+        if not is_verified(c.path):
+            say(f"warning: checkpoint {c.path} has no manifest (written by an older vagent): resuming from it "
+                "unverified (its .pt files pass their CRC check)")
+        return c
+    if damaged:
+        raise CheckpointError(f"no intact checkpoint in {ckpt_dir}: " + "; ".join(damaged) + ". Restore the folder "
+                              "from a copy, or delete the damaged checkpoints to start the run over.")
+    return None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -227,26 +388,24 @@ def _save_sharded(d: Path, phase: str, step: int, modules: Mapping[str, torch.nn
     w = world()
     final = d / _folder_name(phase, step)
     tmp = d / f".tmp-{final.name}-dcp"
-    if w.is_main:
-        d.mkdir(parents=True, exist_ok=True)
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir()
-    barrier("checkpoint folder made")
-    state_dicts = _sharded_state(modules, optimizers)
-    collective("checkpoint save (dcp)", lambda: dcp.save(state_dicts, checkpoint_id=tmp / "dcp"))
-    torch.save(capture_rng(), tmp / f"rng_rank{w.rank}.pt")
-    if export is not None:
-        export(tmp / "policy")  # gathers the full policy on every rank; rank 0 writes it
-    barrier("checkpoint shards written")
-    if w.is_main:
-        state = {
-            "phase": phase, "step": int(step), "data_position": data_position, "rng": capture_rng(),
-            "optimizers": {}, "schedulers": {k: s.state_dict() for k, s in schedulers.items()},
-            "extra": dict(extra or {}), "world_size": w.size, "format": "dcp",
-        }
-        torch.save(state, tmp / "state.pt")
-        _publish(tmp, final, d, phase, keep_last)
+    with _writing(tmp, final) if w.is_main else nullcontext() as lock:  # rank 0 holds the folder's lock
+        barrier("checkpoint folder made")
+        state_dicts = _sharded_state(modules, optimizers)
+        collective("checkpoint save (dcp)", lambda: dcp.save(state_dicts, checkpoint_id=tmp / "dcp"))
+        _save(capture_rng(), tmp / f"rng_rank{w.rank}.pt")
+        if export is not None:
+            export(tmp / "policy")  # gathers the full policy on every rank; rank 0 writes it
+        barrier("checkpoint shards written")
+        if w.is_main:
+            state = {
+                "phase": phase, "step": int(step), "data_position": data_position, "rng": capture_rng(),
+                "optimizers": {}, "schedulers": {k: s.state_dict() for k, s in schedulers.items()},
+                "extra": dict(extra or {}), "world_size": w.size, "format": "dcp",
+            }
+            _save(state, tmp / "state.pt")
+            write_manifest(tmp)  # every rank's files: the commit point
+            lock.unlink()
+            _publish(tmp, final, d, phase, keep_last)
     barrier("checkpoint in place")
     return final
 
@@ -272,5 +431,6 @@ def _load_sharded(p: Path, state: dict, modules: Mapping[str, torch.nn.Module],
             s.load_state_dict(state["schedulers"][k])
     if restore_rng_state:
         rank_file = p / f"rng_rank{world().rank}.pt"
-        restore_rng(torch.load(rank_file if rank_file.is_file() else p / "rng_rank0.pt", weights_only=False))
+        rng_file = rank_file if rank_file.is_file() else p / "rng_rank0.pt"
+        _load_into(rng_file, lambda: restore_rng(torch.load(rng_file, weights_only=False)))
     return state

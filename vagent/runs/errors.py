@@ -6,11 +6,16 @@
 - :func:`oom_message`: out of memory (``torch.OutOfMemoryError`` or a RuntimeError mentioning
   "out of memory"), with the knobs that reduce memory.
 - :class:`ModelError`: a missing or incompatible model directory.
+- :class:`DiskFullError`: out of disk space (``ENOSPC`` / ``EDQUOT`` anywhere in an exception's
+  chain, as torch.save and safetensors wrap it): one line naming the path and the free space.
 """
 
 from __future__ import annotations
 
+import errno
 import math
+import shutil
+from pathlib import Path
 from typing import Any, Mapping
 
 
@@ -87,3 +92,77 @@ def oom_message(where: str, cfg: Any) -> str:
         "rollout.window (keep only the last turns in the context)",
     ]
     return f"Out of memory during {where}. Reduce memory with one of:\n  - " + "\n  - ".join(tips)
+
+
+class DiskFullError(TrainingError):
+    """Out of disk space; the message names the path, the free space and how to go on."""
+
+    def __init__(self, path: str | Path, what: str = "", resume: str | Path | None = None, free: str | None = None):
+        self.path, self.what, self.free = str(path), what, free or free_space(path)
+        then = (f"free some space there, then continue with: vagent train --resume {resume}" if resume
+                else "free some space there and run again")
+        super().__init__(f"out of disk space writing {what + ' ' if what else ''}{self.path} ({self.free}); "
+                         f"earlier checkpoints are intact; {then}.")
+
+    def resumable(self, resume: str | Path) -> "DiskFullError":
+        """The same error, telling to resume run directory ``resume`` once space is freed."""
+        return DiskFullError(self.path, self.what, resume, self.free)
+
+
+_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_FULL_TEXTS = ("no space left on device", "disk quota exceeded")
+
+
+def is_disk_full(exc: BaseException | None) -> bool:
+    """Whether ``exc`` or an exception in its chain (``__cause__`` / ``__context__``) is a full
+    disk: torch.save raises a RuntimeError whose context is the OSError, safetensors its own error
+    with the OS message in its text."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, DiskFullError):
+            return True
+        if isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS:
+            return True
+        if any(t in str(exc).lower() for t in _FULL_TEXTS):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def free_space(path: str | Path) -> str:
+    """The free space of the filesystem holding ``path`` (its nearest existing parent), in words."""
+    p = Path(path)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        return f"{_human(shutil.disk_usage(p).free)} free"
+    except OSError:
+        return "free space unknown"
+
+
+def _failed_path(exc: BaseException | None) -> str | None:
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.filename:
+            return str(exc.filename)
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def disk_full_error(where: str | Path, exc: BaseException | None = None, resume: str | Path | None = None,
+                    what: str = "") -> DiskFullError:
+    """The :class:`DiskFullError` for ``exc`` while writing under ``where`` (the file named in
+    ``exc`` when it names one); ``resume`` is the run directory to resume once space is freed."""
+    if isinstance(exc, DiskFullError):
+        return exc.resumable(resume) if resume else exc
+    return DiskFullError(_failed_path(exc) or where, what, resume)

@@ -55,6 +55,14 @@ def read_metrics(path: str | Path) -> list[dict]:
     return out
 
 
+def _parse_line(line: bytes) -> dict | None:
+    try:
+        record = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None  # a line cut by SIGKILL or a full disk
+    return record if isinstance(record, dict) else None
+
+
 class MetricsLogger:
     """Appends records to ``metrics.jsonl`` and mirrors them to TensorBoard / W&B."""
 
@@ -104,14 +112,28 @@ class MetricsLogger:
         A record is kept when its phase comes before ``phase`` or it is the same phase with a
         step up to ``step``: a checkpoint of step k is written after every record labelled k
         (the k-th update's metrics and the validation after it), and the resumed run logs k + 1 next.
+        A torn last line (a process killed, or a disk that filled, mid-write) is dropped too. When
+        the kept records are the file's first lines (the usual case) the file is cut in place,
+        which needs no free disk space; otherwise it is rewritten.
         """
         order = {p: i for i, p in enumerate(phase_order)}
-        records = read_metrics(self.path)
-        kept = [r for r in records if (order.get(r.get("phase"), 0), r.get("step", 0)) <= (order[phase], step)]
+        limit = (order[phase], step)
+        data = self.path.read_bytes() if self.path.is_file() else b""
+        lines = data.splitlines(keepends=True)
+        records = [_parse_line(line) for line in lines]
+        keep = [r is not None and line.endswith(b"\n") and (order.get(r.get("phase"), 0), r.get("step", 0)) <= limit
+                for r, line in zip(records, lines)]
+        dropped = sum(1 for r, k in zip(records, keep) if r is not None and not k)
+        cut = keep.index(False) if False in keep else len(keep)
+        if not any(keep[cut:]):  # everything kept comes first: cut the file there
+            end = sum(len(line) for line in lines[:cut])
+            if end < len(data):
+                os.truncate(self.path, end)
+            return dropped
         tmp = self.path.with_suffix(".jsonl.tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        tmp.write_bytes(b"".join(line for line, k in zip(lines, keep) if k))
         os.replace(tmp, self.path)
-        return len(records) - len(kept)
+        return dropped
 
     def close(self) -> None:
         if self._tb is not None:

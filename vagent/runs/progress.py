@@ -15,6 +15,7 @@ import math
 import sys
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
@@ -44,8 +45,14 @@ class Console:
     def log(self, text: str) -> None:
         """Write ``text`` to ``train.log`` only (kept until :meth:`attach` while there is none)."""
         if self.log_path is not None:
-            with open(self.log_path, "a") as f:
-                f.write(text + "\n")
+            try:
+                with open(self.log_path, "a") as f:
+                    f.write(text + "\n")
+            except OSError as exc:  # a full disk: the error that follows says so; the console still shows it
+                from vagent.runs.errors import is_disk_full
+
+                if not is_disk_full(exc):
+                    raise
         elif self.buffer:
             self.pending.append(text)
 
@@ -57,18 +64,47 @@ class Console:
             self.log(text)
 
 
-def config_summary(cfg: Any, default: Any, config_path: str | Path, width: int = 110, max_lines: int = 4) -> list[str]:
+@dataclass(frozen=True)
+class ConfigSource:
+    """Where a run's config came from: ``vagent train --config FILE key=value ...``."""
+
+    #: the YAML file (None: the default preset)
+    file: str | None = None
+    overrides: tuple[str, ...] = ()
+
+    def keys(self) -> list[str]:
+        """The dotted keys the file and the overrides set (``envs.0.config.size``), in order."""
+        import yaml
+
+        from vagent.recipes.config import parse_override
+
+        keys = list(_flatten(yaml.safe_load(Path(self.file).read_text()) or {})) if self.file else []
+        keys += [".".join(parse_override(o)[0]) for o in self.overrides]
+        return list(dict.fromkeys(keys))
+
+
+def config_summary(cfg: Any, default: Any, config_path: str | Path, width: int = 110, max_lines: int = 4,
+                   source: ConfigSource | None = None) -> list[str]:
     """A few lines instead of the whole resolved config: where it is written and the keys where
-    ``cfg`` differs from ``default`` (the default preset; ``key=value``, dotted as in overrides)."""
+    ``cfg`` differs from ``default`` (the default preset; ``key=value``, dotted as in overrides).
+    With a config file (``source.file``), the keys the file and the overrides set, with their
+    values: the fields it left to their defaults are not its changes."""
     from vagent.config import to_dict
 
     now, default = _flatten(to_dict(cfg)), _flatten(to_dict(default))
-    changed = [f"{k}={_short(v)}" for k, v in now.items() if k not in default or default[k] != v]
-    changed += [f"{k}=(unset)" for k in default if k not in now]
     head = f"config: {config_path} (resolved; {cfg.recipe}, seed {cfg.seed}, model {cfg.model.path})"
+    if source is not None and source.file:
+        given = source.keys()
+        changed = [f"{k}={_short(v)}" for k, v in now.items() if any(k == g or k.startswith(g + ".") for g in given)]
+        by = source.file + (f" and {len(source.overrides)} override(s)" if source.overrides else "")
+        title = f"  {len(changed)} set by {by}:"
+    else:
+        changed = [f"{k}={_short(v)}" for k, v in now.items() if k not in default or default[k] != v]
+        changed += [f"{k}=(unset)" for k in default if k not in now]
+        title = f"  {len(changed)} changed from the default preset:"
     if not changed:
-        return [head, "  the default preset, unchanged"]
-    lines, line = [head], f"  {len(changed)} changed from the default preset:"
+        return [head, title.rstrip(":") if source is not None and source.file else "  the default preset, unchanged"]
+    lines, line = [head], title
     for i, item in enumerate(changed):
         if len(line) + len(item) + 1 > width:
             if len(lines) == max_lines:
@@ -100,14 +136,20 @@ def _short(v: Any, limit: int = 40) -> str:
 
 
 def startup_arithmetic(cfg: Any, run_root: str | Path, n_params: int | None = None,
-                       n_trainable: int | None = None) -> list[str]:
-    """The numbers a reader checks before waiting (STYLE practice 5)."""
+                       n_trainable: int | None = None, ranks: int = 1, nodes: int = 1) -> list[str]:
+    """The numbers a reader checks before waiting (STYLE practice 5); ``ranks``: the processes of
+    the job (``nodes`` hosts), and a warning when PPO's critic warm-up leaves the actor untrained."""
     r = cfg.rollout
     envs = sum(e.n_train for e in cfg.envs)
     episodes = envs * r.group_size
     samples = episodes * (r.max_turns if r.mode == "no_concat" else 1)
     max_sampled = episodes * r.max_turns * r.max_new_tokens
     lines = [f"run directory: {run_root}"]
+    if ranks > 1:
+        where = f"{nodes} nodes x {ranks // nodes}" if nodes > 1 else "1 node"
+        lines.append(f"ranks: {ranks} ({where}, torchrun); rank 0 writes the run directory")
+    else:
+        lines.append("ranks: 1 (one process)")
     if n_params is not None:
         lines.append(f"model: {cfg.model.path} ({n_params / 1e6:.2f}M params, {(n_trainable or n_params) / 1e6:.2f}M trainable)")
     if cfg.sft.steps:
@@ -124,6 +166,14 @@ def startup_arithmetic(cfg: Any, run_root: str | Path, n_params: int | None = No
             f"validation: every {cfg.val.every} steps on "
             + ", ".join(f"{e.n_val} {e.name}" for e in cfg.envs) + " val-split episodes (greedy)",
         ]
+    warmup = cfg.ppo.critic_warmup_steps if cfg.recipe == "ppo" else 0
+    if warmup and cfg.steps <= warmup:
+        lines.append(f"warning: ppo.critic_warmup_steps={warmup} >= steps={cfg.steps}: the actor (the policy) is "
+                     "not updated in any step of this run, only the critic. Set steps above "
+                     f"{warmup}, or ppo.critic_warmup_steps below {cfg.steps}.")
+    elif warmup:
+        span = f"steps 1-{warmup} train" if warmup > 1 else "step 1 trains"
+        lines.append(f"critic warm-up: RL {span} the critic only; the actor updates from step {warmup + 1} on")
     return lines
 
 
@@ -148,14 +198,18 @@ class StepProgress:
 
     ``console``: a :class:`Console` (a rich bar on a terminal when ``enabled``; plain lines
     otherwise; plain lines in ``train.log`` always) or any ``say(text)`` callable (plain lines).
-    Plain lines come at most every ``every`` steps (default: total / 20) or ``interval_s``
-    seconds, whichever is first, and at the last step. Steps are counted as done: ``update(k)``
+    Plain lines come every ``every`` steps (default: total / :attr:`LINES`, so about 10 lines a
+    phase), at the last step, and after ``interval_s`` (5 min) without one, so that a log shows a
+    slow phase is alive without a line per step. Steps are counted as done: ``update(k)``
     after the k-th step of the phase (1..total); ``start`` steps were done before (a resume)."""
 
+    #: plain lines per phase (when ``every`` is not given)
+    LINES = 10
+
     def __init__(self, total: int, description: str, console: Console | Callable[[str], None],
-                 enabled: bool = True, start: int = 0, every: int | None = None, interval_s: float = 30.0):
+                 enabled: bool = True, start: int = 0, every: int | None = None, interval_s: float = 300.0):
         self.total, self.description, self.console = total, description, console
-        self.every = every or max(1, math.ceil(total / 20))
+        self.every = every or max(1, math.ceil(total / self.LINES))
         self.interval_s = interval_s
         self.start_time = self._last_time = time.time()
         self.done = self.first = self._last_line = start
