@@ -28,8 +28,8 @@ from typing import Any, Callable, Mapping
 
 from vagent.runs.tokens import read_token_rows
 
-#: token dumps bigger than this are not read (``--max-token-mb``): a 200 MB dump takes ~16 s and
-#: ~1.6 GB to parse, for one episode's rows
+#: token dumps bigger than this are not read (``--max-token-mb``): a 200 MB dump takes 23 s and
+#: 0.8 GB to parse, for one episode's rows (bench/viewer.py, docs/results.md)
 MAX_TOKEN_MB = 64.0
 
 
@@ -449,7 +449,8 @@ class RunSource:
             return None
         return (f"the token dump {path.name} is {mb:.0f} MB, more than this viewer reads "
                 f"({self.max_token_mb:g} MB); run vagent view with --max-token-mb {math.ceil(mb)} to read it "
-                "(it takes about 8x its size in memory), or lower log.rollouts_n in the run")
+                "(it takes several times its size in memory and seconds per 10 MB), or lower log.rollouts_n in "
+                "the run")
 
     def _token_status(self, step: int) -> str:
         """yes / no / the size cap's note, without reading a whole dump (a stub is a few hundred bytes)."""
