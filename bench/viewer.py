@@ -39,8 +39,8 @@ def write_run(root: Path, mb: float) -> float:
     rng = random.Random(0)
     rollouts = root / "rollouts"
     rollouts.mkdir(parents=True)
-    turn = {"index": 0, "observation": "obs", "frames": [], "reply": "<answer>Up</answer>", "parsed": {"actions": ["Up"]},
-            "format_ok": True, "reward": 0.0, "env_reward": 0.0}
+    turn = {"index": 0, "observation": "obs", "frames": [], "reply": "<answer>Up</answer>",
+            "parsed": {"actions": ["Up"]}, "format_ok": True, "reward": 0.0, "env_reward": 0.0}
     rec = {"env_name": "frozenlake", "seed": 0, "success": False, "total_reward": 0.0, "turns": [turn]}
     (rollouts / "step_000001.jsonl").write_text("".join(json.dumps({**rec, "seed": s}) + "\n" for s in range(8)))
     L = 8192
@@ -84,7 +84,8 @@ def main() -> None:
           f"tokens shown: {capped['tokens']}")
     print(f"  read   (--max-token-mb {size + 1:.0f}):          {read['s']:.2f} s, peak RSS {read['rss_mb']:.0f} MB, "
           f"tokens shown: {read['tokens']}")
-    print(f"  read / capped: {read['s'] / capped['s']:.0f}x the time, {read['rss_mb'] / capped['rss_mb']:.1f}x the memory")
+    ratio_s, ratio_mb = read["s"] / capped["s"], read["rss_mb"] / capped["rss_mb"]
+    print(f"  read / capped: {ratio_s:.0f}x the time, {ratio_mb:.1f}x the memory")
 
 
 if __name__ == "__main__":

@@ -35,7 +35,8 @@ TOKENS = {"schema": 1, "step": 1, "image_token_id": None, "pad_token_id": 0, "eo
           "pieces": {"65": "A", "66": "B", "67": "C"}, "fields": ["advantages"], "rows": [ROW]}
 
 
-def write_run(root: Path, records: list | None = None, tokens: dict | None = None, metrics: list[str] | None = None) -> Path:
+def write_run(root: Path, records: list | None = None, tokens: dict | None = None,
+              metrics: list[str] | None = None) -> Path:
     """A small run directory: rollouts/step_000001.jsonl (+ .tokens.json) and metrics.jsonl, written
     as given (records and metrics lines may be raw strings, to be malformed)."""
     (root / "rollouts").mkdir(parents=True)

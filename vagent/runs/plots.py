@@ -2,8 +2,8 @@
 
 ``plots/curves.png`` holds one panel per key metric (those of :data:`PANELS` present in the
 file; first the metrics docs/training.md "Reading the curves" tells users to read, in its order;
-each panel's y axis names its metric); ``plots/val.png`` the validation success rate per env (one line per env, plus the mean
-over all validation episodes when there are several envs). Steps follow the run's convention
+each panel's y axis names its metric); ``plots/val.png`` the validation success rate per env
+(one line per env, plus the mean over all validation episodes when there are several envs). Steps follow the run's convention
 (docs/metrics.md, "Steps"): training curves run 1..N (after k updates), validation 0..N (0 = the
 policy after SFT, before RL); the SFT phase gets its own panel (``sft/loss``) against SFT steps.
 Rates (success, format accuracy) are drawn on a fixed 0-1 axis, so a drop of 0.02 looks like

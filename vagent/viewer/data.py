@@ -104,7 +104,8 @@ def _check_types(obj: Mapping[str, Any], types: Mapping[str, tuple], where: str,
     for key, ok in types.items():
         if key in obj and not isinstance(obj[key], ok):
             names = " or ".join("null" if t is _NONE else t.__name__ for t in ok)
-            raise BadFile(f"{where}: {key!r} is {json.dumps(obj[key])[:60]} ({type(obj[key]).__name__}), expected {names}")
+            found = f"{json.dumps(obj[key])[:60]} ({type(obj[key]).__name__})"
+            raise BadFile(f"{where}: {key!r} is {found}, expected {names}")
 
 
 def _check_list(items: Any, ok: tuple, where: str) -> None:
@@ -124,7 +125,8 @@ def check_record(rec: Mapping[str, Any], where: str, kind: str = "run") -> None:
     _check_list(rec.get("turns"), (dict,), f"{where}: turns")
     for k, t in enumerate(rec["turns"]):
         at = f"{where}: turns[{k}]"
-        _check_types(t, {**TURN_TYPES, "observation": (dict, _NONE) if kind == "eval" else _STR}, at, required=("index",))
+        observation = (dict, _NONE) if kind == "eval" else _STR
+        _check_types(t, {**TURN_TYPES, "observation": observation}, at, required=("index",))
         _check_types(t.get("parsed") or {}, PARSED_TYPES, f"{at}.parsed")
         _check_list((t.get("parsed") or {}).get("actions") or [], (str,), f"{at}.parsed.actions")
         _check_list(t.get("frames") or [], (str,), f"{at}.frames")
@@ -675,5 +677,5 @@ def _safe_file(root: Path, rel: str) -> Path:
     return path
 
 
-__all__ = ["ViewerError", "BadFile", "RunSource", "EvalSource", "open_source", "split_row", "attach_tokens", "turn_view", "check_record",
-           "check_token_doc", "env_legend", "MAX_TOKEN_MB"]
+__all__ = ["ViewerError", "BadFile", "RunSource", "EvalSource", "open_source", "split_row", "attach_tokens", "turn_view",
+           "check_record", "check_token_doc", "env_legend", "MAX_TOKEN_MB"]

@@ -366,7 +366,8 @@ class _DeadlineBackend:
         return _DeadlineStream(self._backend.connect_tcp(host, port, timeout, local_address, socket_options),
                                self._core)
 
-    def connect_unix_socket(self, path: str, timeout: float | None = None, socket_options: Any = None) -> _DeadlineStream:
+    def connect_unix_socket(self, path: str, timeout: float | None = None,
+                            socket_options: Any = None) -> _DeadlineStream:
         timeout = _time_left(timeout, self._core.ConnectTimeout)
         return _DeadlineStream(self._backend.connect_unix_socket(path, timeout, socket_options), self._core)
 
