@@ -11,7 +11,15 @@ Each figure is the median over episodes of the per-episode median of ``--repeats
 Baseline in the same run: FrozenLakeEnv ``step`` with ``render="vision"`` (96 px PIL tiles); the
 ratio is primitive_skill's vision step time / FrozenLake's.
 
+``--maniskill``: the ManiSkill backend (scripts/maniskill-env; run with .venv-maniskill/bin/python)
+against the kinematic one on align, place and stack: over ``--seeds`` episodes each plays the
+kinematic oracle's plan one skill a turn, with ``render="text"`` (steps/s) and ``render="vision"``
+(image-steps/s: the step and its 128 px camera frame); reset times; ManiSkill's control steps per
+skill and per second; the one-off cost of the first env (build and the first render, which compiles
+lavapipe's pipelines). Figures are medians over all turns.
+
 Run:  PYTHONPATH=. python bench/primitive_skill.py [--seeds 20] [--repeats 5]
+      PYTHONPATH=. .venv-maniskill/bin/python bench/primitive_skill.py --maniskill [--seeds 3]
 """
 
 from __future__ import annotations
@@ -79,11 +87,70 @@ def bench_frozenlake(seeds: int, repeats: int) -> float:
     return statistics.median(per)
 
 
+def _play_timed(env, seed: int, plan: list[str]) -> tuple[float, list[float]]:
+    """(reset seconds, seconds of each one-skill step) playing ``plan`` from reset(seed)."""
+    t = time.perf_counter()
+    env.reset(seed)
+    reset_s, steps = time.perf_counter() - t, []
+    for action in plan:
+        t = time.perf_counter()
+        res = env.step(_reply(action))
+        steps.append(time.perf_counter() - t)
+        assert res.info["action_is_valid"], res.obs.text.splitlines()[0]
+        if res.terminated:
+            break
+    assert res.info["success"], (env.config.task, seed)
+    return reset_s, steps
+
+
+def bench_maniskill(seeds: int) -> None:
+    import platform
+
+    t = time.perf_counter()
+    first = make("primitive_skill", task="stack", backend="maniskill", render="vision", format="no_think")
+    first.reset(0)
+    print(f"first ManiSkill env in this process (build, reset, first 128 px render): {time.perf_counter() - t:.1f} s "
+          f"({platform.processor() or platform.machine()})")
+    first.close()
+    for task in ("align", "place", "stack"):
+        row: dict[str, float] = {}
+        for backend in ("kinematic", "maniskill"):
+            for render in ("text", "vision"):
+                env = make("primitive_skill", task=task, backend=backend, render=render, format="no_think",
+                           max_actions_per_turn=1)
+                plan_env = make("primitive_skill", task=task, format="no_think")
+                resets, steps = [], []
+                sim0 = getattr(env._backend, "sim_steps", 0)
+                for s in range(seeds):
+                    plan_env.reset(s)
+                    r, st = _play_timed(env, s, plan_env.optimal_actions())
+                    resets.append(r)
+                    steps += st
+                if backend == "maniskill" and render == "text":
+                    sim = env._backend.sim_steps - sim0
+                    row["sim_per_skill"] = sim / len(steps)
+                    row["sim_per_s"] = sim / sum(steps)
+                row[f"{backend}_{render}_sps"] = 1.0 / statistics.median(steps)
+                row[f"{backend}_{render}_reset_ms"] = statistics.median(resets) * 1e3
+                env.close()
+        print(f"{task:6s} steps/s (one skill, text): kinematic {row['kinematic_text_sps']:.0f}, maniskill "
+              f"{row['maniskill_text_sps']:.2f} ({row['kinematic_text_sps'] / row['maniskill_text_sps']:.0f}x) | "
+              f"image-steps/s (128 px): kinematic {row['kinematic_vision_sps']:.0f}, maniskill "
+              f"{row['maniskill_vision_sps']:.2f} ({row['kinematic_vision_sps'] / row['maniskill_vision_sps']:.0f}x) | "
+              f"reset ms (vision): kinematic {row['kinematic_vision_reset_ms']:.2f}, maniskill "
+              f"{row['maniskill_vision_reset_ms']:.0f} | ManiSkill control steps: {row['sim_per_skill']:.0f} per "
+              f"skill, {row['sim_per_s']:.0f}/s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--maniskill", action="store_true", help="ManiSkill vs kinematic backend (align, place, stack)")
     args = ap.parse_args()
+    if args.maniskill:
+        bench_maniskill(args.seeds)
+        return
     base = bench_frozenlake(args.seeds, args.repeats)
     print(f"baseline frozenlake step (vision 96 px): {base:.3f} ms")
     for task in ("align", "place", "stack", "drawer"):

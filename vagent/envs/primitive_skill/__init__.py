@@ -1,6 +1,6 @@
 """PrimitiveSkill (VAGEN's robot-manipulation env): the env (``env.py``), our kinematic tabletop
 simulator (``sim.py``), the four tasks with their oracle (``tasks.py``), the top-down renderer
-(``render.py``) and the optional ManiSkill backend (``maniskill.py``, never imported here)."""
+(``render.py``) and the ManiSkill 3 backend (``maniskill.py``, never imported here)."""
 
 from vagent.envs.primitive_skill.env import (
     ACTIONS, REWARD_PRESETS, KinematicBackend, ParsedSkills, PrimitiveSkillConfig, PrimitiveSkillEnv,

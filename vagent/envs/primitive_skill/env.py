@@ -37,8 +37,9 @@ Arguments:
     the paper's best for manipulation).
 
 Version:
-    v1. Our own deterministic kinematic simulator instead of ManiSkill (which needs a GPU with
-    Vulkan; ``backend="maniskill"`` is an optional, unverified interface in ``maniskill.py``).
+    v1. Our own deterministic kinematic simulator by default; ``backend="maniskill"`` runs the
+    offline tasks on ManiSkill 3 (PhysX and a camera image on the CPU, ``maniskill.py``; setup:
+    scripts/maniskill-env).
     Deviations from VAGEN: out-of-reach coordinates fail instead of being clipped; cumulative
     stage flags and a drawer that starts closed (tasks.py); rewards paid per turn. Info keys:
     docs/envs_primitive_skill.md.
@@ -96,7 +97,7 @@ class PrimitiveSkillConfig(EnvConfig):
     max_actions_per_turn: int = 2
     #: the task: align, place, stack or drawer (VAGEN's AlignTwoCube, PlaceTwoCube, StackThreeCube, PutAppleInDrawer)
     task: str = "align"
-    #: simulator: "kinematic" (ours, CPU, deterministic) or "maniskill" (needs mani_skill and a GPU with Vulkan)
+    #: simulator: "kinematic" (ours, deterministic) or "maniskill" (ManiSkill 3 physics and camera; scripts/maniskill-env)
     backend: str = "kinematic"
     #: drawer task: the drawer must be closed again at the end (VAGEN's PutAppleInDrawer success)
     drawer_close: bool = False
@@ -321,7 +322,7 @@ class PrimitiveSkillEnv:
     action_sep = ACTION_SEP
     #: upper bounds checked by make() and the env server (vagent/envs/limits.py; docs/envs.md)
     config_bounds = {"image_size": (16, 512), **{f"{k}_tolerance": (0, 1000) for k in ("grasp", "push", "stack", "place_z", "align")}}
-    #: only the operator of an env server sets this (the maniskill backend starts a GPU simulator)
+    #: only the operator of an env server sets this (the maniskill backend starts a physics simulator and renderer)
     server_only = ("backend",)
 
     def __init__(self, config: PrimitiveSkillConfig | None = None) -> None:

@@ -71,7 +71,7 @@ TRAVEL_M = 0.19
 GRIPPER_OPEN, GRIPPER_CLOSED = 1.0, -1.0
 FINGER_OPEN_Q = 0.04
 #: half the thickness of the closed fingers along a push (m): the leading face is this far ahead of the TCP
-FINGER_HALF_M = 0.012
+FINGER_HALF_M = 0.017
 _STEP_M, _PUSH_STEP_M = 0.01, 0.005
 _MAX_JOINT_JUMP = 0.25
 _CAMERA_HEIGHT_M = 1.2
@@ -302,6 +302,8 @@ class ManiSkillBackend:
         self.gripper = GRIPPER_OPEN
         self._rest_q: np.ndarray | None = None
         self._target_q: np.ndarray | None = None
+        #: control steps (env.step of ManiSkill, 5 PhysX substeps each) run so far
+        self.sim_steps = 0
         self._scene_cache: Scene | None = None
 
     # -- protocol ----------------------------------------------------------------------------
@@ -474,6 +476,7 @@ class ManiSkillBackend:
 
     # -- execution -------------------------------------------------------------------------------
     def _act(self, q: np.ndarray) -> None:
+        self.sim_steps += 1
         self.env.step(np.concatenate([q[:7], [self.gripper]]).astype(np.float32)[None])
 
     def _run(self, plan: list) -> None:

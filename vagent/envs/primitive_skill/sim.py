@@ -1,6 +1,6 @@
 """A deterministic kinematic tabletop: boxes on a table, target markers, a drawer and a gripper.
 
-Our stand-in for ManiSkill (which needs a GPU with Vulkan and downloads assets). No physics, no
+The default backend (``backend="maniskill"`` is the physical one, ``maniskill.py``). No physics, no
 time: every skill either succeeds and moves things to their resting places, or fails with a reason
 and changes nothing. All numbers are millimetres.
 
