@@ -76,3 +76,92 @@ def test_missing_module_is_a_clear_error(tmp_path):
     save_checkpoint(tmp_path, "rl", 1, {"policy": model})
     with pytest.raises(FileNotFoundError, match="no critic.pt"):
         load_checkpoint(list_checkpoints(tmp_path)[0].path, {"critic": model})
+
+
+# ----------------------------------------------------------------------------------------------
+# integrity: manifests, checkpoints without one, stale temporary folders (issue 35)
+# ----------------------------------------------------------------------------------------------
+
+
+def _two_checkpoints(tmp_path):
+    model, opt, sched = _setup(0)
+    for step in (1, 2):
+        save_checkpoint(tmp_path, "rl", step, {"policy": model}, {"actor": opt}, {"actor": sched})
+    return model, opt, sched
+
+
+def test_manifest_lists_every_file_and_a_changed_byte_is_named(tmp_path):
+    import json
+
+    from vagent.runs.checkpoint import CheckpointError, check_checkpoint, select_checkpoint
+
+    model, opt, sched = _two_checkpoints(tmp_path)
+    files = json.loads((tmp_path / "step_000002" / "manifest.json").read_text())["files"]
+    assert set(files) == {"policy.pt", "state.pt"} and not (tmp_path / "step_000002" / ".writer.lock").exists()
+    f = tmp_path / "step_000002" / "policy.pt"
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    f.write_bytes(bytes(data))
+    assert check_checkpoint(tmp_path / "step_000002").startswith("policy.pt does not match its manifest's SHA-256")
+    said = []
+    assert select_checkpoint(tmp_path, say=said.append).step == 1
+    assert len(said) == 2 and "resuming from step_000001" in said[1]
+    with pytest.raises(CheckpointError, match="step_000002 is damaged: policy.pt .*beside it: step_000001"):
+        load_checkpoint(tmp_path / "step_000002", {"policy": model}, {"actor": opt}, {"actor": sched})
+
+
+def _flip_tensor_byte(f) -> None:
+    """Flip the first byte of the largest tensor's data in torch file ``f`` (a zip archive)."""
+    import struct
+    import zipfile
+
+    with zipfile.ZipFile(f) as z:
+        info = max(z.infolist(), key=lambda i: i.file_size if "/data/" in i.filename else -1)
+    data = bytearray(f.read_bytes())
+    name_len, extra_len = struct.unpack("<HH", data[info.header_offset + 26:info.header_offset + 30])
+    data[info.header_offset + 30 + name_len + extra_len] ^= 0x10
+    f.write_bytes(bytes(data))
+
+
+def test_checkpoint_without_manifest_loads_unverified_after_crc_and_schema_checks(tmp_path):
+    from vagent.runs.checkpoint import CheckpointError, check_checkpoint, select_checkpoint
+
+    model, _, _ = _two_checkpoints(tmp_path)
+    for step in (1, 2):  # as written by a vagent before manifests
+        (tmp_path / f"step_00000{step}" / "manifest.json").unlink()
+    said = []
+    assert select_checkpoint(tmp_path, say=said.append).step == 2
+    assert said == [f"warning: checkpoint {tmp_path / 'step_000002'} has no manifest (written by an older vagent): "
+                    "resuming from it unverified (its .pt files pass their CRC check)"]
+    _flip_tensor_byte(tmp_path / "step_000002" / "policy.pt")  # torch.load would read it without a word
+    assert "fails its CRC-32 check" in check_checkpoint(tmp_path / "step_000002")
+    torch.save({"weights": torch.zeros(2)}, tmp_path / "step_000001" / "state.pt")  # another schema
+    assert check_checkpoint(tmp_path / "step_000001").startswith("state.pt is not a vagent checkpoint state")
+    with pytest.raises(CheckpointError, match="no intact checkpoint in"):
+        select_checkpoint(tmp_path, say=lambda _: None)
+    with pytest.raises(CheckpointError, match="state.pt is not a vagent checkpoint state"):
+        load_checkpoint(tmp_path / "step_000001", {"policy": model})
+
+
+def test_stale_temporary_folders_without_a_lock_go_by_pid(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from vagent.runs.manifest import remove_stale_temporaries
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True)
+    dead_pid = int(dead.stdout)
+    for pid in (dead_pid, os.getpid(), os.getppid()):  # no .writer.lock: what an older vagent left
+        (tmp_path / f".tmp-step_000003-{pid}").mkdir()
+    (tmp_path / ".tmp-step_000003-dcp").mkdir()
+    removed = remove_stale_temporaries(tmp_path)
+    # dead, ours (not saving now) and a job's unlocked folder go; a live other process's stays
+    assert sorted(p.name for p in removed) == sorted(
+        [f".tmp-step_000003-{dead_pid}", f".tmp-step_000003-{os.getpid()}", ".tmp-step_000003-dcp"])
+    assert (tmp_path / f".tmp-step_000003-{os.getppid()}").is_dir()
+    model, _, _ = _setup(0)
+    os.kill(os.getppid(), 0)  # the parent lives: even a save keeps its folder
+    save_checkpoint(tmp_path, "rl", 4, {"policy": model})
+    assert (tmp_path / f".tmp-step_000003-{os.getppid()}").is_dir()

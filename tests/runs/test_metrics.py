@@ -50,3 +50,24 @@ def test_truncate_after_resume_point(tmp_path):
     log.truncate_after(("sft", "rl"), "sft", 0)
     assert read_metrics(tmp_path / "metrics.jsonl") == []
     assert not math.isnan(recs[0]["sft/loss"])
+
+
+def test_truncate_after_cuts_in_place_and_drops_a_torn_last_line(tmp_path):
+    """Resuming on a full disk: cutting metrics.jsonl back writes nothing new (the file is cut in
+    place), and a record torn by the full disk or a kill is dropped."""
+    import json
+    import os
+
+    from vagent.runs.metrics import MetricsLogger
+
+    logger = MetricsLogger(tmp_path, tensorboard=False)
+    for step in (1, 2, 3):
+        logger.log(step, {"reward/mean": float(step)})
+    with open(logger.path, "a") as f:
+        f.write('{"phase": "rl", "step": 4, "rew')  # torn
+    inode = os.stat(logger.path).st_ino
+    assert logger.truncate_after(("sft", "rl"), "rl", 2) == 1
+    assert os.stat(logger.path).st_ino == inode  # the same file, cut: no second copy was written
+    assert [json.loads(x)["step"] for x in logger.path.read_text().splitlines()] == [1, 2]
+    logger.log(3, {"reward/mean": 3.0})
+    assert [json.loads(x)["step"] for x in logger.path.read_text().splitlines()] == [1, 2, 3]
