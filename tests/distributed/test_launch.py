@@ -1,14 +1,19 @@
-"""The launcher's command lines, the row split, and a 2-node job on one host (c10d rendezvous)."""
+"""The launcher's command lines, the row split, a 2-node job on one host through the SLURM script of
+docs/distributed.md (static rendezvous), what a job says about its ranks, and a finished run's resume."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import socket
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from tests.distributed.conftest import SMALL, train_cmd
+from tests.distributed.conftest import SMALL, run_job, train_cmd
 
 
 def test_torchrun_args_one_host_and_several():
@@ -16,10 +21,15 @@ def test_torchrun_args_one_host_and_several():
 
     assert torchrun_args(2, ["steps=1"]) == ["--nproc_per_node=2", "--nnodes=1", "--max_restarts=0", "--standalone",
                                              "-m", "vagent", "train", "steps=1"]
+    # a node rank: torchrun's static rendezvous, where the node rank decides the global ranks (c10d ignores it)
     multi = torchrun_args(8, [], nnodes=2, node_rank=1, rdzv_endpoint="node0:29400")
-    assert "--rdzv_backend=c10d" in multi and "--rdzv_endpoint=node0:29400" in multi and "--node_rank=1" in multi
+    assert "--rdzv_backend=static" in multi and "--rdzv_endpoint=node0:29400" in multi and "--node_rank=1" in multi
+    c10d = torchrun_args(8, [], nnodes=2, rdzv_endpoint="node0:29400")  # none: c10d numbers the hosts itself
+    assert "--rdzv_backend=c10d" in c10d and not any(a.startswith("--node_rank") for a in c10d)
     with pytest.raises(ValueError, match="--rdzv-endpoint"):
         torchrun_args(8, [], nnodes=2)
+    with pytest.raises(ValueError, match="--node-rank must be in 0..1"):
+        torchrun_args(8, [], nnodes=2, node_rank=2, rdzv_endpoint="node0:29400")
 
 
 def test_split_rows_balances_tokens_not_counts():
@@ -62,23 +72,81 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _sbatch_script() -> str:
+    """The SLURM script of docs/distributed.md, as written."""
+    doc = (Path(__file__).parents[2] / "docs" / "distributed.md").read_text()
+    (script,) = [b for b in re.findall(r"```bash\n(.*?)```", doc, re.S) if "#SBATCH" in b]
+    return script
+
+
+#: stand-ins for SLURM on one host: srun starts its command once per node of a 2-node allocation
+#: (SLURM_NODEID 0 and 1), each task's output in task<id>.log; scontrol names the host
+SRUN = """#!/bin/bash
+pids=()
+for id in 0 1; do SLURM_NODEID=$id SLURM_PROCID=$id "$@" > "$SRUN_LOGS/task$id.log" 2>&1 & pids+=($!); done
+rc=0; for p in "${pids[@]}"; do wait "$p" || rc=1; done; exit $rc
+"""
+SCONTROL = """#!/bin/sh
+[ "$1 $2" = "show hostnames" ] && echo 127.0.0.1
+"""
+
+
 @pytest.mark.slow
-def test_two_nodes_on_localhost_run_one_step(tmp_path, tiny_vlm_dir):
-    """Two torchrun agents (``--nnodes 2``, one process each) meet at a c10d rendezvous on 127.0.0.1."""
-    out = tmp_path / "runs"
-    endpoint = f"127.0.0.1:{_free_port()}"
-    args = [*SMALL, f"out_dir={out}", f"model.path={tiny_vlm_dir}", "model.cache_dir=UNUSED"]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    nodes = [subprocess.Popen(train_cmd(1, "--nnodes", "2", "--node-rank", str(r), "--rdzv-endpoint", endpoint, *args),
-                              cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              start_new_session=True) for r in (0, 1)]
-    try:
-        logs = [n.communicate(timeout=150)[0] for n in nodes]
-    finally:
-        for n in nodes:
-            if n.poll() is None:
-                os.killpg(n.pid, 9)
-    assert [n.returncode for n in nodes] == [0, 0], "\n".join(log[-3000:] for log in logs)
-    (run,) = list(out.iterdir())
+@pytest.mark.timeout(400)
+def test_the_slurm_script_runs_two_nodes_with_rank_0_on_node_rank_0(tmp_path, tiny_vlm_dir):
+    """docs/distributed.md's SLURM script, as written, on 127.0.0.1 with two node ranks (two torchrun
+    agents, static rendezvous): the job succeeds, global rank 0 (the one that prints the run) is on
+    node rank 0 even though torchrun numbers c10d hosts by name, no agent ignores its node rank, the
+    end has no store error, and the run says it had 2 ranks on 2 nodes."""
+    script = tmp_path / "train.sbatch"
+    script.write_text(_sbatch_script())
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("srun", SRUN), ("scontrol", SCONTROL)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    venv = Path(sys.executable).parent.parent
+    assert (venv / "bin" / "activate").is_file(), "the test runs the script with the venv it activates"
+    shared = tmp_path / "shared"
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", SRUN_LOGS=str(tmp_path), SLURM_NNODES="2",
+               SLURM_JOB_NODELIST="127.0.0.1", VAGENT_VENV=str(venv), SHARED=str(shared), NPROC="1",
+               RDZV_PORT=str(_free_port()), CONFIG=str(Path(__file__).parents[2] / "configs" / "frozenlake_ppo.yaml"),
+               OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    args = [*SMALL, "rollout.temperature=1.0", f"model.path={tiny_vlm_dir}"]
+    job = subprocess.run(["bash", str(script), *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=360, start_new_session=True)
+    logs = [(tmp_path / f"task{i}.log").read_text() for i in (0, 1)]
+    assert job.returncode == 0, job.stdout + job.stderr + "\n".join(log[-3000:] for log in logs)
+    assert "run directory:" in logs[0] and "run directory:" not in logs[1], logs  # global rank 0 on node rank 0
+    assert "ranks: 2 (2 nodes x 1, torchrun)" in logs[0] and "wall time:" in logs[0] and "on 2 ranks" in logs[0]
+    for log in logs:
+        for text in ("recvVector", "node_rank is only used", "Traceback", "TCPStore"):
+            assert text not in log, (text, log[-3000:])
+    (run,) = list((shared / "runs").iterdir())
+    assert json.loads((run / "summary.json").read_text())["ranks"] == 2
+    environment = json.loads((run / "environment.json").read_text())
+    assert (environment["ranks"], environment["nodes"]) == (2, 2)
     assert (run / "checkpoints" / "step_000001" / "dcp").is_dir()
-    assert (run / "checkpoints" / "step_000001" / "policy" / "config.json").is_file()
+
+
+def test_a_job_says_how_many_ranks_it_had(sft_ppo_two):
+    log = (sft_ppo_two / "train.log").read_text()
+    assert "ranks: 2 (1 node, torchrun); rank 0 writes the run directory" in log
+    assert json.loads((sft_ppo_two / "summary.json").read_text())["ranks"] == 2
+    environment = json.loads((sft_ppo_two / "environment.json").read_text())
+    assert (environment["ranks"], environment["nodes"]) == (2, 1)
+
+
+def test_resume_of_a_finished_run_says_so_once(tmp_path):
+    """Every rank of a plain torchrun job finds the run finished; rank 0 alone says so. The launcher
+    (vagent train --nproc) says it without starting the job."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("steps: 1\n")
+    (run / "summary.json").write_text("{}\n")
+    plain = run_job([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
+                     "vagent", "train", "--resume", str(run)], tmp_path, timeout=120)
+    assert plain.stdout.count("is finished (it has summary.json)") == 1, plain.stdout
+    launched = run_job(train_cmd(2, "--resume", str(run)), tmp_path, timeout=120)
+    assert launched.stdout.count("is finished (it has summary.json)") == 1, launched.stdout + launched.stderr
+    assert "torch.distributed" not in launched.stderr  # no torchrun job was started

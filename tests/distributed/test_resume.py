@@ -49,7 +49,9 @@ def test_two_process_checkpoint_resumes_in_one(sft_ppo_two, tmp_path):
     shutil.copytree(sft_ppo_two, run)
     shutil.rmtree(run / "checkpoints" / "step_000002")
     (run / "summary.json").unlink()  # as if killed during step 2 (a finished run's resume changes nothing)
-    run_job(train_cmd(None, "--resume", str(run)), tmp_path)
+    done = run_job(train_cmd(None, "--resume", str(run)), tmp_path)
+    assert "this checkpoint was written by 2 rank(s) and this job has 1" in done.stdout, done.stdout[-3000:]
+    assert "ranks: 1 (one process)" in done.stdout
     resumed, expected = metrics(run), metrics(sft_ppo_two)
     assert [(r["phase"], r["step"]) for r in resumed] == [(r["phase"], r["step"]) for r in expected]
     n_kept = len(resumed) - 1  # the records up to step 2 are the 2-process run's, kept

@@ -76,6 +76,20 @@ def test_console_has_no_library_output_and_a_short_config(finished):
     assert console.index("run directory:") - start < 800  # a few lines, not the ~60 of the whole config
 
 
+def test_console_says_the_ranks_and_the_critic_warm_up_step_by_step(finished):
+    """ppo.critic_warmup_steps=1 of 2 steps: said before the run, on each step's progress line, and
+    when the actor starts; one process; validation at step 0 is after SFT (SFT ran)."""
+    _, console = finished
+    assert "ranks: 1 (one process)" in console
+    assert "critic warm-up: RL step 1 trains the critic only; the actor updates from step 2 on" in console
+    lines = console.splitlines()
+    (first,) = [ln for ln in lines if ln.startswith("PPO 1/2 [")]
+    (second,) = [ln for ln in lines if ln.startswith("PPO 2/2 [")]
+    assert first.endswith("actor=critic-warm-up(1/1)") and second.endswith("actor=updated"), (first, second)
+    assert "RL step 2: the critic's warm-up is over (1 step(s)); the actor updates from this step on" in console
+    assert "at RL step 0 (after SFT)" in console and "warning: ppo.critic_warmup_steps" not in console
+
+
 def test_plots_of_the_run(finished):
     from vagent.runs.plots import RATE_LIMITS, curves_figure, val_figure
 

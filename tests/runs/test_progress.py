@@ -28,10 +28,21 @@ def test_progress_lines_have_eta_and_are_rationed(tmp_path, capsys):
         bar.update(k, {"sft/loss": 1.0 / k})
     bar.close()
     out = capsys.readouterr().out.splitlines()
-    assert len(out) == 20  # every 5 steps (total / 20), the last included
+    assert len(out) == 10  # every 10 steps (total / 10), the last included
     assert out[-1].startswith("caption pretraining (grid) 100/100 [") and "ETA 0s] loss=0.01" in out[-1]
-    assert re.match(r"caption pretraining \(grid\) 5/100 \[\d+s, ETA \d+s\] loss=0\.2$", out[0])
+    assert re.match(r"caption pretraining \(grid\) 10/100 \[\d+s, ETA \d+s\] loss=0\.1$", out[0])
     assert (tmp_path / "train.log").read_text().splitlines() == out
+
+
+def test_progress_off_a_terminal_prints_a_line_per_few_updates_not_per_update(capsys):
+    """The default run's 20 PPO updates, printed to a pipe (capsys is not a terminal), with the
+    default interval: 10 lines (every 2nd update), not 20."""
+    bar = StepProgress(20, "PPO", Console())
+    for k in range(1, 21):
+        bar.update(k, {"reward/mean": 0.5})
+    bar.close()
+    out = capsys.readouterr().out.splitlines()
+    assert [ln.split(" [")[0] for ln in out] == [f"PPO {k}/20" for k in range(2, 21, 2)]
 
 
 def test_progress_to_a_say_callable_and_after_a_resume():
@@ -86,3 +97,36 @@ def test_config_summary_is_a_few_lines_naming_the_changes(tmp_path):
         "log.keep_last=5", "log.plot_every=3", "log.rollouts_n=2", "rollout.max_turns=3", "rollout.max_new_tokens=9"])
     short = config_summary(many, default, "c.yaml", width=60, max_lines=3)
     assert len(short) == 4 and short[-1].startswith("  ... and ") and short[-1].endswith("more (see config.yaml)")
+
+
+def test_config_summary_of_a_config_file_lists_what_the_file_and_overrides_set(tmp_path):
+    """A --config file that sets a few fields: its summary lists those and the overrides, not the
+    fields it left to their defaults (tiny_* and the rest differ from the default preset's)."""
+    from vagent.recipes.config import load_config
+    from vagent.runs.progress import ConfigSource
+
+    path = tmp_path / "my_run.yaml"
+    path.write_text("steps: 3\nenvs:\n  - name: frozenlake\n    n_train: 2\nupdate:\n  actor_lr: 0.001\n")
+    source = ConfigSource(str(path), ("seed=7",))
+    cfg = load_config(path, list(source.overrides))
+    lines = config_summary(cfg, load_config(), tmp_path / "config.yaml", source=source)
+    assert f"5 set by {path} and 1 override(s):" in lines[1], lines
+    text = " ".join(lines[1:])
+    for item in ("steps=3", "envs.0.name=frozenlake", "envs.0.n_train=2", "update.actor_lr=0.001", "seed=7"):
+        assert item in text, (item, lines)
+    assert "tiny_" not in text and "sft." not in text, lines
+
+
+def test_startup_says_ranks_and_warns_when_the_actor_never_updates(tmp_path):
+    from vagent.recipes.config import load_config
+    from vagent.runs.progress import startup_arithmetic
+
+    never = startup_arithmetic(load_config(None, ["steps=2", "ppo.critic_warmup_steps=2"]), tmp_path)
+    assert "ranks: 1 (one process)" in never
+    assert any(ln.startswith("warning: ppo.critic_warmup_steps=2 >= steps=2: the actor") for ln in never), never
+    later = startup_arithmetic(load_config(None, ["steps=3", "ppo.critic_warmup_steps=2"]), tmp_path, ranks=4, nodes=2)
+    assert not any(ln.startswith("warning") for ln in later)
+    assert "critic warm-up: RL steps 1-2 train the critic only; the actor updates from step 3 on" in later
+    assert "ranks: 4 (2 nodes x 2, torchrun); rank 0 writes the run directory" in later
+    grpo = startup_arithmetic(load_config(None, ["recipe=grpo", "rollout.group_size=2", "steps=1", "ppo.critic_warmup_steps=2"]), tmp_path)
+    assert not any("warm-up" in ln or "warm_up" in ln for ln in grpo)  # no critic, nothing to warm up

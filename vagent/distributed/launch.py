@@ -2,13 +2,19 @@
 
     vagent train --nproc 2 steps=10                       # 2 processes on this host
     torchrun --nproc_per_node 2 -m vagent train steps=10   # the same, by hand
-    vagent train --nproc 8 --nnodes 2 --node-rank 0 --rdzv-endpoint host0:29400 ...   # on each host
+    vagent train --nproc 8 --nnodes 2 --node-rank R --rdzv-endpoint host0:29400 ...   # host R of 0, 1
 
 No launcher of our own: this builds torchrun's argument list (``-m vagent train`` plus the
 remaining arguments) and calls ``torch.distributed.run.main``, which starts the workers, restarts
 nothing (``--max-restarts 0``), stops every worker when one fails, and reports the failing
-rank's error. One host: ``--standalone`` rendezvous on a free port; several hosts: c10d
-rendezvous at ``--rdzv-endpoint`` (the same on every host; ``--node-rank`` differs).
+rank's error. One host: ``--standalone`` rendezvous on a free port. Several hosts:
+
+- with ``--node-rank R`` (0..nnodes-1, one per host): torchrun's *static* rendezvous. Host R runs
+  global ranks R*nproc .. R*nproc+nproc-1, so global rank 0 (the one that writes the run
+  directory) is on node rank 0, and ``--rdzv-endpoint`` must be node rank 0's address: its agent
+  serves the job's TCPStore there. (torchrun ignores ``--node_rank`` under c10d.)
+- without ``--node-rank``: torchrun's c10d rendezvous at ``--rdzv-endpoint``; it numbers the
+  hosts in the order of their sorted names (FQDN, then the agent's PID), wherever the endpoint is.
 """
 
 from __future__ import annotations
@@ -24,16 +30,20 @@ def torchrun_args(nproc: int, train_args: Sequence[str], *, nnodes: int = 1, nod
     """torchrun's command line (without ``torchrun`` itself) for ``vagent train TRAIN_ARGS``."""
     if nproc < 1:
         raise ValueError(f"--nproc must be >= 1, got {nproc}")
+    if node_rank is not None and not 0 <= node_rank < nnodes:
+        raise ValueError(f"--node-rank must be in 0..{nnodes - 1} (--nnodes {nnodes}), got {node_rank}: give "
+                         "each host its own, and 0 to the host of --rdzv-endpoint")
     out = [f"--nproc_per_node={nproc}", f"--nnodes={nnodes}", "--max_restarts=0"]
     if nnodes == 1 and rdzv_endpoint is None:
-        out.append("--standalone")
-    else:
-        if rdzv_endpoint is None:
-            raise ValueError(f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT (the same on every node), "
-                             "e.g. the first node's address and a free port: --rdzv-endpoint node0:29400")
+        return out + ["--standalone", "-m", "vagent", "train", *train_args]
+    if rdzv_endpoint is None:
+        raise ValueError(f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT (the same on every node), "
+                         "e.g. node rank 0's address and a free port: --rdzv-endpoint node0:29400")
+    if node_rank is not None:  # static: node rank R holds global ranks R*nproc.., node rank 0 serves the store
+        out += ["--rdzv_backend=static", f"--rdzv_endpoint={rdzv_endpoint}", f"--node_rank={node_rank}",
+                f"--rdzv_id={rdzv_id}"]
+    else:  # c10d: hosts numbered by sorted name
         out += ["--rdzv_backend=c10d", f"--rdzv_endpoint={rdzv_endpoint}", f"--rdzv_id={rdzv_id}"]
-        if node_rank is not None:
-            out.append(f"--node_rank={node_rank}")
     return out + ["-m", "vagent", "train", *train_args]
 
 

@@ -40,9 +40,12 @@ def add_parser(subparsers) -> None:
     dist.add_argument("--nproc", type=int, default=None, metavar="N",
                       help="processes on this host (GPUs: one per GPU); starts torchrun itself")
     dist.add_argument("--nnodes", type=int, default=1, metavar="N", help="hosts in the job (with --rdzv-endpoint)")
-    dist.add_argument("--node-rank", type=int, default=None, metavar="R", help="this host's rank among the nodes")
+    dist.add_argument("--node-rank", type=int, default=None, metavar="R",
+                      help="this host's rank among the nodes, 0..N-1 (torchrun's static rendezvous: global rank 0 "
+                           "runs on node rank 0, the host of --rdzv-endpoint); without it torchrun's c10d rendezvous "
+                           "numbers the hosts by sorted name")
     dist.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
-                      help="c10d rendezvous address, the same on every host (e.g. the first node and a free port)")
+                      help="rendezvous address, the same on every host: node rank 0's address and a free port")
     train.set_defaults(func=run_train)
 
     demos = subparsers.add_parser(
@@ -90,7 +93,7 @@ def run_train(args: argparse.Namespace) -> int:
         return 0
     if args.nproc is not None or args.nnodes > 1:
         return launch_job(args)
-    from vagent.distributed import shutdown_world, world
+    from vagent.distributed import barrier, shutdown_world, world
 
     try:
         from vagent.runs import TrainingError
@@ -101,6 +104,7 @@ def run_train(args: argparse.Namespace) -> int:
             from vagent.recipes.run import train
 
             train(resume=args.resume, quiet=args.quiet)
+            barrier("end of run")  # a job: every rank is done before any destroys the process group
             return 0
         if args.imports:  # --import: imported before the config's envs are checked, saved for --resume
             from vagent.plugins import PluginImportError, import_modules
@@ -112,8 +116,10 @@ def run_train(args: argparse.Namespace) -> int:
         cfg = load_config(args.config, args.overrides)
         cfg.imports += [m for m in args.imports if m not in cfg.imports]
         from vagent.recipes.run import train
+        from vagent.runs.progress import ConfigSource
 
-        train(cfg, quiet=args.quiet)
+        train(cfg, quiet=args.quiet, source=ConfigSource(args.config, tuple(args.overrides)))
+        barrier("end of run")
         return 0
     except (ConfigError, DataError, TrainingError, FileNotFoundError, ImportError) as exc:
         return _error(f"{world().tag()}: {exc}" if world().distributed else str(exc))

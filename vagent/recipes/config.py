@@ -374,8 +374,9 @@ class DistConfig:
 class RunConfig:
     """A training run: recipe, model, environments, rollout, update, logging."""
 
-    #: run name (the run directory is <out_dir>/<name>-<timestamp>)
-    name: str = "frozenlake-ppo"
+    #: run name (the run directory is <out_dir>/<name>-<timestamp>); empty: the envs and the recipe,
+    #: <env names>-<recipe> (e.g. frozenlake-ppo, corridor-ppo), set when the config is loaded
+    name: str = ""
     #: recipe: ppo, grpo or sft
     recipe: Literal["ppo", "grpo", "sft"] = "ppo"
     #: RL steps (one rollout batch and its update each); SFT steps are in sft.steps
@@ -585,6 +586,12 @@ def _list_item_class(tp: Any) -> type | None:
     return args[0] if args and dataclasses.is_dataclass(args[0]) else None
 
 
+def default_run_name(cfg: RunConfig) -> str:
+    """``<env names>-<recipe>``: the name of a run whose config sets none (``corridor-ppo``)."""
+    envs = "-".join(dict.fromkeys(str(e.name).replace("/", "_").replace("\\", "_") for e in cfg.envs)) or "run"
+    return f"{envs}-{cfg.recipe}"
+
+
 def load_config(
     source: str | Path | Mapping[str, Any] | None = None, overrides: list[str] | tuple[str, ...] = ()
 ) -> RunConfig:
@@ -600,7 +607,7 @@ def load_config(
     else:
         path = Path(source)
         if not path.is_file():
-            presets = sorted(p.stem for p in preset_dir().glob("*.yaml")) if preset_dir().is_dir() else []
+            presets = training_presets()
             raise ConfigError(
                 f"config file {str(path)!r} does not exist. Pass a YAML file, e.g. "
                 f"--config configs/frozenlake_ppo.yaml (presets: {', '.join(presets) or 'none found'})."
@@ -615,6 +622,7 @@ def load_config(
         keys, value = parse_override(text)
         _set_path(tree, keys, value, RunConfig)
     cfg = from_mapping(RunConfig, tree, where="config")
+    cfg.name = cfg.name or default_run_name(cfg)
     cfg = validate(cfg)
     if cfg.imports:  # the modules that register the config's own envs, before anything looks them up
         from vagent.plugins import PluginImportError, import_modules
@@ -759,6 +767,23 @@ def preset_dir() -> Path:
     return Path(__file__).resolve().parents[2] / "configs"
 
 
+def training_presets() -> list[str]:
+    """Names of the run configs in :func:`preset_dir` (files whose top-level keys are all RunConfig
+    fields: configs/eval_example.yaml, a ``vagent eval`` config, is not one)."""
+    import yaml
+
+    fields = {f.name for f in dataclasses.fields(RunConfig)}
+    out = []
+    for path in sorted(preset_dir().glob("*.yaml")) if preset_dir().is_dir() else []:
+        try:
+            tree = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue
+        if isinstance(tree, dict) and tree and set(tree) <= fields:
+            out.append(path.stem)
+    return out
+
+
 # The default preset, mirrored from configs/frozenlake_ppo.yaml so that `vagent train` with no
 # arguments works from any directory (tests/recipes/test_config.py checks the two agree).
 DEFAULT_PRESET_YAML = """\
@@ -777,8 +802,8 @@ DEFAULT_PRESET_YAML = """\
 #      temperature, turns after the first reuse the KV cache), and FrozenLake's optional progress
 #      shaping (reward_progress: 0.5 per move closer to the goal; success rates never include it)
 #      with a short turn horizon (gamma_turn 0.5). Greedy validation on 128 boards at steps 0/10/20.
-# Measured numbers and the learning curve: docs/training.md ("Measured").
-name: frozenlake-ppo
+# Measured numbers and the learning curve: docs/training.md ("Measured"). No name: the run is named
+# after its envs and recipe (frozenlake-ppo; corridor-ppo when envs.0.name=corridor).
 recipe: ppo
 steps: 20
 seed: 0

@@ -288,7 +288,14 @@ def after_step(session: Session, done: int, metrics: dict, episodes: Any, dump: 
                               f"{first[0]} ... {first[-1] if len(first) > 1 else ''}")
     shown = {"reward": "reward/mean", "success": "rollout/success_rate", "policy_loss": "loss/policy",
              "value_loss": "loss/value"}
-    bar.update(done, {name: metrics[k] for name, k in shown.items() if k in metrics})
+    shown_values = {name: metrics[k] for name, k in shown.items() if k in metrics}
+    if "actor/updated" in metrics:  # PPO: is the actor still in the critic's warm-up?
+        warmup = cfg.ppo.critic_warmup_steps
+        shown_values["actor"] = "updated" if metrics["actor/updated"] else f"critic-warm-up({done}/{warmup})"
+        if warmup and metrics["actor/updated"] and done == warmup + 1:
+            session.console.print(f"RL step {done}: the critic's warm-up is over ({warmup} step(s)); the actor "
+                                  "updates from this step on")
+    bar.update(done, shown_values)
     val = log_validation(session, policy, done) if due(cfg.val.every, done, cfg.steps) else None
     if due(log.rollouts_every, done, cfg.steps):  # the episodes update `done` trained on, for `vagent view`
         save_rollouts(session.run.rollouts, done, episodes, log.rollouts_n, log.rollouts_max_mb)

@@ -44,9 +44,12 @@ from vagent.config import ConfigError
 from vagent.recipes.config import RunConfig, config_to_yaml, load_config
 
 
-def train(cfg: RunConfig | None = None, resume: str | Path | None = None, quiet: bool = False) -> Path:
+def train(cfg: RunConfig | None = None, resume: str | Path | None = None, quiet: bool = False,
+          source: Any = None) -> Path:
     """Run (or resume) a training run; returns its run directory. Errors raise
-    :class:`vagent.runs.TrainingError` (or ConfigError) with the fix in the message."""
+    :class:`vagent.runs.TrainingError` (or ConfigError) with the fix in the message. ``source``: a
+    :class:`vagent.runs.progress.ConfigSource` (the --config file and overrides ``cfg`` came from),
+    so that the config summary lists what they set."""
     from vagent.distributed import init_world
     from vagent.runs import Console, existing_run_dir
     from vagent.runs.progress import library_output_to_log
@@ -74,7 +77,7 @@ def train(cfg: RunConfig | None = None, resume: str | Path | None = None, quiet:
                 hold_run_dir(run.root, owned, console)
                 if finished(run, quiet=not world.is_main or quiet):  # it finished while this one started
                     return run.root
-            return _train(cfg, run, resume is not None, console, t_start, owned)
+            return _train(cfg, run, resume is not None, console, t_start, owned, source)
         except BaseException as exc:
             from vagent.runs.errors import disk_full_error, is_disk_full
 
@@ -82,7 +85,7 @@ def train(cfg: RunConfig | None = None, resume: str | Path | None = None, quiet:
                 raise
             root = console.log_path.parent if console.log_path is not None else None  # the run directory
             err = disk_full_error(root or cfg.out_dir, exc, resume=root)
-            console.log(f"error: {err}")
+            console.print(f"error: {err}")
             raise err from exc
 
 
@@ -115,14 +118,15 @@ def hold_run_dir(root: Path, owned: ExitStack, console: Any) -> None:
         raise RunDirLocked(refused)
 
 
-def _train(cfg: RunConfig, run: Any, resuming: bool, console: Any, t_start: float, owned: ExitStack) -> Path:
+def _train(cfg: RunConfig, run: Any, resuming: bool, console: Any, t_start: float, owned: ExitStack,
+           source: Any = None) -> Path:
     """``train`` after the run directory to resume (if any) and the console are known; ``owned``
     holds the run directory's lock (a new run's is taken here, when the directory is made)."""
     from vagent.distributed import broadcast_object, rank_device, world as current_world
     from vagent.recipes.common import check_compatible, check_remote_envs, load_model, resolve_device, use_bf16
     from vagent.recipes.session import Session, SilentLogger
     from vagent.runs import (
-        MetricsLogger, TrainingError, is_oom, load_checkpoint, new_run_dir, oom_message, plot_run,
+        MetricsLogger, TrainingError, is_disk_full, is_oom, load_checkpoint, new_run_dir, oom_message, plot_run,
         startup_arithmetic,
     )
     from vagent.runs.progress import config_summary
@@ -155,7 +159,7 @@ def _train(cfg: RunConfig, run: Any, resuming: bool, console: Any, t_start: floa
         run = RunDir(Path(broadcast_object(str(run.root) if world.is_main else None, "run directory")))
     if not resuming:
         hold_run_dir(run.root, owned, console)
-    console.print(*config_summary(cfg, load_config(), run.config))
+    console.print(*config_summary(cfg, load_config(), run.config, source=source))
     from vagent.runs.environment import record_environment
 
     if world.is_main:
@@ -176,13 +180,20 @@ def _train(cfg: RunConfig, run: Any, resuming: bool, console: Any, t_start: floa
         dropped = logger.truncate_after(("sft", "rl"), latest.phase, latest.step)
         console.print(f"resuming from {latest.path} ({latest.phase} step {latest.step}); "
                       f"dropped {dropped} metric records written after it")
+        written_by = checkpoint_ranks(latest.path)
+        if written_by != world.size:
+            console.print(f"note: this checkpoint was written by {written_by} rank(s) and this job has {world.size}: "
+                          "its tensors load exactly (re-sharded), but the steps after it sum their gradients in "
+                          "another order, so the run continues equal to an uninterrupted one within float rounding, "
+                          "not bit for bit (docs/distributed.md, 'Checkpoints')")
     elif resuming:
         logger.truncate_after(("sft", "rl"), "sft", 0)
         console.print("resuming: no checkpoint yet, starting over in the same run directory")
     from vagent.models.loading import count_parameters
 
     console.print(*startup_arithmetic(cfg, run.root, count_parameters(loaded.model),
-                                      count_parameters(loaded.model, trainable_only=True)), "")
+                                      count_parameters(loaded.model, trainable_only=True), world.size,
+                                      int(os.environ.get("GROUP_WORLD_SIZE", "1")) if world.distributed else 1), "")
     session = Session(cfg, run, console, logger, device, bf16, loaded, model_dir,
                       last_checkpoint=str(latest.path) if latest else None)
     from vagent.runs.hub import start_hub_upload
@@ -222,7 +233,8 @@ def _train(cfg: RunConfig, run: Any, resuming: bool, console: Any, t_start: floa
 
                 train_grpo(session, rl_start, rl_resume)
     except TrainingError as exc:
-        console.print(f"error: {exc}")
+        if not is_disk_full(exc):  # a full disk is said once, by train(), with the resume command
+            console.print(f"error: {exc}")
         raise
     except (RuntimeError, MemoryError) as exc:
         if is_oom(exc):
@@ -245,7 +257,7 @@ def _train(cfg: RunConfig, run: Any, resuming: bool, console: Any, t_start: floa
                 console.log(f"warning: while stopping, {getattr(close, '__qualname__', 'plotting')} failed too: "
                             f"{type(exc).__name__}: {exc}")
     if world.is_main:
-        summary = summarize(run, time.time() - t_start)
+        summary = summarize(run, time.time() - t_start, ranks=world.size)
         (run.root / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         console.print(format_summary(summary))
     return run.root
@@ -317,14 +329,21 @@ def wait_for_file(path: Path | None, timeout_s: float = 6 * 3600.0) -> None:
         time.sleep(1.0)
 
 
-def summarize(run: Any, wall_s: float) -> dict:
-    """Key numbers of a run: validation success after SFT (RL step 0) and at the end, wall time."""
+def checkpoint_ranks(path: str | Path) -> int:
+    """How many ranks wrote a checkpoint (its state.pt's ``world_size``; 1 for a one-process one)."""
+    state = torch.load(Path(path) / "state.pt", map_location="cpu", weights_only=False)
+    return int(state.get("world_size", 1)) if isinstance(state, dict) else 1
+
+
+def summarize(run: Any, wall_s: float, ranks: int = 1) -> dict:
+    """Key numbers of a run: validation success after SFT (RL step 0) and at the end, wall time,
+    the job's ranks (processes)."""
     from vagent.runs import read_metrics
 
     records = read_metrics(run.metrics)
     val = [r for r in records if r.get("phase") == "rl" and "val/success_rate" in r]
     sft = [r for r in records if r.get("phase") == "sft" and "sft/loss" in r]
-    out: dict[str, Any] = {"run_dir": str(run.root), "wall_time_s": round(wall_s, 1)}
+    out: dict[str, Any] = {"run_dir": str(run.root), "wall_time_s": round(wall_s, 1), "ranks": ranks}
     if sft:
         out["sft_steps"] = len(sft)
         out["sft_final_loss"] = sft[-1]["sft/loss"]
@@ -337,11 +356,14 @@ def summarize(run: Any, wall_s: float) -> dict:
 
 
 def format_summary(s: dict) -> str:
-    lines = [f"run directory: {s['run_dir']}", f"wall time: {s['wall_time_s'] / 60:.1f} min"]
+    ranks = s.get("ranks", 1)
+    lines = [f"run directory: {s['run_dir']}",
+             f"wall time: {s['wall_time_s'] / 60:.1f} min" + (f" on {ranks} ranks" if ranks > 1 else "")]
     if "sft_final_loss" in s:
         lines.append(f"SFT: {s['sft_steps']} steps, final loss {s['sft_final_loss']:.3f}")
     if "val_success_start" in s:
-        lines.append(f"validation success: {s['val_success_start']:.3f} at RL step 0 (after SFT) -> "
+        start = "after SFT" if "sft_steps" in s else "before any update"
+        lines.append(f"validation success: {s['val_success_start']:.3f} at RL step 0 ({start}) -> "
                      f"{s['val_success_end']:.3f} at the end (best {s['val_success_best']:.3f})")
     lines.append(f"curves: {Path(s['run_dir']) / 'plots'}")
     return "\n".join(lines)

@@ -39,15 +39,39 @@ RECORDED_PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "nump
 #: fields of environment.json that change results when they differ (the rest is informational)
 RESULT_FIELDS = ("threads", "cpu_capability", "cpu_kernel_env", "packages", "machine")
 
+#: the CPU: its vendor decides MKL's code path (``MKL_CBWR=AVX2`` holds on Intel CPUs only; on
+#: others MKL runs its ``AUTO`` branch), so the same run gives other last bits on another CPU
+#: (docs/results.md, 'Results on other CPUs'); a resume on another CPU warns as for the fields above
+CPU_FIELDS = ("cpu_vendor", "cpu_model", "cpu_flags")
 
-def _cpu_model() -> str:
+#: the /proc/cpuinfo flags that select kernels (AVX2, FMA, AVX-512 and its extensions, AMX)
+KERNEL_CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512dq", "avx512bw", "avx512vl", "avx512_vnni",
+                    "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8")
+
+
+def _cpuinfo(field: str) -> str | None:
+    """The first ``field : value`` of /proc/cpuinfo (None where there is none, e.g. not Linux)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.split(":", 1)[0].strip() == field:
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or "unknown"
+    return None
+
+
+def _cpu_model() -> str:
+    return _cpuinfo("model name") or platform.processor() or "unknown"
+
+
+def _cpu_vendor() -> str:
+    """``GenuineIntel``, ``AuthenticAMD``, ... (x86), else the machine (``aarch64``)."""
+    return _cpuinfo("vendor_id") or platform.machine() or "unknown"
+
+
+def _cpu_flags() -> list[str]:
+    flags = set((_cpuinfo("flags") or "").split())
+    return [f for f in KERNEL_CPU_FLAGS if f in flags]
 
 
 def describe_environment() -> dict:
@@ -66,17 +90,25 @@ def describe_environment() -> dict:
         "cpu_kernel_env": {k: os.environ.get(k) for k in PINNED_CPU_KERNELS},
         "packages": packages,
         "machine": platform.machine(),
+        "cpu_vendor": _cpu_vendor(),
         "cpu_model": _cpu_model(),
+        "cpu_flags": _cpu_flags(),
         "cpu_count": os.cpu_count(),
         "python": sys.version.split()[0],
         "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
+        # the job: its processes and hosts (1 and 1 for a plain `vagent train`)
+        "ranks": int(os.environ.get("WORLD_SIZE", "1")),
+        "nodes": int(os.environ.get("GROUP_WORLD_SIZE", "1")),
     }
 
 
-def environment_differences(saved: dict, now: dict) -> list[str]:
-    """The result-changing fields that differ between a recorded environment and this one."""
+def environment_differences(saved: dict, now: dict, fields: tuple[str, ...] = RESULT_FIELDS + CPU_FIELDS) -> list[str]:
+    """The result-changing ``fields`` that differ between a recorded environment and this one (a
+    CPU field that ``saved`` lacks, written before vagent recorded it, is not compared)."""
     out = []
-    for key in RESULT_FIELDS:
+    for key in fields:
+        if key in CPU_FIELDS and key not in saved:
+            continue
         a, b = saved.get(key), now.get(key)
         if isinstance(a, dict) and isinstance(b, dict):
             out += [f"{key}.{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b))
