@@ -59,7 +59,9 @@ GPU = "needs GPUs (CUDA, vLLM or several cards); tests marked gpu run it where a
 SERVER = "starts a server that runs until stopped; tests/service and tests/viewer start it on loopback"
 HUB = "needs a Hugging Face hub model (a download); tests/models/test_hub_loading.py loads a cached one"
 NEEDS_RUN = "needs a run directory or checkpoint that a training run writes"
-CORRIDOR = "needs mypackage/corridor.py, the template of docs/custom_env.md; tests/envs cover --import"
+CORRIDOR = ("needs mypackage/corridor.py, the template of docs/custom_env.md: tests/recipes/test_custom_env.py runs "
+            "the guide's envs, play, demos and train commands as written from the markdown, and "
+            "tests/recipes/test_remote_envs.py starts serve-env --import mypackage.corridor")
 BENCH = "a benchmark: minutes on a 2-core machine, and its figures are measurements, not checks"
 
 # Commands the docs show that this test does not run: pattern -> reason.

@@ -90,3 +90,28 @@ def test_env_declared_stop_strings_join_the_rollout_stop():
     zoom = load_config(str(C.preset_dir() / "vigorl_zoom_grpo.yaml"), [])
     assert sampling_for(zoom, 0).stop == ("</answer>", "</tool_call>")
     assert sampling_for(zoom, 0, greedy=True).stop == ("</answer>", "</tool_call>")
+
+
+def test_missing_config_lists_only_training_presets():
+    """configs/eval_example.yaml is a `vagent eval` config: the presets a missing --config names are
+    the run configs, each loadable."""
+    from vagent.config import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        load_config("my_run.yaml")
+    listed = str(info.value).split("(presets: ")[1].rstrip(").").split(", ")
+    assert "frozenlake_ppo" in listed and "eval_example" not in listed
+    for name in listed:
+        load_config(str(C.preset_dir() / f"{name}.yaml"))
+
+
+def test_training_guide_defines_my_run_yaml():
+    """docs/training.md's real-checkpoint commands use my_run.yaml: the guide defines it, and it loads
+    with the commands' override (no model is loaded here)."""
+    import re
+
+    guide = (CONFIGS.parent / "docs" / "training.md").read_text()
+    (block,) = [b for b in re.findall(r"```yaml\n(.*?)```", guide, flags=re.S) if b.startswith("# my_run.yaml")]
+    assert "vagent train --config my_run.yaml model.path=Qwen/Qwen2.5-VL-3B-Instruct" in guide
+    cfg = load_config(yaml.safe_load(block), ["model.path=Qwen/Qwen2.5-VL-3B-Instruct"])
+    assert cfg.sft.steps == 0 and cfg.device == "cuda" and cfg.update.actor_lr == 1e-6

@@ -1,19 +1,18 @@
-"""docs/custom_env.md, followed literally: its module template saved as a package module, then
-``vagent envs``, ``vagent play`` and ``vagent demos`` (fresh processes) and a two-step
-``vagent train`` (in process, on the tiny VLM) with ``--import``."""
+"""docs/custom_env.md, followed literally: its module template saved as a package module, then the
+guide's own commands as written (``vagent envs``, ``vagent play`` in a fresh process, ``vagent demos``,
+its scaled-down ``vagent train``), parsed from the markdown, and its Python snippet."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
-from tests.recipes.conftest import small_overrides
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "custom_env.md"
 
@@ -46,43 +45,77 @@ def vagent(*args: str, cwd: Path) -> subprocess.CompletedProcess:
                           text=True, timeout=120)
 
 
+def guide_commands(verb: str) -> list[list[str]]:
+    """The guide's ``vagent VERB ...`` commands (fenced shell blocks, continuations joined), as argv."""
+    from tests.test_docs import extract_commands
+
+    root = GUIDE.parents[1]
+    return [shlex.split(c.text)[1:] for c in extract_commands(GUIDE, root) if c.text.startswith(f"vagent {verb} ")]
+
+
 def test_guide_commands(corridor_pkg, capsys):
+    """The guide's envs / play / demos commands, as written."""
     from vagent.cli import main
 
     # `vagent play` in a fresh process: the import happens there, not in this test's process
-    out = vagent("play", "corridor", "--import", "mypackage.corridor", "--policy", "solver", "--seed", "3",
-                 cwd=corridor_pkg)
+    (play,) = guide_commands("play")
+    out = vagent(*play, cwd=corridor_pkg)
     assert out.returncode == 0, out.stderr
     assert "episode over: success=True" in out.stdout
 
-    assert main(["envs", "corridor", "--import", "mypackage.corridor"]) == 0
+    (envs,) = guide_commands("envs")
+    assert main(envs) == 0
     shown = capsys.readouterr().out
     assert "corridor: Corridor: walk right along a corridor to the exit." in shown
     assert "length (int, default 6)" in shown
 
-    demos = corridor_pkg / "demos" / "corridor.jsonl"
-    assert main(["demos", "corridor", str(demos), "--n", "2", "--import", "mypackage.corridor"]) == 0
-    assert [json.loads(line)["meta"]["success"] for line in demos.read_text().splitlines()] == [True, True]
+    (demos,) = guide_commands("demos")
+    assert main(demos) == 0
+    written = corridor_pkg / "demos" / "corridor.jsonl"
+    assert [json.loads(line)["meta"]["success"] for line in written.read_text().splitlines()] == [True] * 8
+    assert sorted(p.name for p in written.parent.iterdir()) == ["corridor.jsonl"]  # a text env: no image folder
 
     assert main(["play", "corridor", "--import", "mypackage.nothere"]) == 2
     assert "no module named 'mypackage.nothere'" in capsys.readouterr().err
 
 
-def test_without_import_the_env_is_unknown(tmp_path):
-    """What the guide's users hit before --import existed (a fresh process: nothing registered)."""
-    out = vagent("envs", "corridor", cwd=tmp_path)
-    assert out.returncode != 0 and "Unknown env 'corridor'" in out.stderr
+def test_guide_python_snippet(corridor_pkg):
+    """The guide's "In Python" block, run as a script from the folder that holds mypackage/."""
+    blocks = re.findall(r"```python\n(.*?)```", GUIDE.read_text(), flags=re.S)
+    (snippet,) = [b for b in blocks if "check_env(" in b]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    out = subprocess.run([sys.executable, "-c", snippet], cwd=corridor_pkg, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "determinism in a fresh process" in out.stdout
 
 
-def test_guide_two_step_train(corridor_pkg, tiny_vlm):
+def test_unknown_env_names_import(corridor_pkg, capsys):
+    """What a user sees when the env's module was not imported, or the name is misspelt."""
+    from vagent.cli import main
+
+    out = vagent("envs", "corridor", cwd=corridor_pkg)  # a fresh process: nothing registered
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert "Unknown env 'corridor'." in out.stderr and "pass --import MODULE" in out.stderr
+    assert main(["envs", "corridr", "--import", "mypackage.corridor"]) == 2
+    err = capsys.readouterr().err
+    assert "Unknown env 'corridr'. Did you mean 'corridor'?" in err and "pass --import MODULE" in err
+
+
+def test_guide_train_command(corridor_pkg, monkeypatch):
+    """The guide's ``vagent train`` as written (the default preset's tiny model, built under an empty
+    HOME's ~/.cache/vagent): it updates the actor and validates."""
     from vagent.cli import main
     from vagent.recipes.config import load_config
 
-    args = small_overrides(corridor_pkg, tiny_vlm, "envs.0.name=corridor", "envs.0.config={}")
-    assert main(["train", "--import", "mypackage.corridor", "--quiet", *args]) == 0
-    run = next((corridor_pkg / "runs").iterdir())
+    monkeypatch.setenv("HOME", str(corridor_pkg / "home"))
+    (train,) = guide_commands("train")
+    assert main(train) == 0
+    (run,) = (corridor_pkg / "runs").iterdir()
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records if r.get("phase") == "rl" and "loss/policy" in r] == [1, 2]
+    updated = {r["step"]: r["actor/updated"] for r in records if r.get("phase") == "rl" and "actor/updated" in r}
+    assert updated == {1: 0.0, 2: 0.0, 3: 1.0}
+    assert [r["step"] for r in records if "val/corridor/success_rate" in r] == [0, 3]
     saved = load_config(run / "config.yaml")  # --resume reads this: the import is kept
     assert saved.imports == ["mypackage.corridor"] and saved.envs[0].name == "corridor"
 

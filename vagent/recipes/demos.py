@@ -181,6 +181,7 @@ def play_demo(settings: DemoSettings, seed: int, image_dir: Path | None, image_p
             for j, im in enumerate(obs.images):
                 name = f"s{seed:07d}_t{t}_{j}.png"
                 if image_dir is not None:
+                    image_dir.mkdir(exist_ok=True)  # on the first image: a text env leaves no empty folder
                     im.save(image_dir / name)
                 images.append(f"{image_prefix}{name}")
             reply = demo_reply(env, actions, settings.objects, settings.reasoning_objects, settings.reasoning_plan)
@@ -206,8 +207,7 @@ def write_demos(settings: DemoSettings, out: str | Path) -> dict:
     if not 0 <= settings.random_action_frac <= 1:
         raise ValueError(f"random_action_frac must be in [0, 1], got {settings.random_action_frac}")
     out.parent.mkdir(parents=True, exist_ok=True)
-    image_dir = out.parent / f"{out.stem}_images"
-    image_dir.mkdir(exist_ok=True)
+    image_dir = out.parent / f"{out.stem}_images"  # made by the first image (none for a text env)
     seeds = split_seeds(settings.split, settings.n, settings.offset)
     n_success = n_turns = 0
     with open(out, "w") as f:
