@@ -1,0 +1,90 @@
+"""scripts/gpu-check and scripts/gpu-wheels on a machine without CUDA: the dry run CI runs, the
+process-group time limit of a stage, the wheel-folder check and the CPU-vs-CUDA comparison."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import io
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_script(name: str):
+    loader = importlib.machinery.SourceFileLoader(name.replace("-", "_"), str(ROOT / "scripts" / name))
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[loader.name] = module  # dataclasses look their module up there
+    loader.exec_module(module)
+    return module
+
+
+def test_dry_run_resolves_the_wheels_and_skips_the_cuda_stages_in_one_line_each(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu-check"), str(tmp_path), "--dry-run"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((tmp_path / "gpu-check.json").read_text())
+    by_name = {s["name"]: s for s in report["stages"]}
+    assert by_name["versions"]["status"] == "ok" and "torch" in by_name["versions"]["figures"]
+    assert by_name["wheels"]["status"] == "ok", by_name["wheels"]["reason"]
+    assert "transformers" in " ".join(by_name["wheels"]["figures"]["wheels"])
+    cuda_stages = ["pytest_gpu", "ppo_cpu", "ppo_cuda", "build_3b", "update_bench", "generation"]
+    for name in cuda_stages:
+        assert by_name[name]["status"] == "skipped" and by_name[name]["reason"], name
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("gpu-check: ")]
+    for name in cuda_stages:  # one line each, saying why
+        assert sum(f" {name} " in ln and "skipped" in ln for ln in lines) == 1, proc.stdout
+    assert (tmp_path / "gpu-check.log").read_text().count("=====") == len(report["stages"])
+
+
+def test_a_stage_past_its_limit_is_killed_with_its_children_and_the_output_kept(tmp_path):
+    check = load_script("gpu-check")
+    pid_file = tmp_path / "child.pid"
+    code = ("import subprocess, sys, time; "
+            f"c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+            f"open({str(pid_file)!r}, 'w').write(str(c.pid)); print('started', flush=True); time.sleep(60)")
+    t0 = time.monotonic()
+    rc, out, seconds = check.run_process([sys.executable, "-c", code], 3.0, io.StringIO(), None)
+    assert rc is None and "started" in out and time.monotonic() - t0 < 30
+    child = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
+        status = Path(f"/proc/{child}/status").read_text() if Path(f"/proc/{child}/status").exists() else ""
+        if "zombie" in status:
+            break
+        time.sleep(0.1)
+    alive = Path(f"/proc/{child}/status").exists() and "zombie" not in Path(f"/proc/{child}/status").read_text()
+    assert not alive, "the stage's grandchild outlived the stage's time limit"
+
+
+def test_wheel_folder_check_names_a_missing_wheel_an_extra_version_and_the_budget(tmp_path):
+    gw = load_script("gpu-wheels")
+    wanted = gw.resolved()
+    assert [n for n, _ in wanted] == list(gw.WHEELS)
+    for name, version in wanted:
+        (tmp_path / f"{name.replace('-', '_')}-{version}-py3-none-any.whl").write_bytes(b"x")
+    assert gw.check(tmp_path) == []
+    name, version = wanted[0]
+    (tmp_path / f"{name}-{version}-py3-none-any.whl").unlink()
+    (tmp_path / f"{name}-0.0.1-py3-none-any.whl").write_bytes(b"x" * (int(gw.BUDGET_MIB) + 1) * 2**20)
+    problems = " ".join(gw.check(tmp_path))
+    assert f"{name}=={version}: no wheel" in problems and "budget" in problems
+    assert "does not exist" in gw.check(tmp_path / "nope")[0]
+
+
+def test_cuda_vs_cpu_comparison_reports_the_metrics_over_tolerance():
+    check = load_script("gpu-check")
+    cpu = [{"step": 1, "phase": "rl", "loss/policy": 0.5, "reward/mean": 1.0, "perf/update_tokens_per_s": 10.0},
+           {"step": 2, "phase": "rl", "loss/policy": 0.25, "reward/mean": 1.0, "perf/update_tokens_per_s": 11.0}]
+    cuda = [{**cpu[0], "perf/update_tokens_per_s": 900.0}, {**cpu[1], "loss/policy": 0.2505}]
+    res = check.compare_runs(cpu, cuda)
+    assert res["steps_compared"] == 2 and res["metrics_compared"] == 3  # step, loss/policy, reward/mean
+    assert list(res["over_tolerance"]) == ["loss/policy"]
+    assert res["over_tolerance"]["loss/policy"] == pytest.approx(0.002)
