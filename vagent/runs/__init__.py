@@ -11,6 +11,7 @@ Recipes (``vagent.recipes``) call these small pieces; none of them knows about a
 - :mod:`vagent.runs.plots`      learning-curve PNGs
 - :mod:`vagent.runs.progress`   config summary, start-up arithmetic, progress with ETA, ``train.log``, library output
 - :mod:`vagent.runs.errors`     NaN/inf, out-of-memory, full-disk and model errors with the fix in the message
+- :mod:`vagent.runs.lock`       one writer per run directory: ``run.lock``, held by the live job
 """
 
 from vagent.runs.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
