@@ -1,13 +1,30 @@
 """Suite-wide settings: one torch thread per process (2-core CI machines are oversubscribed by
 torch's default thread pool; measured 20-40x slower generation with 2 threads under load)."""
 
+import importlib.util
 import os
+
+import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """``vllm``-marked tests need vLLM: skipped where it is not installed (the main .venv), failed
+    instead when VAGENT_REQUIRE_VLLM=1 (CI runs them in .venv-vllm, built by scripts/vllm-env)."""
+    if item.get_closest_marker("vllm") is None:
+        return
+    if importlib.util.find_spec("vllm") is None:
+        why = ("vLLM is not installed in this environment: build .venv-vllm with scripts/vllm-env, then run "
+               ".venv-vllm/bin/python -m pytest -m vllm")
+        if os.environ.get("VAGENT_REQUIRE_VLLM") == "1":
+            pytest.fail(f"VAGENT_REQUIRE_VLLM=1 but {why}", pytrace=False)
+        pytest.skip(why)
 
 
 def pytest_configure(config):

@@ -29,6 +29,8 @@ def tiny_model_dir(m: ModelConfig, envs: Sequence[EnvEntry] = ()) -> Path:
 
     corpus = hashlib.sha256("\n".join(tokenizer_corpus()).encode()).hexdigest()[:8]
     name = f"tiny-{m.tiny_family}-h{m.tiny_hidden}-l{m.tiny_layers}-i{m.tiny_image_size}-s{m.tiny_seed}-{corpus}"
+    if m.tiny_heads != 4:  # 4 heads: the name the tiny models had before the knob
+        name += f"-heads{m.tiny_heads}"
     if m.tiny_rope_theta:
         name += f"-rope{m.tiny_rope_theta:g}"
     if m.tiny_pretrain_steps > 0:
@@ -120,8 +122,9 @@ def _build_tiny(m: ModelConfig, envs: Sequence[EnvEntry], tmp: Path, name: str,
     from vagent.models.tiny import build_tiny_vlm
 
     say(f"building tiny model {name} (first run only) ...")
-    build_tiny_vlm(tmp, family=m.tiny_family, hidden=m.tiny_hidden, layers=m.tiny_layers,
-                   image_size=m.tiny_image_size, seed=m.tiny_seed, rope_theta=m.tiny_rope_theta or None)
+    build_tiny_vlm(tmp, family=m.tiny_family, hidden=m.tiny_hidden, layers=m.tiny_layers, heads=m.tiny_heads,
+                   kv_heads=max(1, m.tiny_heads // 2), image_size=m.tiny_image_size, seed=m.tiny_seed,
+                   rope_theta=m.tiny_rope_theta or None)
     if m.tiny_pretrain_steps > 0:
         from vagent.recipes.pretrain import pretrain_captions
 
