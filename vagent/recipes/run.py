@@ -3,9 +3,10 @@
 The order, top to bottom::
 
     run dir being resumed: finished (summary.json)? then say so and change nothing
+    run dir being resumed: take its lock (run.lock: one writer; a live one -> refused with its PID)
     seeds, threads, device, bf16
     model directory (the tiny model is built once under model.cache_dir) -> load -> compatible?
-    new run dir <- config.yaml; train.log <- what was printed so far (the build's progress)
+    new run dir <- config.yaml, its lock; train.log <- what was printed so far (the build's progress)
     config summary, start-up arithmetic
     latest checkpoint (resume) -> metrics.jsonl cut back to it
     SFT warm start (sft.steps > 0), skipped when an SFT-complete checkpoint exists
