@@ -51,7 +51,7 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 import torch
 
-from vagent.runs.errors import TrainingError, disk_full_error, is_disk_full
+from vagent.runs.errors import DiskFullError, TrainingError, is_disk_full
 from vagent.runs.manifest import (
     MANIFEST, WriterLock, check_zip_files, remove_stale_temporaries, verify_manifest, write_manifest,
 )
@@ -180,7 +180,8 @@ def _writing(tmp: Path, final: Path) -> Iterator[WriterLock]:
         lock = WriterLock(tmp)
         yield lock
     except BaseException as exc:
-        full = disk_full_error(final, exc, what="checkpoint") if is_disk_full(exc) else None
+        full = (exc if isinstance(exc, DiskFullError) else DiskFullError(final, what="checkpoint")) \
+            if is_disk_full(exc) else None
         shutil.rmtree(tmp, ignore_errors=True)
         if full is not None:
             raise full from exc
