@@ -504,7 +504,11 @@ class PrimitiveSkillEnv:
             f"y in [{fmt_num(b.y[0])}, {fmt_num(b.y[1])}], z in [{fmt_num(b.z[0])}, {fmt_num(b.z[1])}] mm.",
             f"The episode ends when the task is done or after {cfg.max_steps} turns.",
         ]
-        if cfg.render == "vision":
+        if cfg.render == "vision" and cfg.backend == "maniskill":
+            lines.append("Each observation has a top-down camera image of the table: the robot stands below the "
+                         "bottom edge, x points up and y to the left; targets are red and white rings; raised "
+                         "(stacked or held) objects look larger; while the arm holds an object its hand covers it.")
+        elif cfg.render == "vision":
             lines.append("Each observation has a top-down image: the robot base is at the bottom, x points up and "
                          "y to the left, grid lines every 50 mm; targets are red and white rings, the cabinet and "
                          "drawer brown, the gripper grey; raised (stacked or held) objects look larger and cast a "
