@@ -206,6 +206,9 @@ def test_full_disk_is_one_line_and_the_run_resumes_once_space_is_freed(finished,
     size2 = sum(p.stat().st_size for p in ckpt2.rglob("*") if p.is_file())
     shutil.rmtree(ckpt2)  # killed before checkpoint 2: the resume trains step 2 and saves it
     filler = _fill(small_disk, size2 // 2)  # room for step 2's records, not for its checkpoint
+    curves = run / "plots" / "curves.png"
+    curves.unlink()
+    curves.mkdir()  # the plots redrawn while the run stops fail too: that must not hide the disk's error
 
     for _ in range(2):  # the first try fills the disk; a second on the still-full disk fails the same way
         assert main(["train", "--resume", str(run), "--quiet"]) == 1
@@ -217,7 +220,9 @@ def test_full_disk_is_one_line_and_the_run_resumes_once_space_is_freed(finished,
         assert check_checkpoint(run / "checkpoints" / "step_000001") is None
         assert not ckpt2.exists()
 
+    assert "while stopping, plotting failed too: IsADirectoryError" in (run / "train.log").read_text()
     filler.unlink()
+    curves.rmdir()
     assert main(["train", "--resume", str(run), "--quiet"]) == 0
     assert _comparable(run) == _comparable(finished)
     assert check_checkpoint(ckpt2) is None

@@ -244,19 +244,18 @@ def _train(cfg: RunConfig, run: Any, resuming: bool, console: Any, t_start: floa
         raise
     finally:
         failing = sys.exc_info()[1] is not None  # then a failure here must not hide that error
-        closing = [logger.close]
-        if hub is not None:
-            closing.insert(0, hub.close)  # uploads the last checkpoint if it is not up yet (bounded wait)
+        closing = [("closing the metrics logger", logger.close)]
+        if hub is not None:  # uploads the last checkpoint if it is not up yet (bounded wait)
+            closing.insert(0, ("the hub upload", hub.close))
         if world.is_main and run.metrics.is_file():
-            closing.append(lambda: plot_run(run.metrics, run.plots))
-        for close in closing:
+            closing.append(("plotting", lambda: plot_run(run.metrics, run.plots)))
+        for what, close in closing:
             try:
                 close()
             except Exception as exc:
                 if not failing:
                     raise
-                console.log(f"warning: while stopping, {getattr(close, '__qualname__', 'plotting')} failed too: "
-                            f"{type(exc).__name__}: {exc}")
+                console.log(f"warning: while stopping, {what} failed too: {type(exc).__name__}: {exc}")
     if world.is_main:
         summary = summarize(run, time.time() - t_start, ranks=world.size)
         (run.root / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
