@@ -1,6 +1,7 @@
 """One writer per run directory (vagent.runs.lock), with real processes: a second ``vagent train
---resume`` on a directory whose job is alive is refused with that job's PID; once the job is
-SIGKILLed its lock is free and the next resume takes it over, saying whose it was."""
+--resume`` (or ``--nproc 2 --resume``) on a directory whose job is alive is refused with that job's
+PID; once the job is SIGKILLed its lock is free and the next resume takes it over, saying whose it
+was."""
 
 from __future__ import annotations
 
@@ -68,6 +69,10 @@ def test_second_resume_is_refused_and_a_dead_holders_lock_is_taken_over(tmp_path
         assert second.returncode == 1, second.stdout + second.stderr
         assert f"being written by a live job: PID {pid} on host" in second.stderr, second.stderr
         assert not (run / "metrics.jsonl").exists() and not (run / "train.log").exists()  # it wrote nothing
+        job = subprocess.run([sys.executable, "-m", "vagent", "train", "--nproc", "2", "--resume", str(run)],
+                             capture_output=True, text=True, timeout=120)
+        assert job.returncode == 1 and f"live job: PID {pid} on host" in job.stderr, job.stdout + job.stderr
+        assert "torch.distributed" not in job.stderr  # refused by the launcher, before starting the ranks
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=30)
     finally:
