@@ -6,6 +6,9 @@ non-overlapping ranges and ``split_seeds`` refuses to hand out a seed outside it
 
 from __future__ import annotations
 
+import hashlib
+from typing import Any
+
 SPLITS: dict[str, range] = {
     "train": range(0, 1_000_000),
     "val": range(1_000_000, 1_010_000),
@@ -29,3 +32,10 @@ def split_of(seed: int) -> str:
         if seed in r:
             return name
     raise ValueError(f"Seed {seed} belongs to no split; splits: " + ", ".join(f"{k}={v.start}..{v.stop - 1}" for k, v in SPLITS.items()))
+
+
+def derive_seed(*parts: Any) -> int:
+    """A 62-bit seed from any parts (sha256 of their reprs joined by ``|``): same parts, same seed,
+    in any process. The one seed derivation of vagent (recipes, rollouts, MCTS)."""
+    blob = "|".join(repr(p) for p in parts).encode()
+    return int.from_bytes(hashlib.sha256(blob).digest()[:8], "little") >> 2

@@ -115,3 +115,23 @@ def test_training_guide_defines_my_run_yaml():
     assert "vagent train --config my_run.yaml model.path=Qwen/Qwen2.5-VL-3B-Instruct" in guide
     cfg = load_config(yaml.safe_load(block), ["model.path=Qwen/Qwen2.5-VL-3B-Instruct"])
     assert cfg.sft.steps == 0 and cfg.device == "cuda" and cfg.update.actor_lr == 1e-6
+
+
+def test_loss_agg_is_checked_at_load_and_the_dead_value_coef_is_gone():
+    with pytest.raises(ConfigError) as err:  # a typo fails here, not at the first update after SFT
+        load_config(None, ["update.loss_agg=token_mean"])
+    assert "token-mean" in str(err.value) and "seq-mean-token-mean" in str(err.value)
+    assert load_config(None, ["update.loss_agg=seq-mean-token-sum"]).update.loss_agg == "seq-mean-token-sum"
+    with pytest.raises(ConfigError, match="value_coef"):  # documented once, read nowhere: removed
+        load_config(None, ["ppo.value_coef=0.5"])
+
+
+def test_accumulation_weight_refuses_an_unknown_aggregation():
+    import torch
+
+    from vagent.recipes.batching import accumulation_weight
+
+    mask = torch.ones(2, 3)
+    assert accumulation_weight(mask[:1], mask, "token-mean") == 0.5
+    with pytest.raises(ValueError, match="token-mean"):
+        accumulation_weight(mask[:1], mask, "token_mean")  # was silently a sequence mean

@@ -28,7 +28,7 @@ import html
 import json
 import math
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 #: the 0.975 quantile of the standard normal distribution (two-sided 95 % interval)
 Z95 = 1.959963984540054
@@ -266,11 +266,6 @@ def render_html(summary: Mapping[str, Any], records: Mapping[tuple[str, str, str
                          f"episodes/{_e(row['model'])}/{_e(row['env'])}/{_e(row['format'])}/</p>")
     parts.append("</body></html>")
     return "".join(parts)
-
-
-def iter_cells(summary: Mapping[str, Any]) -> Iterable[tuple[str, str, str]]:
-    for row in summary["cells"]:
-        yield row["env"], row["model"], row["format"]
 
 
 __all__ = ["Z95", "wilson_interval", "summarize_cell", "summary_metrics", "table_rows", "print_table",

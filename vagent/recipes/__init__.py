@@ -5,7 +5,8 @@
 - :mod:`vagent.recipes.sft`    SFT on JSONL chat data with images (the warm start before RL)
 - :mod:`vagent.recipes.demos`  solver demonstrations in the SFT chat format (``vagent demos``)
 - :mod:`vagent.recipes.update` the PPO-clip actor update and the critic update they share
-- :mod:`vagent.recipes.common` seeds, devices, model set-up, optimizers
+- :mod:`vagent.recipes.common` env seeds, devices, model set-up, sampling settings
+- :mod:`vagent.recipes.optim`  seeds, optimizers, learning-rate schedules, gradient clipping
 - :mod:`vagent.recipes.scoring` forward passes on a token batch and the scoring passes
 - :mod:`vagent.recipes.batching` mini-/micro-batches and the weights that make accumulation exact
 - :mod:`vagent.recipes.rollouts` the training rollout (shared between ranks), validation, reward metrics

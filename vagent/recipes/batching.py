@@ -45,6 +45,10 @@ def accumulation_weight(mb_mask: Tensor, total_mask: Tensor, agg: str) -> float:
     """Weight of a micro-batch's aggregated loss so that the weighted sum over micro-batches equals
     the loss aggregated over the whole mini-batch: token-mean -> its share of loss tokens;
     sequence means -> its share of non-empty rows."""
+    from vagent.rl.losses import AGG_MODES
+
+    if agg not in AGG_MODES:
+        raise ValueError(f"loss aggregation must be one of {AGG_MODES}, got {agg!r} (update.loss_agg)")
     if agg == "token-mean":
         return float(mb_mask.sum()) / max(1.0, float(total_mask.sum()))
     return float((mb_mask.sum(-1) > 0).sum()) / max(1.0, float((total_mask.sum(-1) > 0).sum()))

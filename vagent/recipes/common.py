@@ -1,4 +1,4 @@
-"""Small functions the recipes share: seeds, devices, model set-up, optimizers.
+"""Small functions the recipes share: env seeds, devices, model set-up, sampling settings.
 
 Nothing here is a trainer: each function does one thing and the recipes (ppo.py, grpo.py,
 sft.py) call them in the order the algorithm runs. The rest of what the recipes share lives by

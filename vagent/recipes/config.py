@@ -28,10 +28,6 @@ from typing import Any, Literal, Mapping, Sequence
 
 from vagent.config import ConfigError, _suggest, from_mapping, to_dict
 
-ESTIMATORS_PPO = ("masked_gae", "bi_level_gae", "turn_gae", "no_concat_gae")
-ESTIMATORS_GRPO = ("grpo", "rloo", "reinforce_pp", "gigpo")
-
-
 @dataclass
 class ModelConfig:
     """Which policy to train and how to load it."""
@@ -204,7 +200,7 @@ class UpdateConfig:
     #: dual-clip constant c > 1 bounding the loss of negative-advantage tokens (null = off)
     dual_clip: float | None = None
     #: loss aggregation: token-mean, seq-mean-token-sum or seq-mean-token-mean
-    loss_agg: str = "token-mean"
+    loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
     #: entropy bonus coefficient
     entropy_coef: float = 0.001
     #: KL-to-reference coefficient (0 = no reference model is loaded)
@@ -237,8 +233,6 @@ class PPOConfig:
     critic_lr: float = 1e-5
     #: value-loss clip around the rollout-time values (0 = off)
     value_clip: float = 0.5
-    #: value-loss weight when the critic shares the policy backbone
-    value_coef: float = 0.5
     #: the first N steps update only the critic (the policy waits for useful values)
     critic_warmup_steps: int = 0
     #: critic backbone: "separate" (a copy of the policy's backbone) or "shared" (one model: the

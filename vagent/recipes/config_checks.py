@@ -124,7 +124,6 @@ RANGES: dict[str, Range] = {
     "ppo.lam": Range(0, 1),
     "ppo.critic_lr": Range(0, 1, lo_open=True),
     "ppo.value_clip": Range(0, 1e9, why="0 = off"),
-    "ppo.value_coef": Range(0, 1000),
     "ppo.critic_warmup_steps": Range(0, STEPS),
     "ppo.filter_value": Range(0, 1, lo_open=True),
     # grpo

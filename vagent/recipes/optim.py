@@ -2,25 +2,19 @@
 
 Below :mod:`vagent.recipes.common` (which re-exports these names) so that ``pretrain.py`` and
 ``sft.py`` can use them without importing ``common``, which builds the tiny model by calling
-``pretrain.py``: no import cycle. Imports only torch and, inside ``clip_grads``,
-:mod:`vagent.distributed`.
+``pretrain.py``: no import cycle. Imports only torch, :mod:`vagent.seeds` (``derive_seed``) and,
+inside ``clip_grads``, :mod:`vagent.distributed`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import math
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 
-
-def derive_seed(*parts: Any) -> int:
-    """A 62-bit seed from any parts (sha256 of their repr): same parts, same seed, any process."""
-    blob = "|".join(repr(p) for p in parts).encode()
-    return int.from_bytes(hashlib.sha256(blob).digest()[:8], "little") >> 2
-
+from vagent.seeds import derive_seed  # re-exported: the recipes' seeds come from here
 
 def make_optimizer(params: Sequence[torch.nn.Parameter], lr: float, weight_decay: float) -> torch.optim.AdamW:
     params = [p for p in params if p.requires_grad]

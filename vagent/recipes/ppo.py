@@ -230,7 +230,10 @@ def train_ppo(session: Session, start_step: int = 0, resume_from: str | None = N
                 "rollout/sampled_tokens": float(M.sum()),
                 "perf/step_time_s": t_end - t_step,
                 "perf/update_time_s": t_end - t_update,
-                "perf/update_tokens_per_s": batch.num_tokens * u.epochs * (2 if step >= p.critic_warmup_steps else 1)
+                # backbones trained: the actor's (after warm-up) and a separate critic's; a shared
+                # critic trains only its head, on the scoring pass's features
+                "perf/update_tokens_per_s": batch.num_tokens * u.epochs
+                * (int(step >= p.critic_warmup_steps) + int(p.critic_backbone == "separate"))
                 / max(1e-9, t_end - t_update),
             })
             if kl_ref is not None:

@@ -62,9 +62,12 @@ def rollout_on_ranks(specs: Sequence[Any], policy: Any, sampling: Any, *, group_
             metrics[key] = max(v for v, _ in vals)
         else:  # episode-weighted mean (reasoning judges' means, prompt-cache fraction)
             metrics[key] = sum(v * k for v, k in vals) / max(1, sum(k for _, k in vals))
-    if "perf/generate_time_s" in metrics:
+    # lockstep: generation time is wall time; async: it is summed over overlapping trajectories,
+    # so the rate divides by the rollout's wall time (each the slowest rank's)
+    clock = "perf/rollout_time_s" if kw.get("schedule") == "async" else "perf/generate_time_s"
+    if clock in metrics:
         tokens = sum(len(t.sampled_token_ids) for e in episodes for t in e.turns)
-        metrics["perf/rollout_tokens_per_s"] = tokens / max(1e-9, metrics["perf/generate_time_s"])
+        metrics["perf/rollout_tokens_per_s"] = tokens / max(1e-9, metrics[clock])
     return RolloutResult(episodes, metrics)
 
 

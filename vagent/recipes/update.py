@@ -163,7 +163,7 @@ def critic_update(
     """Clipped value regression on the positions of ``critic_mask`` [B, L]; returns mean stats.
 
     old_values, returns [B, L] are aligned with the tokens (shifted critic outputs, see
-    ``vagent.recipes.common``). ``features`` [B, L, H]: the backbone's hidden states from the
+    ``vagent.recipes.scoring.shift_right``). ``features`` [B, L, H]: the backbone's hidden states from the
     scoring pass (``score_shared``) of a critic that shares the policy's backbone; the head then
     trains on them without a backbone forward (the same values: the backbone has not changed).
     """

@@ -115,6 +115,3 @@ def env_judge_info(env_name: str) -> EnvJudgeInfo:
     return info
 
 
-def check_kind(kind: str) -> None:
-    if kind not in KINDS:
-        raise ValueError(f"JudgeItem.kind must be one of {KINDS}, got {kind!r}")

@@ -33,7 +33,6 @@ rollout so :mod:`vagent.vigorl.traces` can build backtracking chains.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import time
 from collections import Counter
@@ -41,6 +40,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Sequence
 
 from vagent.rollout.policy import Conversation, Message, Policy, Reply, SamplingConfig
+from vagent.seeds import derive_seed
 from vagent.vigorl import data as D
 from vagent.vigorl.grounding import find_points, parse_grounded
 
@@ -230,11 +230,6 @@ def rollout_conversation(task: Any, thoughts: Sequence[str]) -> Conversation:
     """The prompt asking to finish the chain after ``thoughts`` and answer."""
     instruction = ROLLOUT_INSTRUCTION.replace("{hint}", task.answer_hint())
     return Conversation([Message("system", THOUGHT_SYSTEM), _user(task, thoughts, instruction)])
-
-
-def derive_seed(*parts: Any) -> int:
-    """A process-independent 31-bit seed from ``parts`` (sha256 of their repr)."""
-    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:4], "little") & 0x7FFFFFFF
 
 
 # ---------------------------------------------------------------------------------------------
