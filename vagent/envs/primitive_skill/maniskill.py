@@ -477,7 +477,9 @@ class ManiSkillBackend:
     # -- execution -------------------------------------------------------------------------------
     def _act(self, q: np.ndarray) -> None:
         self.sim_steps += 1
-        self.env.step(np.concatenate([q[:7], [self.gripper]]).astype(np.float32)[None])
+        with warnings.catch_warnings():  # ManiSkill 3.0.1 calls np.isnan on a torch tensor (a numpy 2 deprecation)
+            warnings.filterwarnings("ignore", message="__array_wrap__", category=DeprecationWarning)
+            self.env.step(np.concatenate([q[:7], [self.gripper]]).astype(np.float32)[None])
 
     def _run(self, plan: list) -> None:
         for path, grip in plan:
