@@ -150,3 +150,12 @@ def test_env_info_route_describes_the_server_only_env(corridor_server):
     assert c.ok and c.info is not None
     assert c.info.action_names == ["Left", "Right"] and c.info.reply_stop == []
     assert "length" in [f.name for f in c.info.config_fields]
+
+
+def test_sft_demos_of_a_server_only_env_are_refused_before_the_model_build(corridor_server, tmp_path, capsys):
+    """Solver demonstrations are played in the training process, where the env does not exist."""
+    from vagent.cli import main
+
+    assert main(_train_args(tmp_path, corridor_server, f"envs.0.token={TOKEN}", "sft.steps=2")) == 1
+    err = capsys.readouterr().err
+    assert "sft.steps 2 plays solver demonstrations of corridor in this process" in err and "pass --import" in err

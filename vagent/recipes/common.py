@@ -70,7 +70,8 @@ def check_remote_envs(cfg: RunConfig, say: Any) -> None:
     """Before the model build: every server of every ``envs.N.urls`` answers, accepts the entry's
     token and serves its env (``say`` gets one line per server; a failure raises ConfigError with
     one line per failed server, :mod:`vagent.service.preflight`). SFT demonstrations are played in
-    this process, so they need the env registered here too."""
+    this process and the reasoning judges read the env module here (``judge_spec``, ``LEGEND``,
+    ``describe_state``), so they need the env registered here too."""
     remote = [e for e in cfg.envs if e.urls]
     if not remote:
         return
@@ -85,6 +86,10 @@ def check_remote_envs(cfg: RunConfig, say: Any) -> None:
         raise ConfigError(f"sft.steps {cfg.sft.steps} plays solver demonstrations of {', '.join(local_only)} in this "
                           "process, but that env lives only on its server. Set sft.steps=0, give sft.data, or "
                           f"register the env here too. {IMPORT_HINT}")
+    if cfg.reasoning_reward and local_only:
+        raise ConfigError(f"reasoning_reward judges the descriptions of {', '.join(local_only)} with its env module "
+                          "(judge_spec, LEGEND, describe_state), which lives only on its server. Set "
+                          f"reasoning_reward: null, or register the env here too. {IMPORT_HINT}")
 
 
 def sampling_for(cfg: RunConfig, step: int, greedy: bool = False):
