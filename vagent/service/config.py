@@ -95,7 +95,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body; beyond: 413 (default 1 MiB)")
     p.add_argument("--png-level", type=int, default=1, help="PNG zlib level 0-9, lossless at all levels (default 1)")
     p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
-                   help="module or .py file to import first (registers your own envs); repeatable")
+                   help="module to import first (registers your own envs): a dotted name found from the current "
+                        "folder or sys.path, or a .py file; repeatable")
     p.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
     p.add_argument("--env-config", dest="env_config", action="append", default=[], metavar="ENV.FIELD=VALUE",
                    help="the operator's value of an env config field for every session of ENV (VALUE is JSON, or a "
