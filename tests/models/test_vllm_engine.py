@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from vagent.models.engine import GenerationRequest, HFEngine, SamplingParams
+from vagent.models.tiny import redraw_weights
 
 pytestmark = pytest.mark.vllm
 
@@ -23,20 +24,6 @@ GREEDY = SamplingParams(do_sample=False, max_new_tokens=12)
 LOGPROB_TOL = 1e-4  # fp32, different kernels: measured <= 1e-5
 #: a small fixed KV cache (vLLM's CPU build would take gpu_memory_utilization of the RAM otherwise)
 ENGINE_KW = dict(dtype="float32", kv_cache_memory_bytes=256 << 20, max_model_len=2048)
-
-
-def redraw_weights(model: torch.nn.Module, seed: int) -> None:
-    """Weights whose greedy replies depend on the image: matrices ~ N(0, 1/fan_in) (embeddings x4),
-    norms 1, biases ~ N(0, 0.1)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() >= 2:
-                p.copy_(torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5 * (4 if "embed" in name else 1))
-            elif "norm" in name or "ln_q" in name:
-                p.fill_(1.0)
-            else:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
 
 
 def requests(encoder, make_images, seeds, text="Where is the goal? <image>"):

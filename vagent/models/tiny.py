@@ -387,3 +387,22 @@ def build_tiny_lm(
         model = AutoModelForCausalLM.from_config(config)
     _save_common(model, tok, out, seed)
     return out
+
+
+def redraw_weights(model, seed: int) -> None:
+    """Re-draw ``model``'s weights in place so that greedy replies depend on the prompt's image (for
+    engine parity checks: the builders' default init answers every prompt with one repeated token,
+    which makes "equal replies" prove nothing). Matrices ~ N(0, 1 / fan_in) (embeddings x 4), norm
+    weights 1, biases ~ N(0, 0.1); deterministic in ``seed``, the global RNG untouched."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                scale = (4.0 if "embed" in name else 1.0) / p.shape[-1] ** 0.5
+                p.copy_(torch.randn(p.shape, generator=g) * scale)
+            elif "norm" in name or "ln_q" in name:
+                p.fill_(1.0)
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
