@@ -21,6 +21,7 @@ from vagent.config import ConfigError
 from vagent.envs import make
 from vagent.envs.checker import check_env
 from vagent.envs.formats import render_response
+from vagent.envs.primitive_skill import Bounds
 
 pytestmark = pytest.mark.maniskill
 OFFLINE_TASKS = ("align", "place", "stack")
@@ -163,10 +164,23 @@ def test_a_bad_skill_gets_the_feedback_line_and_changes_nothing(ms_envs):
         assert env.state() == state
         assert np.array_equal(np.asarray(res.obs.images[0]), image)
         assert np.array_equal(env._backend._qpos(), qpos)
-    # a target the arm cannot reach has no motion plan, and planning moves nothing
+    # every workspace point is reachable, so a failed motion plan needs a wider workspace: with the
+    # table stretched to x = 900 mm the rules accept place(800, 0, 20), the arm cannot get there, the
+    # feedback says so and nothing moves
     backend = env._backend
-    why = backend._plan([((1.5, 0.0, 0.1), math.pi / 2, 0.01, None)])
-    assert isinstance(why, str) and "no inverse-kinematics solution" in why
+    res = env.step(reply([env.optimal_actions()[0]]))
+    assert res.info["action_is_valid"] and res.info["held_object"] == "red_cube"
+    held, qpos = env.state(), backend._qpos().copy()
+    wide = Bounds(x=(-100.0, 900.0))
+    backend.bounds, backend._scene_cache = wide, None
+    try:
+        res = env.step(reply(["place(800, 0, 20)"]))
+    finally:
+        backend.bounds, backend._scene_cache = Bounds(), None
+    first = res.obs.text.splitlines()[0]
+    assert first.startswith("Last reply: executed nothing. place(800, 0, 20) failed: no motion plan: "), first
+    assert "no inverse-kinematics solution at (" in first or "the arm would have to jump near (" in first, first
+    assert not res.info["action_is_valid"] and env.state() == held
     assert np.array_equal(backend._qpos(), qpos)
 
 
