@@ -241,7 +241,8 @@ def load_checkpoint(
         _load_into(f, lambda: module.load_state_dict(torch.load(f, map_location="cpu", weights_only=True)))
     for name, opt in optimizers.items():
         if name not in state["optimizers"]:
-            raise KeyError(f"checkpoint {p} has no optimizer '{name}' (has {list(state['optimizers'])}).")
+            raise CheckpointError(f"checkpoint {p} has no optimizer '{name}' (has {list(state['optimizers'])}); it "
+                                  "was written by a different recipe?")
         _load_into(p / "state.pt", lambda: opt.load_state_dict(state["optimizers"][name]))
     for name, sched in schedulers.items():
         if name in state["schedulers"]:
@@ -257,7 +258,8 @@ def _load_into(f: Path, load: Callable[[], Any]) -> None:
         load()
     except (RuntimeError, ValueError, KeyError, TypeError, EOFError, OSError, AttributeError,
             IndexError) as exc:
-        raise CheckpointError(_damaged(f.parent, f"{f.name} cannot be loaded ({_first_line(exc)})")) from exc
+        raise CheckpointError(_damaged(f.parent, f"{f.name} cannot be loaded into this run's model or optimizer "
+                                                 f"({_first_line(exc)})")) from exc
 
 
 def _first_line(exc: BaseException) -> str:
