@@ -43,7 +43,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from PIL import Image
@@ -253,7 +253,7 @@ def grasp_yaw(centre: tuple[float, float], cube_yaw: float, others: list[tuple[f
     largest distance along it to another object that lies within 45 mm of the closing line."""
     best, best_room = 0.0, -1.0
     base = cube_yaw % (math.pi / 2)
-    for cand in sorted((base, base + math.pi / 2), key=lambda a: abs(math.sin(a))):  # nearest to y first
+    for cand in sorted((base, base + math.pi / 2), key=lambda a: -abs(math.sin(a))):  # nearest to y first
         d = np.array([math.cos(cand), math.sin(cand)])
         room = math.inf
         for o in others:
@@ -270,6 +270,19 @@ def grasp_yaw(centre: tuple[float, float], cube_yaw: float, others: list[tuple[f
 # ---------------------------------------------------------------------------------------------
 # The backend
 # ---------------------------------------------------------------------------------------------
+
+class Leg(NamedTuple):
+    """One straight move of the gripper's centre (TCP) in a skill's plan."""
+
+    #: where the TCP goes (world frame, metres)
+    target: tuple[float, float, float]
+    #: horizontal direction (rad) along which the fingers close, gripper pointing down
+    yaw: float
+    #: distance (m) between IK waypoints
+    step: float
+    #: gripper action once there (GRIPPER_OPEN / GRIPPER_CLOSED), None = unchanged
+    gripper: float | None = None
+
 
 class ManiSkillBackend:
     """The ``Backend`` protocol of ``env.py`` on our ManiSkill tabletop with an IK-planned Panda."""
@@ -432,10 +445,10 @@ class ManiSkillBackend:
             q = sol
         return out
 
-    def _plan(self, legs: list[tuple[tuple[float, float, float], float, float, float | None]]) -> list | str:
-        """Plan legs (target position in m, closing yaw, step, gripper after the leg or None) from the
-        current TCP; returns [(joint path, gripper)] or why there is no plan. The gripper is
-        symmetric, so a leg may use ``yaw + pi`` instead (whichever the wrist's range allows, nearest first)."""
+    def _plan(self, legs: list[Leg]) -> list[tuple[list[np.ndarray], float | None]] | str:
+        """Joint paths for ``legs`` from the current TCP, each with the gripper action to take after
+        it (or None), or why there is no plan. The gripper is symmetric, so a leg may use
+        ``yaw + pi`` instead (whichever the wrist's range allows, the nearer turn first)."""
         q = self._qpos()
         pos = tuple(v / 1000 for v in self.tcp_mm())
         yaw = self._current_yaw()
@@ -500,9 +513,8 @@ class ManiSkillBackend:
                 break
             self._act(q)
 
-    def _rest_leg(self, yaw: float) -> list:
-        r = tuple(v / 1000 for v in REST_MM)
-        return [(r, yaw, 2 * _STEP_M, None)]
+    def _rest_leg(self, yaw: float) -> Leg:
+        return Leg((REST_MM[0] / 1000, REST_MM[1] / 1000, REST_MM[2] / 1000), yaw, 2 * _STEP_M)
 
     def _current_yaw(self) -> float:
         m = self.base.agent.tcp.pose.to_transformation_matrix()[0].cpu().numpy()
@@ -521,10 +533,10 @@ class ManiSkillBackend:
         x, y, z = (v / 1000 for v in b.pos)
         start_yaw = self._current_yaw()
         cur = tuple(v / 1000 for v in self.tcp_mm())
-        legs = [((cur[0], cur[1], max(cur[2], TRAVEL_M)), start_yaw, 2 * _STEP_M, None),
-                ((x, y, TRAVEL_M), yaw, 2 * _STEP_M, None),
-                ((x, y, z), yaw, _STEP_M, GRIPPER_CLOSED),
-                ((x, y, TRAVEL_M), yaw, _STEP_M, None)]
+        legs = [Leg((cur[0], cur[1], max(cur[2], TRAVEL_M)), start_yaw, 2 * _STEP_M),
+                Leg((x, y, TRAVEL_M), yaw, 2 * _STEP_M),
+                Leg((x, y, z), yaw, _STEP_M, GRIPPER_CLOSED),
+                Leg((x, y, TRAVEL_M), yaw, _STEP_M)]
         plan = self._plan(legs)
         if isinstance(plan, str):
             return SkillResult(False, f"no motion plan: {plan}")
@@ -550,10 +562,10 @@ class ManiSkillBackend:
         tz = (lz + 3.0) / 1000 - off[2]
         yaw = self._current_yaw()
         cur = tuple(v / 1000 for v in tcp)
-        legs = [((cur[0], cur[1], max(cur[2], TRAVEL_M)), yaw, 2 * _STEP_M, None),
-                ((tx, ty, max(TRAVEL_M, tz)), yaw, 2 * _STEP_M, None),
-                ((tx, ty, tz), yaw, _STEP_M, GRIPPER_OPEN),
-                ((tx, ty, TRAVEL_M), yaw, _STEP_M, None)] + self._rest_leg(yaw)
+        legs = [Leg((cur[0], cur[1], max(cur[2], TRAVEL_M)), yaw, 2 * _STEP_M),
+                Leg((tx, ty, max(TRAVEL_M, tz)), yaw, 2 * _STEP_M),
+                Leg((tx, ty, tz), yaw, _STEP_M, GRIPPER_OPEN),
+                Leg((tx, ty, TRAVEL_M), yaw, _STEP_M), self._rest_leg(yaw)]
         plan = self._plan(legs)
         if isinstance(plan, str):
             return SkillResult(False, f"no motion plan: {plan}")
@@ -577,11 +589,11 @@ class ManiSkillBackend:
         yaw = yaw if math.cos(yaw - math.pi / 2) >= 0 else yaw + math.pi
         cur = tuple(v / 1000 for v in self.tcp_mm())
         start_yaw = self._current_yaw()
-        legs = [((cur[0], cur[1], max(cur[2], TRAVEL_M)), start_yaw, 2 * _STEP_M, None),
-                ((a[0], a[1], TRAVEL_M), yaw, 2 * _STEP_M, None),
-                (a, yaw, _STEP_M, None),
-                (b, yaw, _PUSH_STEP_M, None),
-                ((b[0], b[1], TRAVEL_M), yaw, _STEP_M, None)] + self._rest_leg(yaw)
+        legs = [Leg((cur[0], cur[1], max(cur[2], TRAVEL_M)), start_yaw, 2 * _STEP_M),
+                Leg((a[0], a[1], TRAVEL_M), yaw, 2 * _STEP_M),
+                Leg(a, yaw, _STEP_M),
+                Leg(b, yaw, _PUSH_STEP_M),
+                Leg((b[0], b[1], TRAVEL_M), yaw, _STEP_M), self._rest_leg(yaw)]
         plan = self._plan(legs)
         if isinstance(plan, str):
             return SkillResult(False, f"no motion plan: {plan}")
