@@ -118,14 +118,20 @@ def test_dead_server_and_unserved_env_are_refused(corridor_server, tmp_path, cap
     assert len(lines) == 3
 
 
-@pytest.mark.parametrize("token_from", ["config", "environment"])
-def test_server_only_env_trains_and_validates(corridor_server, tmp_path, tiny_vlm, monkeypatch, capsys, token_from):
+def test_token_in_the_config_passes_the_check(corridor_server, tmp_path, capsys):
+    """With envs.0.token the servers pass, so the next thing to fail is the (missing) model."""
     from vagent.cli import main
 
-    if token_from == "environment":
-        monkeypatch.setenv("VAGENT_SERVICE_TOKEN", TOKEN)
-    token = [f"envs.0.token={TOKEN}"] if token_from == "config" else []
-    args = _train_args(tmp_path, corridor_server, "val.every=2", *token, model=str(tiny_vlm))
+    assert main(_train_args(tmp_path, corridor_server, f"envs.0.token={TOKEN}")) == 1
+    assert capsys.readouterr().err.startswith(f"error: model.path: model directory '{NO_MODEL}' does not exist")
+
+
+def test_server_only_env_trains_and_validates(corridor_server, tmp_path, tiny_vlm, monkeypatch, capsys):
+    """The token from VAGENT_SERVICE_TOKEN; the env's stop strings, format and actions from the server."""
+    from vagent.cli import main
+
+    monkeypatch.setenv("VAGENT_SERVICE_TOKEN", TOKEN)
+    args = _train_args(tmp_path, corridor_server, "val.every=2", model=str(tiny_vlm))
     assert main(args) == 0, capsys.readouterr().err
     run = next((tmp_path / "runs").iterdir())
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
