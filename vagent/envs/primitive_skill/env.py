@@ -12,7 +12,8 @@ Observation:
     Text: the task instruction, every object's centre ``(x, y, z)`` in mm (as VAGEN gives them),
     targets, the drawer's opening and handle, the gripper and what it holds, and the workspace.
     ``render="vision"`` adds one ``<image>``: an ``image_size`` x ``image_size`` top-down view
-    (``render.py``; the robot at the bottom, x up, y left, a 50 mm grid); ``render="text"`` shows
+    (``render.py``; the robot at the bottom, x up, y left, a 50 mm grid; on ManiSkill a camera above
+    the table with the same framing); ``render="text"`` shows
     the same text without it. After the first turn a feedback line about the last reply comes
     first; the format reminder comes last.
 
