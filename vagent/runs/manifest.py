@@ -15,7 +15,8 @@ there too).
 While a process writes ``.tmp-<step>-<pid>`` it holds an exclusive ``flock`` on
 ``.tmp-<step>-<pid>/.writer.lock``; the kernel releases it when the process dies, SIGKILL
 included. :func:`remove_stale_temporaries` deletes the temporary folders whose writer is gone
-(lock free; or, without a lock file, a dead PID) and keeps those of a live writer.
+(lock free; or, without a lock file or on a filesystem without ``flock``, a dead PID) and keeps
+those of a live writer.
 """
 
 from __future__ import annotations
@@ -123,7 +124,11 @@ class WriterLock:
     def __init__(self, folder: Path):
         self.path = folder / WRITER_LOCK
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+        except OSError as exc:  # a filesystem without flock: the folder's PID tells instead
+            if exc.errno not in _NO_LOCKS:
+                raise
 
     def unlink(self) -> None:
         """Remove the lock file (before the folder is renamed into place); the lock stays held."""
@@ -133,6 +138,9 @@ class WriterLock:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+_NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -150,22 +158,30 @@ def writer_gone(tmp: Path) -> bool:
     try:
         fd = os.open(tmp / WRITER_LOCK, os.O_RDWR)
     except FileNotFoundError:
-        m = _TMP.match(tmp.name)
-        pid = m.group(1) if m else None
-        if pid is None or not pid.isdigit():
-            return True  # a job's folder (-dcp) without its lock: its writer ended or never locked
-        return int(pid) == os.getpid() or not _pid_alive(int(pid))  # ours: we are not writing it now
+        return _writer_pid_gone(tmp)
     except OSError:
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
+        if exc.errno in _NO_LOCKS:
+            return _writer_pid_gone(tmp)
         if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
             return False  # a live writer holds it
         raise
     finally:
         os.close(fd)  # closing drops the lock we may have taken
     return True
+
+
+def _writer_pid_gone(tmp: Path) -> bool:
+    """Without a lock to test: the writer is gone if the PID in the folder's name is dead, or is
+    this process (which is not writing it now: it is cleaning up before a save or a resume)."""
+    m = _TMP.match(tmp.name)
+    pid = m.group(1) if m else None
+    if pid is None or not pid.isdigit():
+        return True  # a job's folder (-dcp) without its lock: its writer ended or never locked
+    return int(pid) == os.getpid() or not _pid_alive(int(pid))
 
 
 def remove_stale_temporaries(ckpt_dir: str | Path, say: Callable[[str], None] | None = None) -> list[Path]:
