@@ -166,3 +166,28 @@ def test_missing_ray_or_vllm_fails_before_anything_is_built(tmp_path):
         assert out.returncode == 1, (out.stdout[-2000:], out.stderr[-2000:])
         assert message in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
         assert not (tmp_path / "runs").exists() and not (tmp_path / "cache").exists()
+
+
+def test_gathered_lora_state_is_merged_like_peft_for_vllm(tiny_dir):
+    """A job pushes a LoRA policy's gathered state dict to vLLM replicas merged: W + scale * B @ A
+    under the base checkpoint's names, equal to PEFT's own merge (``merge_and_unload``)."""
+    import copy
+
+    from vagent.models.loading import LoraSettings, load_policy
+    from vagent.rollout.driver import _base_model_keys, merged_lora_state
+
+    policy = load_policy(tiny_dir, lora=LoraSettings(r=4, alpha=8, dropout=0.0)).model
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # B starts at 0 (the merge would be the identity): make the adapters count
+        for n, p in policy.named_parameters():
+            if "lora_B" in n:
+                p.copy_(0.5 * torch.randn(p.shape, generator=g))
+    merged = merged_lora_state(_base_model_keys(policy.state_dict()), policy)
+    want = copy.deepcopy(policy).merge_and_unload().state_dict()
+    assert merged.keys() == want.keys()
+    assert not any("lora_" in k or "base_layer" in k for k in merged)
+    for k in want:
+        torch.testing.assert_close(merged[k], want[k], rtol=1e-5, atol=1e-5)  # summation order
+    base = {k.replace(".base_layer.", "."): v for k, v in _base_model_keys(policy.state_dict()).items()}
+    assert any(not torch.allclose(merged[k], base[k]) for k in merged)  # the adapters were merged in
+    assert merged_lora_state(want, policy) is want  # no LoRA tensors: unchanged

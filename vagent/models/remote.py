@@ -332,6 +332,8 @@ class RemoteEngine:
         self.pids = [pid for pid, _ in ready]
         #: the replicas' engines take the raw images (vLLM runs its own image processor)
         self.needs_images = any(images for _, images in ready)
+        #: vLLM replicas: pushed state dicts must hold merged weights, no LoRA adapter tensors
+        self.takes_merged_weights = self.needs_images
         self._lock = threading.Lock()
         self._alive = [True] * replicas
         self._outstanding = [0] * replicas

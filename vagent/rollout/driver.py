@@ -219,7 +219,10 @@ def push_weights(engine: Any, model: Any, version: int) -> None:
         return
     full = full_state_dict(model, to_all_ranks=False)
     if w.rank == 0:
-        engine.update_state(_base_model_keys(full), version)
+        state = _base_model_keys(full)
+        if getattr(engine, "takes_merged_weights", False):  # vLLM: LoRA merged into the base weights
+            state = merged_lora_state(state, model)
+        engine.update_state(state, version)
     else:
         engine.weights_version = version
     barrier("engine weights pushed")
@@ -341,8 +344,11 @@ def _new_replicas(cfg: Any, loaded: Any, model: Any, model_dir: Any, names: list
 
     r = cfg.rollout
     if r.engine == "vllm":
+        import torch
+
+        # CUDA: one GPU per replica from Ray (it sets CUDA_VISIBLE_DEVICES); vLLM's CPU build: none
         return RemoteEngine.vllm(_model_dir(model_dir), loaded.encoder, replicas=r.replicas, names=names,
-                                 **vllm_settings(cfg, loaded))
+                                 num_gpus=1 if torch.cuda.is_available() else 0, **vllm_settings(cfg, loaded))
     return RemoteEngine(model, loaded.encoder, replicas=r.replicas, prefix_cache=r.prefix_cache,
                         threads=r.replica_threads, names=names)
 
@@ -363,6 +369,34 @@ def _full_model(loaded: Any, full: dict | None, fresh_model: Callable[[], Any] |
     return model
 
 
+def merged_lora_state(state: dict, model: Any) -> dict:
+    """A LoRA policy's full state dict (base-model names, as ``_base_model_keys`` gives) as the base
+    checkpoint's: each adapted ``<m>.base_layer.weight`` becomes ``<m>.weight`` = W + scale * B @ A
+    (PEFT's merge; scale = lora_alpha / r, or / sqrt(r) with rslora), the adapter tensors dropped.
+    A state dict without LoRA tensors is returned unchanged."""
+    import math
+
+    from vagent.models.forward import unwrap
+
+    if not any("lora_" in k for k in state):
+        return state
+    cfg = getattr(unwrap(model), "peft_config", {}).get("default")
+    if cfg is None:
+        raise ValueError("the gathered weights hold LoRA tensors but the policy has no PEFT 'default' adapter config")
+    scale = cfg.lora_alpha / (math.sqrt(cfg.r) if getattr(cfg, "use_rslora", False) else cfg.r)
+    out = {}
+    for name, w in state.items():
+        if "lora_" in name:
+            continue
+        if name.endswith(".base_layer.weight"):
+            stem = name[: -len(".base_layer.weight")]
+            a, b = state.get(f"{stem}.lora_A.default.weight"), state.get(f"{stem}.lora_B.default.weight")
+            if a is not None and b is not None:
+                w = (w.float() + scale * (b.float() @ a.float())).to(w.dtype)
+        out[name.replace(".base_layer.", ".")] = w
+    return out
+
+
 def _base_model_keys(state: dict) -> dict:
     """A PEFT wrapper's state dict under the base model's names (what a replica holds: the
     unwrapped model with its LoRA layers in place); other state dicts unchanged."""
@@ -373,4 +407,4 @@ def _base_model_keys(state: dict) -> dict:
 
 
 __all__ = ["RolloutDriver", "make_driver", "check_rollout_setup", "engine_replicas", "env_factory_for", "is_default",
-           "push_weights", "vllm_settings"]
+           "merged_lora_state", "push_weights", "vllm_settings"]
