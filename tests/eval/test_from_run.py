@@ -98,3 +98,23 @@ def test_a_folder_that_is_not_a_run(tmp_path, capsys):
     assert "is not a training run" in capsys.readouterr().err
     assert main(["eval", str(tmp_path / "missing")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_a_damaged_checkpoint_is_not_evaluated(run_dir, tmp_path, capsys):
+    """A byte flipped in the exported policy: the checkpoint's manifest names the file, and nothing
+    is evaluated (the run has no other checkpoint)."""
+    import shutil
+
+    run = Path(shutil.copytree(run_dir, tmp_path / run_dir.name))
+    shutil.rmtree(run / "eval", ignore_errors=True)  # what the tests above wrote
+    f = run / "checkpoints" / "step_000001" / "policy" / "model.safetensors"
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    f.write_bytes(bytes(data))
+    assert main(["eval", str(run / "checkpoints" / "step_000001")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "step_000001 is damaged: policy/model.safetensors does not match" in err
+    assert main(["eval", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "warning: checkpoint" in err and "has no intact checkpoint: step_000001: policy/model.safetensors" in err
+    assert not (run / "eval").exists()

@@ -20,6 +20,7 @@ the training envs of the run a checkpoint belongs to; the CLI prints each differ
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -54,9 +55,11 @@ def _run_root(path: Path) -> Path | None:
 
 
 def find_checkpoint(path: str | Path) -> RunCheckpoint | None:
-    """The run and checkpoint of ``path``: a run directory (its newest checkpoint), a checkpoint
-    folder, or a checkpoint's ``policy/`` folder; None when ``path`` is not inside a run."""
-    from vagent.runs.checkpoint import list_checkpoints
+    """The run and checkpoint of ``path``: a run directory (its newest checkpoint whose policy/
+    matches its manifest; a damaged newer one is named on stderr and skipped), a checkpoint folder,
+    or a checkpoint's ``policy/`` folder (refused if its files do not match the manifest); None
+    when ``path`` is not inside a run."""
+    from vagent.runs.checkpoint import check_checkpoint, list_checkpoints
 
     p = Path(path).expanduser().resolve()
     root = _run_root(p)
@@ -67,10 +70,21 @@ def find_checkpoint(path: str | Path) -> RunCheckpoint | None:
         if not ckpts:
             raise ConfigError(f"run {root} has no checkpoint with a policy/ folder in {root / 'checkpoints'}; "
                               "evaluate a run that saved one (log.checkpoint_every, or the end of training).")
-        return RunCheckpoint(root, ckpts[-1].path)
+        damaged = []
+        for c in reversed(ckpts):
+            problem = check_checkpoint(c.path, "policy/")
+            if problem is None:
+                return RunCheckpoint(root, c.path)
+            damaged.append(f"{c.path.name}: {problem}")
+            print(f"warning: checkpoint {c.path} is damaged ({problem}); evaluating an older one", file=sys.stderr)
+        raise ConfigError(f"run {root} has no intact checkpoint: " + "; ".join(damaged) + ".")
     ckpt = p.parent if p.name == "policy" else p
     if ckpt.parent != root / "checkpoints":
         return None
+    problem = check_checkpoint(ckpt, "policy/")
+    if problem is not None:
+        raise ConfigError(f"checkpoint {ckpt} is damaged: {problem}; evaluate another checkpoint of the run "
+                          f"(vagent eval {root} takes the newest intact one).")
     return RunCheckpoint(root, ckpt)
 
 

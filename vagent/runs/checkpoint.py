@@ -291,24 +291,27 @@ def _state_or_problem(p: Path) -> tuple[Any, str | None]:
 # integrity: which checkpoints can be trusted, and the newest of them
 # ----------------------------------------------------------------------------------------------
 
-_VERIFIED: dict[tuple[str, int, int], None] = {}  # manifests verified by this process (a resume verifies once)
+_VERIFIED: dict[tuple[str, int, int, str], None] = {}  # manifests verified by this process (a resume verifies once)
 
 
-def check_checkpoint(path: str | Path) -> str | None:
+def check_checkpoint(path: str | Path, under: str = "") -> str | None:
     """None if checkpoint folder ``path`` is intact; else what is wrong, naming the file. With a
-    manifest: every file's size and SHA-256; without (an older vagent's): each .pt file's CRC-32
-    and state.pt's schema."""
+    manifest: every file's size and SHA-256 (only those under ``under``, e.g. ``policy/`` for an
+    evaluation); without (an older vagent's): each .pt file's CRC-32 and state.pt's schema (nothing
+    for ``under``: the exported policy carries no checksums of its own)."""
     p = Path(path)
     m = p / MANIFEST
     if m.is_file():
         st = m.stat()
-        key = (str(p.resolve()), st.st_mtime_ns, st.st_size)
-        if key in _VERIFIED:
+        key = (str(p.resolve()), st.st_mtime_ns, st.st_size, under)
+        if key in _VERIFIED or (*key[:3], "") in _VERIFIED:
             return None
-        problem = verify_manifest(p)
+        problem = verify_manifest(p, under)
         if problem is None:
             _VERIFIED[key] = None
         return problem
+    if under:
+        return None
     return check_zip_files(p) or _state_or_problem(p)[1]
 
 

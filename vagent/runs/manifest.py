@@ -74,9 +74,10 @@ def write_manifest(folder: Path) -> dict:
     return manifest
 
 
-def verify_manifest(folder: Path) -> str | None:
-    """None when every file listed in ``folder/manifest.json`` has its size and hash; else what
-    is wrong, naming the file. A folder without a manifest is not checked here (see module doc)."""
+def verify_manifest(folder: Path, under: str = "") -> str | None:
+    """None when every file listed in ``folder/manifest.json`` (those whose path starts with
+    ``under``, e.g. ``policy/``) has its size and hash; else what is wrong, naming the file. A
+    folder without a manifest is not checked here (see the module doc)."""
     try:
         manifest = json.loads((folder / MANIFEST).read_text())
         files = manifest["files"]
@@ -84,6 +85,7 @@ def verify_manifest(folder: Path) -> str | None:
             raise ValueError("no files listed")
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return f"{MANIFEST} is unreadable ({type(exc).__name__}: {exc})"
+    files = {rel: want for rel, want in files.items() if rel.startswith(under)}
     for rel, want in files.items():  # sizes first: a missing or truncated file needs no hashing
         try:
             size = (folder / rel).stat().st_size
