@@ -53,8 +53,7 @@ def test_single_process_micro_batches_unchanged():
     """One process: the update's micro-batches are exactly micro_batch_rows' (no padding, no collective)."""
     import torch
 
-    from vagent.distributed import Padding, rank_micro_batches, world
-    from vagent.recipes.batching import micro_batch_rows
+    from vagent.distributed import Padding, micro_batch_rows, rank_micro_batches, world
 
     class Rows:  # the two fields micro_batch_rows reads
         def __init__(self, lengths):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from vagent.distributed import micro_batch_rows
 from vagent.rollout import EnvSpec, Reply, SamplingConfig, ScriptedPolicy, TokenScriptedPolicy, rollout
 from vagent.rollout.batch import build_token_batch
 
@@ -290,19 +291,21 @@ def test_select_reslices_images_with_their_rows(encoder):
 def test_micro_batches_respect_the_budget_and_keep_images_aligned(encoder):
     eps, batch = _image_batch(encoder)
     budget = int(batch.lengths.max()) * 2
-    mbs = batch.micro_batches(budget)
-    assert len(mbs) >= 2
-    assert sum(mb.batch_size for mb in mbs) == batch.batch_size
-    for mb in mbs:
+    groups = micro_batch_rows(batch, budget)
+    assert len(groups) >= 2
+    assert sorted(r for g in groups for r in g) == list(range(batch.batch_size))
+    lengths = batch.lengths.tolist()
+    assert [r for g in groups for r in g] == sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    for g in groups:
+        mb = batch.select(g)
         assert mb.batch_size * mb.input_ids.shape[1] <= budget
         pads = (mb.input_ids == encoder.image_token_id).sum(1)
         per_image = mb.image_grid_thw.prod(-1) // 4
         counts = torch.split(per_image, mb.n_images.tolist())
         assert pads.tolist() == [int(c.sum()) for c in counts]
-    assert torch.equal(torch.cat([mb.pixel_values for mb in mbs]), batch.pixel_values)
-    assert torch.cat([mb.traj_ids for mb in mbs]).tolist() == batch.traj_ids.tolist()
+        assert torch.equal(mb.pixel_values, torch.cat([batch.select([r]).pixel_values for r in g]))
+        assert mb.traj_ids.tolist() == [int(batch.traj_ids[r]) for r in g]
     # a row longer than the budget is alone, never split
-    singles = batch.micro_batches(1)
-    assert [mb.batch_size for mb in singles] == [1] * batch.batch_size
+    assert [len(g) for g in micro_batch_rows(batch, 1)] == [1] * batch.batch_size
     moved = batch.to("cpu")
     assert torch.equal(moved.input_ids, batch.input_ids) and moved.state_keys == batch.state_keys

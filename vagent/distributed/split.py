@@ -1,4 +1,5 @@
-"""How a batch's rows are shared between ranks (declared once here, not at each call site).
+"""How a batch's rows are cut into micro-batches and shared between ranks (declared once here,
+not at each call site).
 
 Every rank holds the whole (global) batch -- rollout episodes are gathered before the batch is
 built -- so advantages, whitening, filters and token means are the single-process ones. The work
@@ -10,10 +11,13 @@ ones) because each FSDP forward/backward is a collective: unequal counts hang bo
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from vagent.distributed.collectives import global_max
 from vagent.distributed.world import world
+
+if TYPE_CHECKING:  # vagent.distributed does not import the rollout package at run time
+    from vagent.rollout.batch import TokenBatch
 
 
 class Padding(list):
@@ -33,19 +37,29 @@ def split_rows(lengths: list[int], n: int) -> list[list[int]]:
     return [sorted(p) for p in parts]
 
 
-def micro_batch_rows(batch: Any, max_tokens: int) -> list[list[int]]:
+def micro_batch_rows(batch: TokenBatch, max_tokens: int) -> list[list[int]]:
     """Row groups of ``batch`` with rows x longest row <= ``max_tokens`` (a longer row alone).
 
-    Rows are taken longest first so that rows of similar length share a micro-batch and little
-    compute goes to padding; accumulation makes the order irrelevant to the gradient.
+    Rows are taken longest first (ties: lowest index) and cut into consecutive groups, so that
+    rows of similar length share a micro-batch and little compute goes to padding; accumulation
+    makes the order irrelevant to the gradient. A row is never split.
     """
-    from vagent.rollout.batch import pack_rows
-
     lengths = batch.lengths.tolist()
-    return pack_rows(sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)), lengths, max_tokens)
+    groups: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for r in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        if current and (len(current) + 1) * max(longest, lengths[r]) > max_tokens:
+            groups.append(current)
+            current, longest = [], 0
+        current.append(r)
+        longest = max(longest, lengths[r])
+    if current:
+        groups.append(current)
+    return groups
 
 
-def rank_micro_batches(batch: Any, max_tokens: int) -> list[list[int]]:
+def rank_micro_batches(batch: TokenBatch, max_tokens: int) -> list[list[int]]:
     """This rank's micro-batches of ``batch`` (row lists, indices into ``batch``).
 
     Single process: ``micro_batch_rows(batch, max_tokens)``, unchanged. In a job: micro-batches of
@@ -64,7 +78,7 @@ def rank_micro_batches(batch: Any, max_tokens: int) -> list[list[int]]:
     return groups + [Padding([shortest]) for _ in range(n - len(groups))]
 
 
-def per_row_split(batch: Any, max_tokens: int, fn: Any) -> Any:
+def per_row_split(batch: TokenBatch, max_tokens: int, fn: Callable[[TokenBatch], Any]) -> Any:
     """``per_row`` in a job: each rank applies ``fn`` to the micro-batches of its share of the rows
     (plus padding ones, whose results are dropped), then every rank assembles the whole result:
     a [b, l, ...] result becomes [B, L, ...] float32, zero-padded; a tuple, a tuple of them."""

@@ -1,10 +1,11 @@
-"""Cutting a TokenBatch into mini- and micro-batches, and the weights that make accumulation exact.
+"""Mini-batches, per-row scoring passes, and the weights that make gradient accumulation exact.
 
-In a job of several ranks, :func:`per_row` scores each rank's share of the rows and gathers the
-results, so every rank ends with the whole [B, L] tensor (the split is declared in
-:mod:`vagent.distributed.split`); the update loops take their micro-batches from
-:func:`vagent.distributed.rank_micro_batches`. :func:`filter_groups` keeps the rows of the groups
-that pass a reward-variance filter (GRPO's, and PPO's ``ppo.filter``).
+Micro-batches have one home, :mod:`vagent.distributed.split`: :func:`~vagent.distributed.micro_batch_rows`
+cuts a batch's rows, :func:`~vagent.distributed.rank_micro_batches` gives a rank its share (the
+update loop's micro-batches). In a job of several ranks, :func:`per_row` scores each rank's share
+of the rows and gathers the results, so every rank ends with the whole [B, L] tensor.
+:func:`filter_groups` keeps the rows of the groups that pass a reward-variance filter (GRPO's, and
+PPO's ``ppo.filter``).
 """
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
-from vagent.distributed import per_row_split, world
-from vagent.distributed.split import micro_batch_rows
+from vagent.distributed import micro_batch_rows, per_row_split, world
+from vagent.rollout.batch import TokenBatch
 
-__all__ = ["accumulation_weight", "filter_groups", "micro_batch_rows", "mini_batches", "per_row"]
+__all__ = ["accumulation_weight", "filter_groups", "mini_batches", "per_row"]
 
 
 @torch.no_grad()
-def per_row(batch: Any, max_tokens: int, fn: Callable[[Any], Any]) -> Any:
+def per_row(batch: TokenBatch, max_tokens: int, fn: Callable[[TokenBatch], Any]) -> Any:
     """Apply ``fn(micro_batch)`` over micro-batches and reassemble, zero-padded and float32: a
     [b, l, ...] result becomes [B, L, ...]; a tuple of them, a tuple of reassembled tensors."""
     if world().distributed:  # each rank scores its share of the rows; all get the whole result
@@ -62,7 +63,7 @@ def mini_batches(n_rows: int, n_mini: int, seed: int) -> list[list[int]]:
     return [sorted(perm[i::n_mini]) for i in range(n_mini)]
 
 
-def filter_groups(cfg, batch, settings=None) -> tuple[Any, float, dict[str, float]]:
+def filter_groups(cfg, batch: TokenBatch, settings=None) -> tuple[TokenBatch, float, dict[str, float]]:
     """(kept rows of the batch, advantage scale, filter/* metrics) of the reward-variance filter
     ``settings.filter`` / ``filter_value`` (``cfg.grpo``, or ``cfg.ppo`` for PPO)."""
     from vagent.rl.filters import variance_filter

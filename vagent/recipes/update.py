@@ -1,6 +1,8 @@
 """The policy-gradient update shared by PPO and GRPO, and PPO's critic update.
 
-Two functions, each a loop over PPO epochs x mini-batches x micro-batches::
+One loop, :func:`update_loop`, over PPO epochs x mini-batches x micro-batches, with the loss
+passed in (:class:`ActorLoss`, :class:`CriticLoss`); :func:`actor_update` and
+:func:`critic_update` are the two ways the recipes call it::
 
     for epoch in range(epochs):
         for rows in shuffled split of the batch into `mini_batches` parts (seeded by step, epoch):
@@ -33,16 +35,18 @@ step, so the weights stay the last good ones.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import NamedTuple, Protocol, Sequence, TypeVar
 
 import torch
 from torch import Tensor
 
 from vagent.distributed import Padding, gather_metrics, rank_micro_batches
 from vagent.recipes.batching import accumulation_weight, mini_batches
+from vagent.recipes.config import UpdateConfig
 from vagent.recipes.optim import autocast, clip_grads, derive_seed
 from vagent.recipes.scoring import critic_forward, policy_forward, shift_right
-from vagent.recipes.config import UpdateConfig
+from vagent.rl.losses import aggregate, kl_penalty, ppo_policy_loss, value_loss
+from vagent.rollout.batch import TokenBatch
 from vagent.runs.errors import check_finite, check_module_finite
 
 
@@ -66,11 +70,43 @@ class UpdateContext:
 
 
 def take(x: Tensor | None, rows: Sequence[int], length: int) -> Tensor | None:
-    """Rows ``rows`` of a per-token tensor [B, L], cut to ``length`` positions (as TokenBatch.select)."""
+    """Rows ``rows`` of a per-token tensor [B, L, ...], cut to ``length`` positions (as TokenBatch.select)."""
     if x is None:
         return None
     idx = torch.as_tensor(list(rows), device=x.device)
     return x.index_select(0, idx)[:, :length]
+
+
+Inputs = TypeVar("Inputs", bound=tuple)  # a NamedTuple of per-token tensors (ActorInputs, CriticInputs)
+_LossInputs = TypeVar("_LossInputs", bound=tuple, contravariant=True)
+
+
+def take_all(inputs: Inputs, rows: Sequence[int], length: int) -> Inputs:
+    """:func:`take` of every per-token tensor of a NamedTuple of them (None stays None)."""
+    return type(inputs)(*(take(x, rows, length) for x in inputs))
+
+
+class MicroLoss(NamedTuple):
+    """One micro-batch's loss, as a loss function hands it to :func:`update_loop`."""
+
+    loss: Tensor  # scalar, aggregated over the micro-batch with update.loss_agg
+    checked: dict[str, Tensor]  # scalars that must be finite before the backward pass, by metric name
+    stats: dict[str, float]  # logged; averaged with the micro-batch's accumulation weight
+
+
+class LossFn(Protocol[_LossInputs]):
+    """The loss :func:`update_loop` runs on each micro-batch, and the names its update goes by."""
+
+    #: prefix of the ``<role>/grad_norm`` metric: "actor" or "critic"
+    role: str
+    #: the derive_seed stream of the mini-batch order: "mini" (actor) or "critic-mini"
+    seed_tag: str
+    #: what the weights check after the step names: "policy weights" or "critic weights"
+    weights: str
+
+    def __call__(self, mb: TokenBatch, inputs: _LossInputs, mask: Tensor) -> MicroLoss:
+        """``inputs``: the micro-batch's rows of the per-token inputs [b, l]; ``mask`` [b, l] bool."""
+        ...
 
 
 class _Mean:
@@ -90,11 +126,144 @@ class _Mean:
         return gather_metrics(self.sums, self.weights, "update stats")
 
 
+@dataclass(frozen=True)
+class _Step:
+    """What every mini-batch step of one update shares."""
+
+    model: torch.nn.Module
+    params: Sequence[torch.nn.Parameter]
+    opt: torch.optim.Optimizer
+    loss: LossFn
+    u: UpdateConfig
+    ctx: UpdateContext
+    stats: _Mean
+
+
+def update_loop(
+    model: torch.nn.Module,
+    params: Sequence[torch.nn.Parameter],
+    opt: torch.optim.Optimizer,
+    batch: TokenBatch,
+    inputs: Inputs,
+    mask: Tensor,
+    loss: LossFn[Inputs],
+    u: UpdateConfig,
+    ctx: UpdateContext,
+) -> dict[str, float]:
+    """``u.epochs`` x mini-batches x micro-batches of ``loss`` on ``batch`` (the module docstring).
+
+    ``inputs``: a NamedTuple of per-token tensors [B, L, ...] (or None) aligned with
+    ``batch.input_ids``, handed to ``loss`` cut to each micro-batch's rows; ``mask`` [B, L] bool:
+    the positions the loss aggregates over, which set the micro-batches' accumulation weights.
+    Returns the mean stats (``<role>/grad_norm`` over optimizer steps).
+    """
+    step = _Step(model, params, opt, loss, u, ctx, _Mean())
+    model.train()
+    for epoch in range(u.epochs):
+        seed = derive_seed(ctx.seed, loss.seed_tag, ctx.step, epoch)
+        for rows in mini_batches(batch.batch_size, u.mini_batches, seed):
+            mini = batch.select(rows)
+            length = mini.input_ids.shape[1]
+            _mini_batch_step(step, mini, take_all(inputs, rows, length), take(mask, rows, length))
+    model.zero_grad(set_to_none=True)
+    return step.stats.result()
+
+
+def _mini_batch_step(step: _Step, mini: TokenBatch, inputs: tuple, mask: Tensor) -> None:
+    """Accumulate the gradient over this rank's micro-batches of ``mini``, then one optimizer step."""
+    u, where = step.u, ("rl", step.ctx.label, step.ctx.last_checkpoint)
+    step.model.zero_grad(set_to_none=True)
+    for sub in rank_micro_batches(mini, u.micro_batch_tokens):  # one process: all micro-batches
+        mb = mini.select(sub)
+        length = mb.input_ids.shape[1]
+        mb_mask = take(mask, sub, length)
+        w = 0.0 if isinstance(sub, Padding) else accumulation_weight(mb_mask, mask, u.loss_agg)
+        out = step.loss(mb, take_all(inputs, sub, length), mb_mask)
+        check_finite(out.checked, *where)
+        (out.loss * w).backward()
+        step.stats.add(out.stats, w)
+    grad_norm = clip_grads(step.params, u.grad_clip)
+    check_finite({f"{step.loss.role}/grad_norm": grad_norm}, *where)
+    step.stats.add({f"{step.loss.role}/grad_norm": grad_norm}, 1.0)
+    step.opt.step()
+    check_module_finite(step.model, f"{step.loss.weights} after the update", *where)
+
+
+class ActorInputs(NamedTuple):
+    """Per-token inputs of the actor loss, [B, L] aligned with the batch's tokens."""
+
+    advantages: Tensor
+    old_logprobs: Tensor
+    ref_logprobs: Tensor | None  # None unless the KL penalty is in the loss
+
+
+@dataclass(frozen=True)
+class ActorLoss:
+    """PPO-clip loss - entropy bonus (+ KL penalty) of one micro-batch (the module docstring)."""
+
+    model: torch.nn.Module
+    u: UpdateConfig
+    ctx: UpdateContext
+    role: str = "actor"
+    seed_tag: str = "mini"
+    weights: str = "policy weights"
+
+    def __call__(self, mb: TokenBatch, x: ActorInputs, M: Tensor) -> MicroLoss:
+        u = self.u
+        with autocast(self.ctx.device, self.ctx.bf16):
+            logp, ent = policy_forward(self.model, mb, u.logprob_chunk, with_entropy=True,
+                                       temperature=self.ctx.temperature)
+        pl = ppo_policy_loss(logp, x.old_logprobs, x.advantages, M,
+                             u.clip_low, u.clip_high, u.dual_clip, u.loss_agg)
+        entropy = aggregate(ent, M, u.loss_agg)
+        loss = pl.loss - u.entropy_coef * entropy
+        stats = pl.metrics()
+        stats["actor/entropy"] = float(entropy.detach())
+        if x.ref_logprobs is not None:
+            kl = aggregate(kl_penalty(logp, x.ref_logprobs, u.kl_kind), M, u.loss_agg)
+            loss = loss + u.kl_coef * kl
+            stats["actor/kl_loss"] = float(kl.detach())
+        return MicroLoss(loss, {"loss/policy": pl.loss, "actor/entropy": entropy, "loss/actor_total": loss}, stats)
+
+
+class CriticInputs(NamedTuple):
+    """Per-token inputs of the critic loss, aligned with the batch's tokens."""
+
+    old_values: Tensor  # [B, L]
+    returns: Tensor  # [B, L]
+    features: Tensor | None  # [B, L, H] backbone hidden states of a shared critic, else None
+
+
+@dataclass(frozen=True)
+class CriticLoss:
+    """Clipped value regression of one micro-batch on the positions of its critic mask."""
+
+    critic: torch.nn.Module
+    u: UpdateConfig
+    ctx: UpdateContext
+    value_clip: float
+    role: str = "critic"
+    seed_tag: str = "critic-mini"
+    weights: str = "critic weights"
+
+    def __call__(self, mb: TokenBatch, x: CriticInputs, mask: Tensor) -> MicroLoss:
+        with autocast(self.ctx.device, self.ctx.bf16):
+            if x.features is not None:
+                v = shift_right(self.critic.values_from_hidden(x.features))
+            else:
+                v = shift_right(critic_forward(self.critic, mb))
+        vl = value_loss(v, x.old_values, x.returns, mask,
+                        clip=self.value_clip if self.value_clip > 0 else None, agg=self.u.loss_agg)
+        stats = vl.metrics()
+        stats.pop("loss/explained_variance")  # a ratio of variances: computed on the batch by the recipe
+        return MicroLoss(vl.loss, {"loss/value": vl.loss}, stats)
+
+
 def actor_update(
     model: torch.nn.Module,
     params: Sequence[torch.nn.Parameter],
     opt: torch.optim.Optimizer,
-    batch: Any,
+    batch: TokenBatch,
     advantages: Tensor,
     old_logprobs: Tensor,
     ref_logprobs: Tensor | None,
@@ -103,55 +272,19 @@ def actor_update(
 ) -> dict[str, float]:
     """PPO-clip update of the policy on ``batch`` (see the module docstring); returns mean stats.
 
-    Shapes: advantages, old_logprobs, ref_logprobs [B, L] aligned with ``batch.input_ids``.
+    Shapes: advantages, old_logprobs, ref_logprobs [B, L] aligned with ``batch.input_ids``; the
+    KL penalty is in the loss when ``ref_logprobs`` is given, ``u.kl_in == "loss"`` and ``u.kl_coef > 0``.
     """
-    from vagent.rl.losses import aggregate, kl_penalty, ppo_policy_loss
-
-    stats = _Mean()
     kl_in_loss = ref_logprobs is not None and u.kl_in == "loss" and u.kl_coef > 0
-    model.train()
-    for epoch in range(u.epochs):
-        for rows in mini_batches(batch.batch_size, u.mini_batches, derive_seed(ctx.seed, "mini", ctx.step, epoch)):
-            mini = batch.select(rows)
-            L = mini.input_ids.shape[1]
-            m_adv, m_old, m_ref = take(advantages, rows, L), take(old_logprobs, rows, L), take(ref_logprobs, rows, L)
-            model.zero_grad(set_to_none=True)
-            for sub in rank_micro_batches(mini, u.micro_batch_tokens):  # one process: all micro-batches
-                mb = mini.select(sub)
-                ml = mb.input_ids.shape[1]
-                M = mb.loss_mask
-                w = 0.0 if isinstance(sub, Padding) else accumulation_weight(M, mini.loss_mask, u.loss_agg)
-                with autocast(ctx.device, ctx.bf16):
-                    logp, ent = policy_forward(model, mb, u.logprob_chunk, with_entropy=True,
-                                              temperature=ctx.temperature)
-                pl = ppo_policy_loss(logp, take(m_old, sub, ml), take(m_adv, sub, ml), M,
-                                     u.clip_low, u.clip_high, u.dual_clip, u.loss_agg)
-                entropy = aggregate(ent, M, u.loss_agg)
-                loss = pl.loss - u.entropy_coef * entropy
-                values = pl.metrics()
-                values["actor/entropy"] = float(entropy.detach())
-                if kl_in_loss:
-                    kl = aggregate(kl_penalty(logp, take(m_ref, sub, ml), u.kl_kind), M, u.loss_agg)
-                    loss = loss + u.kl_coef * kl
-                    values["actor/kl_loss"] = float(kl.detach())
-                check_finite({"loss/policy": pl.loss, "actor/entropy": entropy, "loss/actor_total": loss},
-                             "rl", ctx.label, ctx.last_checkpoint)
-                (loss * w).backward()
-                stats.add(values, w)
-            grad_norm = clip_grads(params, u.grad_clip)
-            check_finite({"actor/grad_norm": grad_norm}, "rl", ctx.label, ctx.last_checkpoint)
-            stats.add({"actor/grad_norm": grad_norm}, 1.0)
-            opt.step()
-            check_module_finite(model, "policy weights after the update", "rl", ctx.label, ctx.last_checkpoint)
-    model.zero_grad(set_to_none=True)
-    return stats.result()
+    inputs = ActorInputs(advantages, old_logprobs, ref_logprobs if kl_in_loss else None)
+    return update_loop(model, params, opt, batch, inputs, batch.loss_mask, ActorLoss(model, u, ctx), u, ctx)
 
 
 def critic_update(
     critic: torch.nn.Module,
     params: Sequence[torch.nn.Parameter],
     opt: torch.optim.Optimizer,
-    batch: Any,
+    batch: TokenBatch,
     old_values: Tensor,
     returns: Tensor,
     critic_mask: Tensor,
@@ -167,38 +300,5 @@ def critic_update(
     scoring pass (``score_shared``) of a critic that shares the policy's backbone; the head then
     trains on them without a backbone forward (the same values: the backbone has not changed).
     """
-    from vagent.rl.losses import value_loss
-
-    stats = _Mean()
-    critic.train()
-    for epoch in range(u.epochs):
-        for rows in mini_batches(batch.batch_size, u.mini_batches, derive_seed(ctx.seed, "critic-mini", ctx.step, epoch)):
-            mini = batch.select(rows)
-            L = mini.input_ids.shape[1]
-            m_old, m_ret, m_mask = take(old_values, rows, L), take(returns, rows, L), take(critic_mask, rows, L)
-            m_feat = take(features, rows, L)
-            critic.zero_grad(set_to_none=True)
-            for sub in rank_micro_batches(mini, u.micro_batch_tokens):  # one process: all micro-batches
-                mb = mini.select(sub)
-                ml = mb.input_ids.shape[1]
-                mask = take(m_mask, sub, ml)
-                w = 0.0 if isinstance(sub, Padding) else accumulation_weight(mask, m_mask, u.loss_agg)
-                with autocast(ctx.device, ctx.bf16):
-                    if m_feat is not None:
-                        v = shift_right(critic.values_from_hidden(take(m_feat, sub, ml)))
-                    else:
-                        v = shift_right(critic_forward(critic, mb))
-                vl = value_loss(v, take(m_old, sub, ml), take(m_ret, sub, ml), mask,
-                                clip=value_clip if value_clip > 0 else None, agg=u.loss_agg)
-                check_finite({"loss/value": vl.loss}, "rl", ctx.label, ctx.last_checkpoint)
-                (vl.loss * w).backward()
-                metrics = vl.metrics()
-                metrics.pop("loss/explained_variance")  # a ratio of variances: computed on the batch below
-                stats.add(metrics, w)
-            grad_norm = clip_grads(params, u.grad_clip)
-            check_finite({"critic/grad_norm": grad_norm}, "rl", ctx.label, ctx.last_checkpoint)
-            stats.add({"critic/grad_norm": grad_norm}, 1.0)
-            opt.step()
-            check_module_finite(critic, "critic weights after the update", "rl", ctx.label, ctx.last_checkpoint)
-    critic.zero_grad(set_to_none=True)
-    return stats.result()
+    inputs = CriticInputs(old_values, returns, features)
+    return update_loop(critic, params, opt, batch, inputs, critic_mask, CriticLoss(critic, u, ctx, value_clip), u, ctx)

@@ -146,35 +146,6 @@ class TokenBatch:
             out[f.name] = v
         return TokenBatch(pixel_values=pixel_values, image_grid_thw=grid, **out)
 
-    def micro_batches(self, max_tokens: int) -> list["TokenBatch"]:
-        """Consecutive row groups whose padded size (rows x longest row) is <= ``max_tokens``.
-
-        Rows keep their order; a single row longer than ``max_tokens`` forms its own micro batch
-        (a row is never split). Each micro batch is trimmed to its longest row.
-        """
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-        lengths = self.lengths.tolist()
-        return [self.select(g) for g in pack_rows(range(len(lengths)), lengths, max_tokens)]
-
-
-def pack_rows(order: Sequence[int], lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
-    """Rows taken in ``order``, cut into consecutive groups whose padded size (rows x longest row)
-    is <= ``max_tokens``; a row longer than ``max_tokens`` is a group of its own."""
-    groups: list[list[int]] = []
-    current: list[int] = []
-    longest = 0
-    for r in order:
-        n = lengths[r]
-        if current and (len(current) + 1) * max(longest, n) > max_tokens:
-            groups.append(current)
-            current, longest = [], 0
-        current.append(r)
-        longest = max(longest, n)
-    if current:
-        groups.append(current)
-    return groups
-
 
 # ---------------------------------------------------------------------- building
 @dataclass

@@ -62,17 +62,16 @@ engine that sampled it.
 
 from __future__ import annotations
 
-import dataclasses
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Sequence
 
 from vagent.rollout.async_loop import rollout_async
-from vagent.rollout.policy import Message, Policy, SamplingConfig
+from vagent.rollout.finish import RolloutClock, RolloutResult, finish_rollout, rollout_metrics
+from vagent.rollout.policy import Policy, SamplingConfig
 from vagent.rollout.records import Episode
 from vagent.rollout.trajectory import (
-    MODES, SCHEDULES, EnvSpec, RolloutResult, _check_args, _close, _encode_final_observations, _engine_metrics,
-    _Live, _next_conversation, _record, _start, _step, _turn_seed, rollout_metrics,
+    MODES, SCHEDULES, EnvSpec, Live, act, apply_reply, check_args, close_env, new_lives, next_conversation,
+    record_turn, start_env, step_env,
 )
 
 __all__ = ["EnvSpec", "RolloutResult", "rollout", "rollout_metrics", "MODES", "SCHEDULES"]
@@ -115,82 +114,38 @@ def rollout(
     """
     if schedule == "async":
         return rollout_async(env_specs, policy, sampling, group_size=group_size, max_turns=max_turns, mode=mode,
-                              window=window, reasoning_reward=reasoning_reward, env_factory=env_factory)
+                             window=window, reasoning_reward=reasoning_reward, env_factory=env_factory)
     if schedule != "lockstep":
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
-    window = _check_args(env_specs, group_size, max_turns, mode, window, policy)
-    t_start = time.perf_counter()
-    engine_stats = getattr(getattr(policy, "engine", None), "stats", None)  # HFEngine's prefix-reuse counters
-    stats_before = dict(engine_stats) if isinstance(engine_stats, dict) else None
-    lives, specs = [], []
-    for gi, spec in enumerate(env_specs):
-        for g in range(group_size):
-            ep = Episode(env_name=spec.name, env_config=dict(spec.config), seed=int(spec.seed), group_id=gi,
-                         traj_id=gi * group_size + g, system_prompt="")
-            lives.append(_Live(ep))
-            specs.append(spec)
-    gen_time = env_time = 0.0
-    needs_envs = bool(getattr(policy, "needs_envs", False))
+    window = check_args(env_specs, group_size, max_turns, mode, window, policy)
+    clock = RolloutClock(getattr(getattr(policy, "engine", None), "stats", None))  # HFEngine's prefix-reuse counters
+    lives = new_lives(env_specs, group_size)
     with ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(lives) or 1))) as pool:
         try:
-            t0 = time.perf_counter()
-            list(pool.map(lambda ls: _start(ls[0], ls[1], env_factory), zip(lives, specs)))
-            env_time += time.perf_counter() - t0
+            clock.timed("env", lambda: list(pool.map(lambda lv: start_env(lv, env_factory), lives)))
             for t in range(max_turns):
-                active = [lv for lv in lives if not lv.done]
-                if not active:
+                if not _turn(pool, lives, policy, sampling, t, max_turns, window, clock):
                     break
-                for lv in active:
-                    _next_conversation(lv, window)
-                convs = [lv.conv for lv in active]
-                sampling_t = dataclasses.replace(sampling, seed=_turn_seed(sampling.seed, t))
-                t0 = time.perf_counter()
-                if needs_envs:
-                    replies = policy.act(convs, sampling_t, envs=[lv.env for lv in active])
-                else:
-                    replies = policy.act(convs, sampling_t)
-                gen_time += time.perf_counter() - t0
-                if len(replies) != len(convs):
-                    raise RuntimeError(f"policy.act returned {len(replies)} replies for {len(convs)} conversations")
-                stepping = []
-                for lv, reply in zip(active, replies):
-                    if reply.error is not None or reply.finish_reason == "error":
-                        lv.episode.error = f"policy: {reply.error or 'finish_reason=error'}"
-                        lv.done = True
-                    elif reply.finish_reason == "context_limit":
-                        if len(lv.conv.segments) != lv.n_segments_before:
-                            raise RuntimeError("a policy that hit its context limit must not append segments")
-                        lv.conv.messages.pop()  # the unanswered observation becomes final_observation
-                        if window is not None:
-                            lv.episode.samples.pop()
-                        lv.episode.truncated, lv.episode.final_observation, lv.done = True, lv.obs, True
-                    else:
-                        lv.conv.messages.append(Message("assistant", reply.text))
-                        stepping.append((lv, reply))
-                t0 = time.perf_counter()
-                results = list(pool.map(lambda lr: _step(lr[0], lr[1].text), stepping))
-                env_time += time.perf_counter() - t0
-                for (lv, reply), stepped in zip(stepping, results):
-                    if stepped is not None:
-                        _record(lv, t, reply, stepped, max_turns, window)
                 if on_turn is not None:
                     on_turn(t + 1, sum(not lv.done for lv in lives))
         finally:
-            list(pool.map(_close, lives))
-    episodes = [lv.episode for lv in lives]
-    _encode_final_observations(episodes, policy)
-    metrics = rollout_metrics(episodes)
-    if reasoning_reward is not None:
-        metrics.update({k: float(v) for k, v in (reasoning_reward([e for e in episodes if e.error is None]) or {}).items()})
-    wall = time.perf_counter() - t_start
-    n_tokens = sum(len(t.sampled_token_ids) for e in episodes for t in e.turns)
-    metrics.update({
-        "perf/rollout_time_s": wall,
-        "perf/generate_time_s": gen_time,
-        "perf/env_time_s": env_time,
-        "perf/rollout_tokens_per_s": n_tokens / gen_time if gen_time > 0 else 0.0,
-    })
-    metrics.update(_engine_metrics(engine_stats, stats_before))
-    return RolloutResult(episodes, metrics)
+            list(pool.map(close_env, lives))
+    return finish_rollout(lives, policy, reasoning_reward, clock, tokens_per="generate")
 
 
+def _turn(pool: ThreadPoolExecutor, lives: list[Live], policy: Policy, sampling: SamplingConfig, t: int,
+          max_turns: int, window: int | None, clock: RolloutClock) -> bool:
+    """Turn ``t`` of the episodes still running: one policy call for all, their envs stepped in
+    ``pool``, the turns recorded in order. False when no episode was running."""
+    active = [lv for lv in lives if not lv.done]
+    if not active:
+        return False
+    for lv in active:
+        next_conversation(lv, window)
+    replies = clock.timed("gen", act, policy, active, sampling, t)
+    stepping = [(lv, reply) for lv, reply in zip(active, replies) if apply_reply(lv, reply, window)]
+    results = clock.timed("env", lambda: list(pool.map(lambda lr: step_env(lr[0], lr[1].text), stepping)))
+    for (lv, reply), stepped in zip(stepping, results):
+        if stepped is not None:
+            record_turn(lv, t, reply, stepped, max_turns, window)
+    return True

@@ -1,21 +1,32 @@
 """One trajectory's life in a rollout, shared by the lockstep (:mod:`vagent.rollout.loop`) and the
-asynchronous (:mod:`vagent.rollout.async_loop`) schedules: the env spec, a live episode, starting
-and stepping its env, recording a turn, the next turn's conversation, and the rollout's metrics.
+asynchronous (:mod:`vagent.rollout.async_loop`) schedules. The two differ only in how they batch
+the calls below; each trajectory runs::
+
+    live = new_lives(specs, group_size)[i]; start_env(live, env_factory)
+    for t in range(max_turns):                       (until live.done)
+        next_conversation(live, window)              this turn's sample
+        reply = act(policy, [live, ...], sampling, t)[i]
+        if apply_reply(live, reply, window):         an error or context limit ends the episode here
+            stepped = step_env(live, reply.text)     (None: the env failed; the episode is marked)
+            record_turn(live, t, reply, stepped, max_turns, window)
+    close_env(live)
+
 The semantics (turn seeds, context modes, errors as errors) are documented in
-:mod:`vagent.rollout.loop`.
+:mod:`vagent.rollout.loop`; the end of a rollout (metrics, timings) is :mod:`vagent.rollout.finish`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 from vagent.envs.base import Observation, StepResult
 from vagent.envs.formats import ParsedResponse, parse_response
-from vagent.rollout.encoding import TokenPolicy, context_copy
-from vagent.rollout.policy import Conversation, Message, Reply, Segment
+from vagent.rollout.encoding import context_copy
+from vagent.rollout.policy import Conversation, Message, Policy, Reply, SamplingConfig, Segment
 from vagent.rollout.records import Episode, Turn
 
 logger = logging.getLogger(__name__)
@@ -42,14 +53,6 @@ class EnvSpec:
     factory: Callable[[], Any] | None = None
 
 
-class RolloutResult(list):
-    """The episodes (a ``list[Episode]``) plus ``metrics: dict[str, float]``."""
-
-    def __init__(self, episodes: Sequence[Episode] = (), metrics: dict[str, float] | None = None):
-        super().__init__(episodes)
-        self.metrics: dict[str, float] = dict(metrics or {})
-
-
 @dataclass
 class _Block:
     """One completed turn as context: its messages and (token policies) its segments."""
@@ -61,10 +64,11 @@ class _Block:
 
 
 @dataclass
-class _Live:
+class Live:
     """An episode being rolled out."""
 
     episode: Episode
+    spec: EnvSpec
     env: Any = None
     obs: Observation | None = None
     done: bool = False
@@ -76,7 +80,28 @@ class _Live:
     n_segments_before: int = 0
 
 
-def _turn_seed(seed: int, turn: int) -> int:
+class Stepped(NamedTuple):
+    """What one env step returned, with the env's state around it."""
+
+    result: StepResult
+    state_before: dict
+    state_after: dict
+
+
+def new_lives(env_specs: Sequence[EnvSpec], group_size: int) -> list[Live]:
+    """One live episode per (spec, group member), in that order: ``group_id`` = the spec's index,
+    ``traj_id`` = ``spec_index * group_size + member``."""
+    lives = []
+    for gi, spec in enumerate(env_specs):
+        for g in range(group_size):
+            ep = Episode(env_name=spec.name, env_config=dict(spec.config), seed=int(spec.seed), group_id=gi,
+                         traj_id=gi * group_size + g, system_prompt="")
+            lives.append(Live(ep, spec))
+    return lives
+
+
+def turn_seed(seed: int, turn: int) -> int:
+    """The sampling seed of turn ``turn``: it depends on the base seed and the turn only."""
     return (int(seed) * 1_000_003 + int(turn)) % (2**63)
 
 
@@ -94,8 +119,9 @@ def _env_error(exc: BaseException) -> str:
     return "env: " + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).strip()
 
 
-def _start(live: _Live, spec: EnvSpec, env_factory) -> None:
-    """Make and reset the env (in a worker thread); errors mark the episode."""
+def start_env(live: Live, env_factory: Callable[[EnvSpec], Any] | None) -> None:
+    """Make and reset the env of ``live.spec`` (in a worker thread); errors mark the episode."""
+    spec = live.spec
     try:
         live.env = _make_env(spec, env_factory)
         obs, _info = live.env.reset(spec.seed)
@@ -110,14 +136,15 @@ def _start(live: _Live, spec: EnvSpec, env_factory) -> None:
         logger.warning("env %s seed %s failed at reset: %s", spec.name, spec.seed, exc)
 
 
-def _step(live: _Live, text: str) -> tuple[StepResult, dict, dict] | None:
+def step_env(live: Live, text: str) -> Stepped | None:
+    """Step the env with the reply's text; None when it failed (the episode is marked)."""
     try:
         before = live.env.state()
         result = live.env.step(text)
         if not isinstance(result, StepResult):
             raise TypeError(f"env.step must return a StepResult, got {type(result).__name__}")
         after = live.env.state()
-        return result, before, after
+        return Stepped(result, before, after)
     except Exception as exc:  # noqa: BLE001 -- recorded as an episode error, never a reward
         live.episode.error = _env_error(exc)
         live.done = True
@@ -125,7 +152,8 @@ def _step(live: _Live, text: str) -> tuple[StepResult, dict, dict] | None:
         return None
 
 
-def _close(live: _Live) -> None:
+def close_env(live: Live) -> None:
+    """Close the env; a failure is logged (closing must not lose the rollout)."""
     if live.env is None:
         return
     try:
@@ -164,7 +192,7 @@ def _parsed(info: Mapping[str, Any], env: Any, reply: str, episode: Episode) -> 
     return parse_response(reply, cfg.format, sep, getattr(cfg, "max_actions_per_turn", 3))
 
 
-def _next_conversation(live: _Live, window: int | None) -> None:
+def next_conversation(live: Live, window: int | None) -> None:
     """Set ``live.conv`` to the conversation of this turn's sample (see the module docstring)."""
     user = Message("user", live.obs.text, live.obs.images)
     if window is None:  # concat: one growing conversation
@@ -186,7 +214,7 @@ def _next_conversation(live: _Live, window: int | None) -> None:
     live.n_segments_before = len(live.conv.segments)
 
 
-def _split_new_segments(live: _Live) -> tuple[list[Segment], list[Segment]]:
+def _split_new_segments(live: Live) -> tuple[list[Segment], list[Segment]]:
     """(pending-message segments, reply segments) the policy added this turn; [] for text policies."""
     new = live.conv.segments[live.n_segments_before:]
     if not new:
@@ -204,7 +232,46 @@ def _split_new_segments(live: _Live) -> tuple[list[Segment], list[Segment]]:
     return new[:k], new[k:]
 
 
-def _record(live: _Live, t: int, reply: Reply, stepped, max_turns: int, window: int | None) -> None:
+def act(policy: Policy, lives: Sequence[Live], sampling: SamplingConfig, turn: int) -> list[Reply]:
+    """ONE policy call for the current conversations of ``lives``, seeded with ``turn_seed``; a
+    policy with ``needs_envs`` (``SolverPolicy``) also gets the envs. One reply per conversation."""
+    sampling_t = dataclasses.replace(sampling, seed=turn_seed(sampling.seed, turn))
+    convs = [lv.conv for lv in lives]
+    if getattr(policy, "needs_envs", False):
+        replies = policy.act(convs, sampling_t, envs=[lv.env for lv in lives])
+    else:
+        replies = policy.act(convs, sampling_t)
+    if len(replies) != len(convs):
+        noun = "conversations" if len(convs) != 1 else "conversation"
+        raise RuntimeError(f"policy.act returned {len(replies)} replies for {len(convs)} {noun}")
+    return replies
+
+
+def apply_reply(live: Live, reply: Reply, window: int | None) -> bool:
+    """Take the policy's reply into the episode; True when the env should be stepped with it.
+
+    ``Reply.error`` (or ``finish_reason == "error"``) ends the episode with ``error = "policy: ..."``;
+    ``finish_reason == "context_limit"`` ends it as truncated before this turn, with the unanswered
+    observation as ``final_observation``; otherwise the reply joins the conversation.
+    """
+    if reply.error is not None or reply.finish_reason == "error":
+        live.episode.error = f"policy: {reply.error or 'finish_reason=error'}"
+        live.done = True
+        return False
+    if reply.finish_reason == "context_limit":
+        if len(live.conv.segments) != live.n_segments_before:
+            raise RuntimeError("a policy that hit its context limit must not append segments")
+        live.conv.messages.pop()  # the unanswered observation becomes final_observation
+        if window is not None:
+            live.episode.samples.pop()
+        live.episode.truncated, live.episode.final_observation, live.done = True, live.obs, True
+        return False
+    live.conv.messages.append(Message("assistant", reply.text))
+    return True
+
+
+def record_turn(live: Live, t: int, reply: Reply, stepped: Stepped, max_turns: int, window: int | None) -> None:
+    """Record turn ``t`` (the reply and its env step) and end the episode where it ends."""
     result, before, after = stepped
     user_segs, reply_segs = _split_new_segments(live)
     if t == 0 and user_segs and live.conv.messages[0].role == "system":
@@ -239,7 +306,7 @@ def _record(live: _Live, t: int, reply: Reply, stepped, max_turns: int, window: 
         live.episode.final_observation = result.obs
 
 
-def _check_args(env_specs, group_size, max_turns, mode, window, policy) -> int | None:
+def check_args(env_specs, group_size, max_turns, mode, window, policy) -> int | None:
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if mode == "no_concat" and window not in (None, 0):
@@ -255,66 +322,3 @@ def _check_args(env_specs, group_size, max_turns, mode, window, policy) -> int |
         if not isinstance(s, EnvSpec):
             raise TypeError(f"env_specs[{i}] must be an EnvSpec(name, config, seed, factory=None), got {s!r}")
     return 0 if mode == "no_concat" else window
-
-
-def _engine_metrics(engine_stats: Any, stats_before: dict | None) -> dict[str, float]:
-    """``perf/prompt_cache_frac`` (HFEngine prefix reuse) and ``rollout/engine_retries`` (requests
-    sent again after their engine replica died) over this rollout, where the engine counts them."""
-    if stats_before is None:
-        return {}
-    out = {}
-    if "retried_requests" in engine_stats:
-        out["rollout/engine_retries"] = float(engine_stats["retried_requests"] - stats_before.get("retried_requests", 0))
-        dead = engine_stats.get("dead_replicas", 0) - stats_before.get("dead_replicas", 0)
-        if dead:
-            logger.warning("%d engine replica(s) died during this rollout; %d request(s) finished on the "
-                           "others (rollout/engine_retries)", dead, int(out["rollout/engine_retries"]))
-    if "retried_requests" not in engine_stats or "prompt_tokens" in engine_stats:
-        prompt = engine_stats.get("prompt_tokens", 0) - stats_before.get("prompt_tokens", 0)
-        reused = engine_stats.get("reused_tokens", 0) - stats_before.get("reused_tokens", 0)
-        out["perf/prompt_cache_frac"] = reused / prompt if prompt > 0 else 0.0
-    return out
-
-
-def _encode_final_observations(episodes: list[Episode], policy: Any) -> None:
-    """Encode each truncated episode's final observation (token-level policies only)."""
-    if not isinstance(policy, TokenPolicy):
-        return
-    for ep in episodes:
-        if ep.error is None and ep.truncated and ep.final_observation is not None and ep.turns:
-            obs = ep.final_observation
-            ep.final_segment = policy.encode_message(Message("user", obs.text, obs.images))
-
-
-def _mean(xs: Sequence[float]) -> float:
-    return float(sum(xs) / len(xs)) if xs else 0.0
-
-
-def rollout_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
-    """Summary metrics of a rollout (documented in docs/metrics/rollout.md).
-
-    Rates are over episodes (or turns) WITHOUT error; ``rollout/errors`` counts the errored ones.
-    ``action_valid_rate`` / ``effective_action_rate`` average ``info["action_is_valid"]`` /
-    ``info["action_is_effective"]`` over the turns whose info has the key.
-    """
-    ok = [e for e in episodes if e.error is None]
-    turns = [t for e in ok for t in e.turns]
-    valid = [float(t.info["action_is_valid"]) for t in turns if "action_is_valid" in t.info]
-    effective = [float(t.info["action_is_effective"]) for t in turns if "action_is_effective" in t.info]
-    resp = [len(t.sampled_token_ids) or t.usage.get("completion_tokens", 0) for t in turns]
-    return {
-        "rollout/episodes": float(len(episodes)),
-        "rollout/errors": float(len(episodes) - len(ok)),
-        "rollout/error_frac": (len(episodes) - len(ok)) / len(episodes) if episodes else 0.0,
-        "rollout/success_rate": _mean([float(e.success) for e in ok]),
-        "rollout/return_mean": _mean([e.total_reward for e in ok]),
-        "rollout/env_return_mean": _mean([e.env_return for e in ok]),
-        "rollout/turns_mean": _mean([float(len(e.turns)) for e in ok]),
-        "rollout/format_accuracy": _mean([float(t.parsed.format_ok) for t in turns]),
-        "rollout/action_valid_rate": _mean(valid),
-        "rollout/effective_action_rate": _mean(effective),
-        "rollout/response_tokens_mean": _mean([float(x) for x in resp]),
-        "rollout/finish_length_frac": _mean([float(t.finish_reason == "length") for t in turns]),
-        "rollout/terminated_frac": _mean([float(e.terminated) for e in ok]),
-        "rollout/truncated_frac": _mean([float(e.truncated) for e in ok]),
-    }
