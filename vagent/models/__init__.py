@@ -9,7 +9,7 @@ stays cheap):
 - ``forward``: ``forward_logits``, ``forward_hidden``, ``token_logprobs``, ``token_entropy``.
 - ``value``: ``ValueModel``, ``build_critic``, ``reference_model``.
 - ``engine``: ``Engine`` protocol, ``HFEngine``, ``SamplingParams``, ``GenerationRequest``,
-  ``GenerationOutput``; ``vllm_engine.VLLMEngine`` (GPU, untested here).
+  ``GenerationOutput``; ``vllm_engine.VLLMEngine`` (vLLM: CUDA build, or the CPU build in .venv-vllm).
 - ``cli``: ``vagent model init-tiny`` / ``vagent model info``.
 """
 

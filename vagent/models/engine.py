@@ -27,7 +27,8 @@ the same batched call. The cache is dropped when the model's weights change (an 
 models. Positions are the full sequence's (mRoPE via the model's ``get_rope_index``), so logits
 equal a fresh prefill's up to float rounding (tested). ``prefix_cache=False`` uses HF ``generate``.
 
-The vLLM backend lives in ``vagent.models.vllm_engine`` (lazy import, GPU only).
+The vLLM backend lives in ``vagent.models.vllm_engine`` (lazy import; vLLM's CUDA build, or its CPU
+build in .venv-vllm: scripts/vllm-env).
 """
 
 from __future__ import annotations

@@ -357,7 +357,7 @@ class VLLMEngine:
         self.update_weights(model)
 
     def close(self) -> None:
-        """Stop the transfer engine and vLLM's engine core (its process)."""
+        """Stop the transfer engine and vLLM's engine core (its process on CUDA)."""
         if self._sender is not None:
             self._sender.shutdown()
             self._sender = None
