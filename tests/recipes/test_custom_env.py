@@ -39,10 +39,10 @@ def corridor_pkg(tmp_path, monkeypatch):
         del sys.modules[name]
 
 
-def vagent(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+def vagent(*args: str, cwd: Path, timeout: float = 120, **environ: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), **environ}
     return subprocess.run([sys.executable, "-m", "vagent", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=timeout)
 
 
 def guide_commands(verb: str) -> list[list[str]]:
@@ -102,15 +102,15 @@ def test_unknown_env_names_import(corridor_pkg, capsys):
     assert "Unknown env 'corridr'. Did you mean 'corridor'?" in err and "pass --import MODULE" in err
 
 
-def test_guide_train_command(corridor_pkg, monkeypatch):
-    """The guide's ``vagent train`` as written (the default preset's tiny model, built under an empty
-    HOME's ~/.cache/vagent): it updates the actor and validates."""
-    from vagent.cli import main
+def test_guide_train_command(corridor_pkg):
+    """The guide's ``vagent train`` as written, in a fresh process (the preset's ``threads: 2`` stays
+    there), on the default preset's tiny model built under an empty HOME's ~/.cache/vagent: it
+    updates the actor and validates."""
     from vagent.recipes.config import load_config
 
-    monkeypatch.setenv("HOME", str(corridor_pkg / "home"))
     (train,) = guide_commands("train")
-    assert main(train) == 0
+    out = vagent(*train, cwd=corridor_pkg, HOME=str(corridor_pkg / "home"), timeout=1800)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     (run,) = (corridor_pkg / "runs").iterdir()
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     updated = {r["step"]: r["actor/updated"] for r in records if r.get("phase") == "rl" and "actor/updated" in r}
