@@ -213,11 +213,12 @@ def main() -> None:
         bench_replicas(args, loaded, specs, sampling, rows)
     if args.part in ("all", "schedule"):
         bench_schedule(args, loaded, specs, sampling, rows)
-    print(f"\n{args.episodes} episodes x {args.turns} turns, {args.max_new_tokens} new tokens/turn, greedy, "
-          f"median of {args.repeats}, torch threads 1 per process")
-    print("| setting | episodes/s | wall s | check |\n|---|---|---|---|")
-    for name, rate, s, note in rows:
-        print(f"| {name} | {rate:.2f} | {s:.2f} | {note} |")
+    if rows:
+        print(f"\n{args.episodes} episodes x {args.turns} turns, {args.max_new_tokens} new tokens/turn, greedy, "
+              f"median of {args.repeats}, torch threads 1 per process")
+        print("| setting | episodes/s | wall s | check |\n|---|---|---|---|")
+        for name, rate, s, note in rows:
+            print(f"| {name} | {rate:.2f} | {s:.2f} | {note} |")
     if args.part == "vllm":
         rows6: list = []
         bench_vllm(args, model_dir, loaded, specs, sampling, rows6)

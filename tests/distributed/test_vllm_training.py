@@ -26,8 +26,8 @@ pytestmark = pytest.mark.vllm
 TWO_STEPS = ["steps=2", "ppo.critic_backbone=separate", "update.kl_coef=0", "log.rollouts_every=1"]
 RUNS = {
     "hf": (None, []),
-    "vllm": (None, ["rollout.engine=vllm"]),
-    "job": (2, ["rollout.engine=vllm", "rollout.replicas=2"]),
+    "vllm": (None, ["rollout.engine=vllm", "rollout.vllm_gpu_memory=0.02"]),  # KV cache: 2% of the RAM
+    "job": (2, ["rollout.engine=vllm", "rollout.replicas=2", "rollout.vllm_gpu_memory=0.02"]),
 }
 
 

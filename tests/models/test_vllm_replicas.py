@@ -43,7 +43,8 @@ def setup(tmp_path_factory):
     loaded = load_policy(model_dir)
     ray = start_ray(num_cpus=2)
     names = [f"vllm-replica-test-{i}-{time.time_ns()}" for i in range(2)]
-    engine = RemoteEngine.vllm(model_dir, loaded.encoder, replicas=2, names=names, dtype="float32")
+    engine = RemoteEngine.vllm(model_dir, loaded.encoder, replicas=2, names=names, dtype="float32",
+                               kv_cache_memory_bytes=256 << 20)
     yield loaded, engine, names
     engine.close()
     ray.shutdown()

@@ -174,7 +174,7 @@ def test_gathered_lora_state_is_merged_like_peft_for_vllm(tiny_dir):
     import copy
 
     from vagent.models.loading import LoraSettings, load_policy
-    from vagent.rollout.driver import _base_model_keys, merged_lora_state
+    from vagent.rollout.driver import _base_model_keys, merge_lora_into_state
 
     policy = load_policy(tiny_dir, lora=LoraSettings(r=4, alpha=8, dropout=0.0)).model
     g = torch.Generator().manual_seed(0)
@@ -182,7 +182,7 @@ def test_gathered_lora_state_is_merged_like_peft_for_vllm(tiny_dir):
         for n, p in policy.named_parameters():
             if "lora_B" in n:
                 p.copy_(0.5 * torch.randn(p.shape, generator=g))
-    merged = merged_lora_state(_base_model_keys(policy.state_dict()), policy)
+    merged = merge_lora_into_state(_base_model_keys(policy.state_dict()), policy)
     want = copy.deepcopy(policy).merge_and_unload().state_dict()
     assert merged.keys() == want.keys()
     assert not any("lora_" in k or "base_layer" in k for k in merged)
@@ -190,4 +190,4 @@ def test_gathered_lora_state_is_merged_like_peft_for_vllm(tiny_dir):
         torch.testing.assert_close(merged[k], want[k], rtol=1e-5, atol=1e-5)  # summation order
     base = {k.replace(".base_layer.", "."): v for k, v in _base_model_keys(policy.state_dict()).items()}
     assert any(not torch.allclose(merged[k], base[k]) for k in merged)  # the adapters were merged in
-    assert merged_lora_state(want, policy) is want  # no LoRA tensors: unchanged
+    assert merge_lora_into_state(want, policy) is want  # no LoRA tensors: unchanged

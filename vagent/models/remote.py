@@ -202,17 +202,8 @@ class VLLMReplica:
 
     def __init__(self, model_dir: str, encoder: Any, engine_kwargs: dict, max_batch: int = 64) -> None:
         from vagent.models.batching import BatchingEngine
-        from vagent.models.vllm_engine import VLLMEngine, vllm_device
+        from vagent.models.vllm_engine import VLLMEngine
 
-        engine_kwargs = dict(engine_kwargs)
-        if vllm_device() == "cpu":
-            # the actor is the engine's process: vLLM's engine core and worker run in it instead of two
-            # spawned processes that import vLLM again (start-up 49 s instead of 157 s on a loaded 2-core
-            # machine), nothing is left behind when the actor is killed, and the replicas' threads are
-            # not all pinned to the same core by vLLM's CPU binding
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-            engine_kwargs.setdefault("distributed_executor_backend", "uni")
         self.vllm = VLLMEngine(model_dir, encoder, colocate=False, **engine_kwargs)
         self.engine = BatchingEngine(self.vllm, max_batch=max_batch)
 

@@ -221,7 +221,7 @@ def push_weights(engine: Any, model: Any, version: int) -> None:
     if w.rank == 0:
         state = _base_model_keys(full)
         if getattr(engine, "takes_merged_weights", False):  # vLLM: LoRA merged into the base weights
-            state = merged_lora_state(state, model)
+            state = merge_lora_into_state(state, model)
         engine.update_state(state, version)
     else:
         engine.weights_version = version
@@ -369,7 +369,7 @@ def _full_model(loaded: Any, full: dict | None, fresh_model: Callable[[], Any] |
     return model
 
 
-def merged_lora_state(state: dict, model: Any) -> dict:
+def merge_lora_into_state(state: dict, model: Any) -> dict:
     """A LoRA policy's full state dict (base-model names, as ``_base_model_keys`` gives) as the base
     checkpoint's: each adapted ``<m>.base_layer.weight`` becomes ``<m>.weight`` = W + scale * B @ A
     (PEFT's merge; scale = lora_alpha / r, or / sqrt(r) with rslora), the adapter tensors dropped.
@@ -407,4 +407,4 @@ def _base_model_keys(state: dict) -> dict:
 
 
 __all__ = ["RolloutDriver", "make_driver", "check_rollout_setup", "engine_replicas", "env_factory_for", "is_default",
-           "merged_lora_state", "push_weights", "vllm_settings"]
+           "merge_lora_into_state", "push_weights", "vllm_settings"]
