@@ -108,7 +108,8 @@ def test_dead_server_and_unserved_env_are_refused(corridor_server, tmp_path, cap
     from vagent.cli import main
 
     dead = f"http://127.0.0.1:{free_port()}"
-    args = _train_args(tmp_path, corridor_server, f"envs=[{{name: corridor, urls: [{corridor_server}], token: {TOKEN}}}, "
+    args = _train_args(tmp_path, corridor_server,
+                       f"envs=[{{name: corridor, urls: [{corridor_server}], token: {TOKEN}}}, "
                        f"{{name: frozenlake, urls: [{dead}, {corridor_server}], token: {TOKEN}}}]")
     assert main(args) == 1
     lines = capsys.readouterr().err.splitlines()

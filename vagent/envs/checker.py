@@ -144,8 +144,8 @@ def subprocess_digests(env_module: str, name: str, config: dict, seeds: list[int
     process makes a ``RemoteEnv`` there (a new session of the same servers) instead of ``make``.
     """
     urls, token = remote or ([], None)
-    cmd = [sys.executable, "-c", _SUBPROCESS_CODE, env_module, name, json.dumps(config), json.dumps(seeds), str(n_steps),
-           json.dumps(urls)]
+    cmd = [sys.executable, "-c", _SUBPROCESS_CODE, env_module, name, json.dumps(config), json.dumps(seeds),
+           str(n_steps), json.dumps(urls)]
     environ = {**os.environ, "VAGENT_SERVICE_TOKEN": token} if token else None  # not in argv: ps shows argv
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=environ)
     if proc.returncode != 0:

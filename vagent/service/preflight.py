@@ -59,7 +59,8 @@ def check_server(url: str, env: str, token: str | None, where: str, timeout: flo
     if r.status_code == 401:
         fix = ("the token was refused: give the token the server was started with" if sent else
                "the server requires a token and none was sent: set it")
-        return ServerCheck(where, False, f"{where}: {fix} in envs.N.token or the environment variable {TOKEN_VARIABLE}.")
+        return ServerCheck(where, False,
+                           f"{where}: {fix} in envs.N.token or the environment variable {TOKEN_VARIABLE}.")
     if r.status_code == 422 and isinstance(body, dict) and body.get("error") == "UnknownEnv":
         return ServerCheck(where, False, f"{where}: the server does not serve '{env}' ({detail}) Start the server "
                                          f"with --envs {env} and the --import MODULE that registers it.")
