@@ -166,13 +166,18 @@ def _values(tree: Any, parts: list[str], where: str) -> Iterator[tuple[str, Any]
         yield from _values(getattr(tree, head), rest, f"{where}.{head}" if where else head)
 
 
-def class_default(key: str) -> Any:
-    """The dataclass default of dotted ``key`` (``envs.N.*``: an EnvEntry's)."""
-    from vagent.recipes.config import EnvEntry, RunConfig
-
-    node: Any = RunConfig()
+def class_default(key: str, cfg: Any) -> Any:
+    """The dataclass default of dotted ``key`` in ``cfg``'s config class (``envs.N.*``: the default of
+    the class of ``cfg``'s first list item there; ``cfg`` has one, since a value was found). Takes the
+    classes from ``cfg`` so that this module does not import ``vagent.recipes.config`` (which imports it)."""
+    node: Any = type(cfg)()
+    live: Any = cfg
     for part in key.split("."):
-        node = EnvEntry() if part == "N" else getattr(node, part)
+        if part == "N":
+            live = live[0]
+            node = type(live)()
+        else:
+            node, live = getattr(node, part), getattr(live, part)
     return node
 
 
@@ -184,7 +189,7 @@ def check_ranges(cfg: Any) -> None:
                 continue
             what = "a finite number" if isinstance(value, float) else "an integer"
             why = f" ({rng.why})" if rng.why else ""
-            default = class_default(key)
+            default = class_default(key, cfg)
             raise ConfigError(f"{where} must be {what} in {rng.text()}{why}, got {value!r}. Set {where}= a value in "
                               f"that range (the default is {'null' if default is None else default!r}).")
 
