@@ -163,6 +163,27 @@ def test_a_lora_policy_is_served_merged(qwen25, make_images):
     engine.update_weights(loaded.model)
 
 
+def test_placeholder_tokens_are_never_sampled_and_logprobs_stay_the_models(qwen25, make_images):
+    """The image / video pad tokens' output rows are made equal to the token the model picks first,
+    so they tie for the argmax: HFEngine masks them, vLLM must too, and its log-probs (biased by the
+    suppression inside vLLM) must still be the model's own, as HFEngine records them."""
+    loaded, engine = qwen25
+    reqs = requests(loaded.encoder, make_images, range(50, 53))
+    first = HFEngine(loaded.model, loaded.encoder).generate(reqs, GREEDY)[0].token_ids[0]
+    policy = copy.deepcopy(loaded.model)
+    embed = policy.get_input_embeddings().weight  # tied to the LM head
+    with torch.no_grad():
+        for t in engine.suppress_token_ids:
+            embed[t] = embed[first]
+    version = engine.update_weights(policy)
+    want = HFEngine(policy, loaded.encoder).generate(reqs, GREEDY)
+    assert want[0].token_ids[0] == first and want[0].logprobs[0] < -0.9, "precondition: the placeholders hold mass"
+    got = engine.generate(reqs, GREEDY)
+    assert not any(t in engine.suppress_token_ids for o in got for t in o.token_ids)
+    assert_same_replies(want, got, version)
+    engine.update_weights(loaded.model)
+
+
 def test_unservable_head_size_is_refused_before_vllm_starts(tmp_path, qwen25):
     from vagent.models.tiny import build_tiny_vlm
     from vagent.models.vllm_engine import VLLMEngine

@@ -62,3 +62,17 @@ def test_lora_push_is_the_merged_model_and_leaves_the_adapters_in_place(tiny_vlm
     changed = [n for n in merged if not torch.equal(merged[n], tiny_vlm.model.state_dict()[n])]
     assert changed and all(torch.allclose(pushed[n], merged[n], atol=1e-6) for n in merged)
     assert all(torch.equal(p, before[n]) for n, p in peft_model.named_parameters())  # unmerged again
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 0.2])
+def test_unsuppressed_logprob_undoes_the_placeholder_bias(temperature):
+    from vagent.models.vllm_engine import SUPPRESS_BIAS, unsuppressed_logprob
+
+    logits = torch.tensor([2.0, 1.0, 0.5, 3.0, 2.5], dtype=torch.float64)  # tokens 3 and 4 suppressed
+    bias = torch.tensor([0, 0, 0, SUPPRESS_BIAS, SUPPRESS_BIAS], dtype=torch.float64)
+    biased = torch.log_softmax((logits + bias) / temperature, -1)  # what vLLM returns
+    own = torch.log_softmax(logits / temperature, -1)  # what HFEngine records
+    for i in range(3):
+        got = unsuppressed_logprob(float(biased[i]), [float(biased[3]), float(biased[4])], temperature)
+        assert got == pytest.approx(float(own[i]), abs=1e-9)
+    assert float(biased[0]) - float(own[0]) > 0.5  # the correction matters here

