@@ -7,6 +7,14 @@ x86 CPU with AVX2, :func:`pin_cpu_kernels` asks all three for their AVX2 code pa
 ``ONEDNN_MAX_CPU_ISA=AVX2``: oneDNN runs the convolutions, e.g. a vision encoder's patch embedding)
 unless the user set these variables (set them yourself to opt out, e.g. ``ATEN_CPU_CAPABILITY=avx512``). The ``vagent``
 command calls it first thing; see :mod:`vagent.runs.environment` for what else a result depends on.
+
+Scope: the pins make a run repeat bit for bit on one CPU model (and across AVX2 and AVX-512 AMD
+EPYCs, measured), not across vendors. MKL honours ``MKL_CBWR=AVX2`` on Intel CPUs only; on an AMD
+CPU it runs its ``AUTO`` branch (``MKL_VERBOSE=1`` prints ``CNR:AUTO``). ``MKL_CBWR=COMPATIBLE``
+is the one branch MKL runs on both, but with it the scaled default pipeline still differs between
+an AMD EPYC and an Intel Xeon from the first SFT step's gradient (docs/results.md, 'Results on
+other CPUs'), so it is not the default. ``scripts/cpu_numerics_probe.py`` fingerprints the kernels
+op by op to compare two CPUs.
 """
 
 from __future__ import annotations

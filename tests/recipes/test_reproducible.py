@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -24,8 +25,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-GOLDEN = Path(__file__).parent / "golden" / "scaled_default_metrics.jsonl"
-GOLDEN_ENV = Path(__file__).parent / "golden" / "scaled_default_environment.json"
+#: one folder per CPU the golden run was recorded on: its metrics and its environment.json
+GOLDEN_DIR = Path(__file__).parent / "golden"
+GOLDEN_METRICS, GOLDEN_ENV = "scaled_default_metrics.jsonl", "scaled_default_environment.json"
 
 #: the default preset, every phase kept, a few steps each
 SCALED = ["model.tiny_pretrain_steps=12", "model.tiny_pretrain_relation_steps=8", "sft.steps=4",
@@ -45,6 +47,36 @@ def _strip_timing(path: Path) -> list[dict]:
         out.append({k: v for k, v in rec.items()
                     if not k.startswith(TIMING_PREFIXES) and k not in TIMING_KEYS and not k.endswith("_s")})
     return out
+
+
+def cpu_slug(env: dict) -> str:
+    """The golden folder's name for a CPU: its model, lower case (``AMD EPYC`` -> ``amd-epyc``)."""
+    model = re.sub(r"\((r|tm)\)", "", env["cpu_model"].lower())
+    return re.sub(r"[^a-z0-9]+", "-", model).strip("-")
+
+
+def golden_for(env: dict) -> tuple[Path | None, str]:
+    """The golden folder recorded on this CPU (same vendor and model, and the same kernel flags where
+    the golden environment lists them) in this environment (threads, CPU kernels, packages), or None
+    and the reason: a CPU with no golden file gets the list of those that have one."""
+    from vagent.runs.environment import CPU_FIELDS, RESULT_FIELDS, environment_differences
+
+    known = {d: json.loads((d / GOLDEN_ENV).read_text()) for d in sorted(GOLDEN_DIR.iterdir())
+             if (d / GOLDEN_ENV).is_file()}
+    for folder, golden_env in known.items():
+        if not environment_differences(golden_env, env, CPU_FIELDS):
+            diffs = environment_differences(golden_env, env, RESULT_FIELDS)
+            if diffs:
+                return None, (f"the golden metrics for this CPU ({folder.name}) were recorded in another "
+                              "environment: " + "; ".join(diffs))
+            return folder, ""
+    cpus = "; ".join(f"{g.get('cpu_vendor', '?')} {g['cpu_model']!r}"
+                     + (f" with {' '.join(g['cpu_flags'])}" if "cpu_flags" in g else "") + f" ({d.name}/)"
+                     for d, g in known.items())
+    return None, (f"no golden metrics for this CPU ({env.get('cpu_vendor')} {env['cpu_model']!r} with "
+                  f"{' '.join(env.get('cpu_flags', []))}): the same run gives other last bits on another CPU "
+                  f"(docs/results.md, 'Results on other CPUs'); golden metrics exist for {cpus}. "
+                  "VAGENT_WRITE_GOLDEN=1 records this CPU's")
 
 
 def _train(tmp: Path, name: str, env_extra: dict[str, str]) -> subprocess.Popen:
@@ -92,22 +124,41 @@ def test_scaled_default_pipeline_identical_across_processes_load_and_omp_threads
     assert env_a["threads"] == env_b["threads"] == 2
     assert env_b["omp_num_threads_env"] == "1"
 
-    # the numbers the default run's code gave when the golden file was recorded
-    # (VAGENT_WRITE_GOLDEN=1 records them again, e.g. after a deliberate change of the default run)
+    # the numbers the default run's code gave on this CPU when its golden file was recorded
+    # (VAGENT_WRITE_GOLDEN=1 records them, e.g. after a deliberate change of the default run or on a new CPU)
     if os.environ.get("VAGENT_WRITE_GOLDEN") == "1":
-        GOLDEN.parent.mkdir(exist_ok=True)
-        GOLDEN.write_text("".join(json.dumps(r) + "\n" for r in ma))
-        GOLDEN_ENV.write_text(json.dumps(env_a, indent=2) + "\n")
-    golden_env = json.loads(GOLDEN_ENV.read_text())
-    from vagent.runs.environment import environment_differences
-
-    diffs = environment_differences(golden_env, env_a)
-    if diffs:
-        pytest.skip("golden metrics were recorded in another environment: " + "; ".join(diffs))
-    golden = [json.loads(line) for line in GOLDEN.read_text().splitlines()]
+        folder = GOLDEN_DIR / cpu_slug(env_a)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / GOLDEN_METRICS).write_text("".join(json.dumps(r) + "\n" for r in ma))
+        (folder / GOLDEN_ENV).write_text(json.dumps(env_a, indent=2) + "\n")
+    folder, why = golden_for(env_a)
+    if folder is None:
+        pytest.skip(why)
+    golden = [json.loads(line) for line in (folder / GOLDEN_METRICS).read_text().splitlines()]
     assert len(golden) == len(ma)
     for i, (g, r) in enumerate(zip(golden, ma)):
         assert g == r, f"record {i} differs from the golden run: {sorted(set(g.items()) ^ set(r.items()))[:6]}"
+
+
+def test_golden_metrics_are_chosen_by_cpu_and_an_unknown_cpu_is_told_the_known_ones():
+    """Each golden folder's environment names its CPU; a run is compared only with the folder of
+    its own CPU (vendor and model), in its own environment."""
+    from vagent.runs.environment import describe_environment
+
+    folders = sorted(d for d in GOLDEN_DIR.iterdir() if (d / GOLDEN_ENV).is_file())
+    assert {d.name for d in folders} >= {"amd-epyc", "intel-xeon-processor"}
+    for d in folders:
+        recorded = json.loads((d / GOLDEN_ENV).read_text())
+        assert recorded["cpu_vendor"] and cpu_slug(recorded) == d.name
+        assert golden_for(recorded) == (d, "")
+        assert len((d / GOLDEN_METRICS).read_text().splitlines()) == 9
+        same_cpu_other_threads = dict(recorded, threads=1)
+        assert golden_for(same_cpu_other_threads)[0] is None
+        assert "threads: 2 -> 1" in golden_for(same_cpu_other_threads)[1]
+    unknown = dict(describe_environment(), cpu_vendor="HygonGenuine", cpu_model="Hygon C86 7285")
+    folder, why = golden_for(unknown)
+    assert folder is None and "no golden metrics for this CPU" in why and "Hygon C86 7285" in why
+    assert "AuthenticAMD 'AMD EPYC' (amd-epyc/)" in why and "GenuineIntel 'Intel(R) Xeon(R) Processor'" in why
 
 
 _BUILD = """
@@ -204,6 +255,26 @@ def test_resume_in_another_environment_warns(tmp_path):
     (tmp_path / "environment.json").write_text(json.dumps(changed))
     record_environment(tmp_path, say=said.append)
     assert len(said) == 1 and "threads" in said[0] and "not bit-exact" in said[0]
+
+
+def test_resume_on_another_cpu_warns_and_an_older_record_without_cpu_fields_does_not(tmp_path):
+    from vagent.runs.environment import describe_environment, record_environment
+
+    now = describe_environment()
+    assert now["cpu_vendor"] and now["cpu_model"] and isinstance(now["cpu_flags"], list)
+    other = dict(now, cpu_vendor="GenuineIntel" if now["cpu_vendor"] != "GenuineIntel" else "AuthenticAMD",
+                 cpu_model="Another CPU", cpu_flags=[*now["cpu_flags"], "amx_tile"])
+    (tmp_path / "environment.json").write_text(json.dumps(other))
+    said: list[str] = []
+    record_environment(tmp_path, say=said.append)
+    assert len(said) == 1 and "not bit-exact" in said[0]
+    assert "cpu_vendor" in said[0] and "cpu_model: 'Another CPU'" in said[0] and "amx_tile" in said[0]
+    # environment.json of a run started before vendor and flags were recorded: the model alone is compared
+    older = {k: v for k, v in now.items() if k not in ("cpu_vendor", "cpu_flags")}
+    (tmp_path / "environment.json").write_text(json.dumps(older))
+    said.clear()
+    record_environment(tmp_path, say=said.append)
+    assert not said
 
 
 def test_pin_cpu_kernels_respects_the_user():

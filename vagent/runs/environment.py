@@ -12,7 +12,12 @@ On a CPU, a float result depends on the order of its additions, and that order d
   asks all three for their AVX2 code paths on every x86 CPU that has AVX2 (``MKL_CBWR=AVX2``, MKL's
   conditional numerical reproducibility; ``ATEN_CPU_CAPABILITY=avx2``; ``ONEDNN_MAX_CPU_ISA=AVX2``
   for the convolutions), unless the user set these variables. It has to run
-  before torch is imported; the ``vagent`` command does it first thing.
+  before torch is imported; the ``vagent`` command does it first thing. MKL honours
+  ``MKL_CBWR=AVX2`` on Intel CPUs only (on others it runs its ``AUTO`` branch), and no setting
+  found so far makes an AMD and an Intel CPU agree bit for bit (docs/results.md, 'Results on other
+  CPUs'): the pins make results repeat on one CPU model, not across vendors.
+- **the CPU**: its vendor, model and kernel flags (AVX2, AVX-512, AMX) are recorded as
+  ``cpu_vendor``, ``cpu_model`` and ``cpu_flags``; a resume on another CPU warns like the rest.
 - **library versions**: kernels and model code change between releases; ``constraints.txt`` pins
   the versions the README's figures were measured with.
 
