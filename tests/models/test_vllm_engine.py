@@ -15,6 +15,7 @@ import copy
 import pytest
 import torch
 
+from tests.models.conftest import random_images
 from vagent.models.engine import GenerationRequest, HFEngine, SamplingParams
 from vagent.models.tiny import redraw_weights
 
@@ -67,6 +68,9 @@ def qwen3(tmp_path_factory):
     loaded, engine = _engine(tmp_path_factory, "qwen3_vl")
     yield loaded, engine
     engine.close()
+    engine.close()  # idempotent
+    with pytest.raises(RuntimeError, match="closed"):
+        engine.generate(requests(loaded.encoder, random_images, [0]), GREEDY)
 
 
 def _parity(loaded, engine, make_images):

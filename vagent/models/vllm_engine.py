@@ -299,6 +299,8 @@ class VLLMEngine:
     def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[GenerationOutput]:
         if not requests:
             raise ValueError("generate() needs at least one request")
+        if self.llm is None:
+            raise RuntimeError("this VLLMEngine was closed (close()); build a new one")
         if self.asleep:
             self.wake_up()
         prompts = [self._prompt(i, r) for i, r in enumerate(requests)]
@@ -396,11 +398,13 @@ class VLLMEngine:
         self.update_weights(model)
 
     def close(self) -> None:
-        """Stop the transfer engine and vLLM's engine core (its process on CUDA)."""
+        """Stop the transfer engine and vLLM's engine core (its process on CUDA) and drop the engine, so
+        that its weights and KV cache are freed (the in-process engine's too). Idempotent."""
         if self._sender is not None:
             self._sender.shutdown()
             self._sender = None
-        core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        llm, self.llm = self.llm, None
+        core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
         if core is not None:
             core.shutdown()
 
