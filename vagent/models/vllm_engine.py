@@ -42,9 +42,11 @@ What it does:
   starts.
 - **Weights** (``update_weights(model, version)`` or ``update_state(state_dict, version)``): the
   checkpoint-named tensors of ``vllm_weights.weights_to_push`` (LoRA merged, a tied
-  ``lm_head.weight`` sent explicitly). On CUDA vLLM's weight-transfer engine sends them by CUDA IPC
-  handles when the engine shares the trainer's GPU (``weight_backend="ipc"``, colocated) or by NCCL
-  broadcast when it has its own (``"nccl"``). In process, ``collective_rpc`` runs a function on the
+  ``lm_head.weight`` sent explicitly). On CUDA vLLM's weight-transfer engine sends them (moved to
+  this process's GPU first when they are on the CPU, e.g. a gathered state dict) by CUDA IPC handles
+  (``weight_backend="ipc"``, the default: the engine's worker runs on a GPU this process sees, the
+  trainer's when colocated, a Ray replica's own) or by NCCL broadcast (``"nccl"``: the worker on
+  other GPUs). In process, ``collective_rpc`` runs a function on the
   worker that calls vLLM's in-place ``reload_weights(weights_iterator=pairs)`` (nothing is
   serialized, so ``VLLM_ALLOW_INSECURE_SERIALIZATION`` stays off). After every push the prefix
   cache, the encoder cache (scheduler and runner) and the multimodal caches are reset: an image seen
@@ -181,9 +183,11 @@ class VLLMEngine:
         max_model_len: context length vLLM plans its KV cache for.
         max_images_per_prompt: ``limit_mm_per_prompt`` for images.
         seed: the engine's seed.
-        colocate: shares the trainer's GPU: IPC weight transfer and sleep mode (CUDA only; on the
+        colocate: shares the trainer's GPU: sleep mode while the trainer updates (CUDA only; on the
             CPU build it changes nothing).
-        weight_backend: CUDA: "ipc" (colocated) or "nccl" (own GPU); None = from ``colocate``.
+        weight_backend: CUDA: "ipc" (the default: the engine's worker is on a GPU this process sees, e.g.
+            the trainer's or a Ray replica's own) or "nccl" (the worker on GPUs this process does not
+            use; rendezvous at ``nccl_address:nccl_port``).
         sleep_level: ``LLM.sleep`` level (1: offload weights, drop KV cache; 2: drop both).
         nccl_address / nccl_port: rendezvous of the NCCL backend.
         enforce_eager: run the model without compiling it (no torch.compile, no CUDA graphs); None =
@@ -218,7 +222,7 @@ class VLLMEngine:
         self.sleep_mode = bool(colocate) and current_platform.is_sleep_mode_available()
         self.weight_backend = None
         if not self.in_process:
-            self.weight_backend = weight_backend or ("ipc" if colocate else "nccl")
+            self.weight_backend = weight_backend or "ipc"
             if self.weight_backend not in ("ipc", "nccl"):
                 raise ValueError(f"weight_backend must be 'ipc' or 'nccl', got {self.weight_backend!r}")
             from vllm.config import WeightTransferConfig
@@ -354,7 +358,7 @@ class VLLMEngine:
             self.llm.update_weight_version(str(version))
         else:
             self._client.version = str(version)
-            self._pending = pairs
+            self._pending = [(n, t if t.is_cuda else t.to("cuda", non_blocking=True)) for n, t in pairs]
             try:
                 self._cuda_sender().send_weights()
             finally:
