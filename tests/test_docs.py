@@ -83,7 +83,6 @@ SKIP: dict[str, str] = {
     r"vagent train --nproc .*": GPU,
     r"torchrun .*": GPU,
     r"python3 scripts/gpu-check OUT": GPU + "; tests/test_gpu_check.py runs its dry run",
-    r"scripts/gpu-wheels": "downloads wheels from PyPI (network); tests/test_gpu_check.py checks the list and folder",
     # models
     r"vagent model init-tiny \S+( --\S+ \S+)*": "builds a model (imports torch and transformers, "
     "trains a tokenizer): tens of seconds, minutes on a loaded machine; tests/models/test_cli.py runs it",
