@@ -69,8 +69,8 @@ SKIP: dict[str, str] = {
     # README: the two commands (.ci/run runs the second one verbatim)
     r"python3 -m venv \.venv && .*\.venv/bin/vagent train": "creates a venv and runs the main job: "
     "minutes of install and ~15 min of training",
-    r"\(command -v chromium .*\.venv/bin/python -m pytest -q": "creates a venv and runs the whole "
-    "test suite: .ci/run runs exactly this",
+    r"\(command -v chromium .*\.venv-vllm/bin/python -m pytest -q -m vllm": "creates the venvs and runs the "
+    "whole test suite: .ci/run runs exactly this",
     # training
     r"vagent train": MINUTES,
     r"vagent train --config configs/\S+\.yaml( \S+=\S+)*": MINUTES,
