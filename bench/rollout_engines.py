@@ -22,7 +22,8 @@ Three measurements, each side by side in one process on the same seeds:
    included), in ``vagent train`` subprocesses after an untimed run that builds the tiny model.
 
 Run:  PYTHONPATH=. python bench/rollout_engines.py [--episodes 16] [--turns 3] [--part all]
-      PYTHONPATH=. .venv-vllm/bin/python bench/rollout_engines.py --part vllm   (and --part train)
+      PYTHONPATH=. .venv-vllm/bin/python bench/rollout_engines.py --part vllm   (and --part train
+          [--train-override model.tiny_pretrain_steps=0 --train-override model.tiny_pretrain_relation_steps=0])
 
 The printed table is in docs/results.md form. Timings depend on the machine (the 2-core CI
 machine shares its cores between the trainer, the replicas and the Ray processes).
@@ -173,9 +174,10 @@ def bench_train(args, rows):
         subprocess.run(cmd, check=True, cwd=root, capture_output=True, text=True)
         return time.perf_counter() - t0
 
-    train("steps=0", "name=build")  # the default tiny model (built once under model.cache_dir, untimed)
+    extra = list(args.train_override)
+    train("steps=0", "name=build", *extra)  # the default tiny model (built once under model.cache_dir, untimed)
     for engine in ("hf", "vllm"):
-        wall = train(f"steps={args.train_steps}", f"rollout.engine={engine}", f"name={engine}")
+        wall = train(f"steps={args.train_steps}", f"rollout.engine={engine}", f"name={engine}", *extra)
         (run_dir,) = (tmp / "runs").glob(f"*{engine}*")
         recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
         recs = [r for r in recs if "perf/step_time_s" in r]
@@ -193,6 +195,9 @@ def main() -> None:
     ap.add_argument("--replica-threads", type=int, default=1)
     ap.add_argument("--steps", type=int, default=5, help="PPO steps per overlap run")
     ap.add_argument("--train-steps", type=int, default=3, help="RL steps per run of --part train")
+    ap.add_argument("--train-override", action="append", default=[],
+                    help="a config override of both --part train runs (repeatable), e.g. "
+                         "model.tiny_pretrain_steps=0 to skip the tiny model's caption pretraining")
     ap.add_argument("--part", choices=["all", "replicas", "schedule", "overlap", "vllm", "train"], default="all",
                     help="all = replicas, schedule, overlap (the parts that need no vLLM)")
     args = ap.parse_args()
@@ -230,7 +235,8 @@ def main() -> None:
     if args.part == "train":
         rows.clear()
         bench_train(args, rows)
-        print(f"\nthe default run (configs/frozenlake_ppo.yaml), {args.train_steps} RL steps, sft.steps=0, val.every=0")
+        print(f"\nthe default run (configs/frozenlake_ppo.yaml), {args.train_steps} RL steps, sft.steps=0, val.every=0 "
+              f"{' '.join(args.train_override)}")
         print("| setting | median step s | median generate s | wall s |\n|---|---|---|---|")
         hf_step = rows[0][1]
         for name, step_s, wall, gen in rows:
