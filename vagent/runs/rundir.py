@@ -5,8 +5,8 @@ Layout (``runs/<name>-<timestamp>/`` by default)::
     config.yaml            the resolved config (``--resume`` reads it back)
     metrics.jsonl          one JSON object per logged step: {"phase", "step", "time", metric: value...}
     events.out.tfevents.*  TensorBoard events (``tensorboard --logdir runs``)
-    rollouts/step_XXXXXX.jsonl + rollouts/step_XXXXXX/*.png   sampled episodes (size-capped)
-    checkpoints/step_XXXXXX/   policy, critic, optimizers, schedulers, RNG states (keep-last-N),
+    rollouts/step_<step>.jsonl + rollouts/step_<step>/*.png   sampled episodes (size-capped)
+    checkpoints/step_<step>/   policy, critic, optimizers, schedulers, RNG states (keep-last-N),
                            manifest.json (each file's size and SHA-256, checked on resume)
     plots/*.png            learning curves, redrawn as the run goes
     train.log              what was printed (config summary, start-up arithmetic, model build and
