@@ -270,14 +270,10 @@ class RemoteEngine:
     def __init__(self, model: Any, encoder: Any, *, replicas: int = 2, prefix_cache: bool = True,
                  threads: int = 1, num_cpus: float = 0, max_concurrency: int = 64,
                  names: Sequence[str] | None = None):
-        if replicas < 1:
-            raise ValueError(f"RemoteEngine needs replicas >= 1, got {replicas}")
-        if names is not None and len(names) != replicas:
-            raise ValueError(f"RemoteEngine: {len(names)} names for {replicas} replicas")
+        named = _replica_options(replicas, names)
         ray = _running_ray()
         actor = ray.remote(EngineReplica)
         model_ref = ray.put(_cpu_copy(model))
-        named = [{} if names is None else {"name": n, "namespace": NAMESPACE} for n in (names or [None] * replicas)]
         handles = [actor.options(num_cpus=num_cpus, max_concurrency=max_concurrency, **kw).remote(
             model_ref, encoder, prefix_cache, threads) for kw in named]
         self._setup(ray, encoder, handles, owner=True)
@@ -303,13 +299,9 @@ class RemoteEngine:
         """A ``RemoteEngine`` over ``replicas`` vLLM actors (``VLLMReplica``), each loading
         ``model_dir`` with ``VLLMEngine(**engine_kwargs)``; they start at the same time. ``num_gpus``:
         GPUs Ray gives each replica (1 on a GPU cluster: one vLLM per GPU; 0 for vLLM's CPU build)."""
-        if replicas < 1:
-            raise ValueError(f"RemoteEngine needs replicas >= 1, got {replicas}")
-        if names is not None and len(names) != replicas:
-            raise ValueError(f"RemoteEngine: {len(names)} names for {replicas} replicas")
+        named = _replica_options(replicas, names)
         ray = _running_ray()
         actor = ray.remote(VLLMReplica)
-        named = [{} if names is None else {"name": n, "namespace": NAMESPACE} for n in (names or [None] * replicas)]
         handles = [actor.options(num_cpus=num_cpus, num_gpus=num_gpus, max_concurrency=max_concurrency, **kw).remote(
             str(model_dir), encoder, dict(engine_kwargs)) for kw in named]
         engine = cls.__new__(cls)
@@ -448,6 +440,16 @@ class RemoteEngine:
             self._alive[i] = False
         if shutdown:
             self._ray.shutdown()
+
+
+def _replica_options(replicas: int, names: Sequence[str] | None) -> list[dict]:
+    """Each replica's extra actor options (a name in vagent's namespace when ``names`` is given),
+    after checking the count."""
+    if replicas < 1:
+        raise ValueError(f"RemoteEngine needs replicas >= 1, got {replicas}")
+    if names is not None and len(names) != replicas:
+        raise ValueError(f"RemoteEngine: {len(names)} names for {replicas} replicas")
+    return [{} if names is None else {"name": n, "namespace": NAMESPACE} for n in (names or [None] * replicas)]
 
 
 def _running_ray() -> Any:
