@@ -57,19 +57,26 @@ def ids(eps):
     return [[t.sampled_token_ids for t in e.turns] for e in eps]
 
 
+def timed_rollout(policy, specs, sampling, turns, repeats):
+    """(median seconds over ``repeats`` rollouts of ``specs`` after a warm-up, the last episodes)."""
+    from vagent.rollout import rollout
+
+    rollout(specs[:2], policy, sampling, max_turns=1)  # warm-up
+    t = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        eps = rollout(specs, policy, sampling, max_turns=turns)
+        t.append(time.perf_counter() - t0)
+    return statistics.median(t), eps
+
+
 def bench_replicas(args, loaded, specs, sampling, rows):
     from vagent.models.engine import HFEngine
     from vagent.models.remote import RemoteEngine, start_ray
-    from vagent.rollout import HFPolicy, rollout
+    from vagent.rollout import HFPolicy
 
     def timed(policy):
-        rollout(specs[:2], policy, sampling, max_turns=1)  # warm-up
-        t = []
-        for _ in range(args.repeats):
-            t0 = time.perf_counter()
-            eps = rollout(specs, policy, sampling, max_turns=args.turns)
-            t.append(time.perf_counter() - t0)
-        return statistics.median(t), eps
+        return timed_rollout(policy, specs, sampling, args.turns, args.repeats)
 
     s0, ref = timed(HFPolicy(HFEngine(loaded.model, loaded.encoder)))
     rows.append(("in-process HFEngine", len(ref) / s0, s0, "reference"))
@@ -132,16 +139,10 @@ def bench_overlap(args, rows):
 def bench_vllm(args, model_dir, loaded, specs, sampling, rows):
     from vagent.models.engine import HFEngine
     from vagent.models.vllm_engine import VLLMEngine
-    from vagent.rollout import HFPolicy, rollout
+    from vagent.rollout import HFPolicy
 
     def timed(policy):
-        rollout(specs[:2], policy, sampling, max_turns=1)  # warm-up
-        t = []
-        for _ in range(args.repeats):
-            t0 = time.perf_counter()
-            eps = rollout(specs, policy, sampling, max_turns=args.turns)
-            t.append(time.perf_counter() - t0)
-        return statistics.median(t), eps
+        return timed_rollout(policy, specs, sampling, args.turns, args.repeats)
 
     def tokens(eps):
         return sum(len(t.sampled_token_ids) for e in eps for t in e.turns)
