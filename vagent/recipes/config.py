@@ -28,6 +28,11 @@ from typing import Any, Literal, Mapping, Sequence
 
 from vagent.config import ConfigError, _suggest, from_mapping, to_dict
 
+#: the PPO advantage estimators (``vagent.recipes.ppo.PPO_ESTIMATORS`` maps each to its function)
+PPOEstimator = Literal["masked_gae", "bi_level_gae", "turn_gae", "no_concat_gae"]
+#: the critic-free estimators (``vagent.recipes.grpo.GRPO_ESTIMATORS``)
+GRPOEstimator = Literal["grpo", "rloo", "reinforce_pp", "gigpo"]
+
 @dataclass
 class ModelConfig:
     """Which policy to train and how to load it."""
@@ -218,7 +223,7 @@ class PPOConfig:
     """PPO with a critic (VAGEN)."""
 
     #: advantage estimator: masked_gae, bi_level_gae, turn_gae or no_concat_gae
-    estimator: Literal["masked_gae", "bi_level_gae", "turn_gae", "no_concat_gae"] = "bi_level_gae"
+    estimator: PPOEstimator = "bi_level_gae"
     #: discount between tokens inside a turn (bi_level_gae) or between sampled tokens (masked_gae)
     gamma_token: float = 1.0
     #: discount between turns (bi_level_gae, turn_gae, no_concat_gae)
@@ -251,7 +256,7 @@ class GRPOConfig:
 
     #: estimator: grpo, rloo, reinforce_pp or gigpo (GRPO plus step-level groups of turns that saw the
     #: same env state, keyed on env.state(); Feng et al. 2025, arXiv 2505.10978)
-    estimator: Literal["grpo", "rloo", "reinforce_pp", "gigpo"] = "grpo"
+    estimator: GRPOEstimator = "grpo"
     #: grpo: divide by the group's reward std (false = Dr. GRPO-style mean-centering only)
     norm_by_std: bool = True
     #: reward-variance filter over groups: none, top_k (fraction of groups) or top_p (of variance)
