@@ -66,7 +66,7 @@ def train(cfg: RunConfig | None = None, resume: str | Path | None = None, quiet:
         cfg = load_config(run.config)
     cfg = cfg if cfg is not None else load_config()
     if run is None:
-        from vagent.recipes.config_checks import check_out_dir
+        from vagent.recipes.config.ranges import check_out_dir
 
         check_out_dir(cfg.out_dir)  # before any model work
     world = init_world(cfg.device, cfg.dist.timeout_s)  # started by torchrun: join the job; else nothing

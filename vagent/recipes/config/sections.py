@@ -427,7 +427,7 @@ class RunConfig:
 def validate(cfg: RunConfig) -> RunConfig:
     """Check every number's range (vagent.recipes.config_checks.RANGES), the run name and the
     cross-field rules; raise ConfigError naming the field and the fix."""
-    from vagent.recipes.config_checks import check_name, check_ranges
+    from vagent.recipes.config.ranges import check_name, check_ranges
 
     def need(cond: bool, msg: str) -> None:
         if not cond:
@@ -597,7 +597,7 @@ def load_config(
     """Build a :class:`RunConfig` from a YAML file (or mapping, or the default preset) plus overrides."""
     import yaml
 
-    from vagent.recipes.config_checks import read_config_text
+    from vagent.recipes.config.ranges import read_config_text
 
     if source is None:
         tree = default_preset_dict()
@@ -763,7 +763,7 @@ def config_to_yaml(cfg: RunConfig) -> str:
 
 def preset_dir() -> Path:
     """The repository's configs/ folder (present in a source checkout)."""
-    return Path(__file__).resolve().parents[2] / "configs"
+    return Path(__file__).resolve().parents[3] / "configs"
 
 
 def training_presets() -> list[str]:
