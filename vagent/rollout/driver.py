@@ -47,18 +47,38 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from vagent.rollout.finish import RolloutResult
+from vagent.rollout.policy import Policy
+from vagent.rollout.records import Episode
+# the generators and the weight push live in vagent.rollout.replicas; these names stay importable here
+from vagent.rollout.replicas import (  # noqa: F401 -- re-exported
+    STARTUP_TIMEOUT_S, FreshModel, PushedEngine, _base_model_keys, engine_replicas, merge_lora_into_state, push_weights,
+    saved_model_dir, vllm_settings,
+)
+
+if TYPE_CHECKING:  # torch, the model loader and the run config stay out of `import vagent.rollout.driver`
+    import torch
+    from torch.distributed import ProcessGroup
+
+    from vagent.envs.base import Env
+    from vagent.models.loading import LoadedModel
+    from vagent.recipes.config import EnvEntry, RolloutConfig, RunConfig
 
 logger = logging.getLogger(__name__)
 
-_FACTORIES: dict[tuple, Callable[[], Any]] = {}
+#: the recipe's rollout of one step: ``(policy, step, unshard) -> episodes`` (the module docstring)
+RolloutRun = Callable[[Policy, int, bool], RolloutResult]
+
+_FACTORIES: dict[tuple, Callable[[], Env]] = {}
 _FACTORIES_LOCK = threading.Lock()
 
 
-def env_factory_for(entry: Any) -> Callable[[], Any] | None:
+def env_factory_for(entry: EnvEntry) -> Callable[[], Env] | None:
     """A zero-argument factory of ``RemoteEnv`` on ``entry.urls`` with ``entry.token`` (None for an
     in-process entry).
 
@@ -77,30 +97,31 @@ def env_factory_for(entry: Any) -> Callable[[], Any] | None:
         return _FACTORIES[key]
 
 
-def check_rollout_setup(r: Any, distributed: bool) -> None:
+def check_rollout_setup(settings: RolloutConfig, distributed: bool) -> None:
     """Refuse, before anything is built, rollout settings this process cannot run: engine replicas
     without Ray installed, vLLM without vLLM, an in-process vLLM in a job of several ranks."""
     import importlib.util
 
     from vagent.config import ConfigError
 
-    if distributed and r.engine == "vllm" and r.replicas == 0:
+    if distributed and settings.engine == "vllm" and settings.replicas == 0:
         raise ConfigError("rollout.engine vllm in a job of several ranks runs as Ray actor replicas that every rank "
                           "shares (rank 0 pushes the gathered weights): set rollout.replicas N >= 1, or run one "
                           "process (vLLM in the training process).")
-    if r.replicas >= 1 and importlib.util.find_spec("ray") is None:
+    if settings.replicas >= 1 and importlib.util.find_spec("ray") is None:
         raise ConfigError("rollout.replicas >= 1 runs engine replicas as Ray actors, and Ray is not installed: "
                          "pip install 'vagent[ray]' (or set rollout.replicas 0 to generate in the training process).")
-    if r.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+    if settings.engine == "vllm" and importlib.util.find_spec("vllm") is None:
         from vagent.models.vllm_engine import VLLM_HINT
 
         raise ConfigError(f"rollout.engine vllm needs vLLM, which is not installed: {VLLM_HINT}; or set "
                           "rollout.engine hf.")
 
 
-def is_default(r: Any) -> bool:
+def is_default(settings: RolloutConfig) -> bool:
     """Whether the rollout settings are the in-process, lockstep, overlap-free default."""
-    return r.engine == "hf" and r.replicas == 0 and r.schedule == "lockstep" and r.overlap == 0
+    return (settings.engine == "hf" and settings.replicas == 0 and settings.schedule == "lockstep"
+            and settings.overlap == 0)
 
 
 class RolloutDriver:
@@ -117,8 +138,8 @@ class RolloutDriver:
         owns_ray: ``close()`` shuts the Ray cluster down (the driver started it).
     """
 
-    def __init__(self, run: Callable[[Any, int, bool], Any], policy: Any, *, engine: Any = None, model: Any = None,
-                 overlap: int = 0, steps: int = 0, owns_ray: bool = False):
+    def __init__(self, run: RolloutRun, policy: Policy, *, engine: PushedEngine | None = None,
+                 model: torch.nn.Module | None = None, overlap: int = 0, steps: int = 0, owns_ray: bool = False):
         if overlap not in (0, 1):
             raise ValueError(f"overlap must be 0 or 1, got {overlap}")
         if overlap and engine is None:
@@ -126,9 +147,9 @@ class RolloutDriver:
         self.run, self.policy, self.engine, self.model = run, policy, engine, model
         self.overlap, self.steps, self.owns_ray = overlap, steps, owns_ray
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vagent-overlap") if overlap else None
-        self._pending: tuple[int, Future, int] | None = None  # (step, its rollout, weights version)
+        self._pending: tuple[int, Future[RolloutResult], int] | None = None  # (step, its rollout, weights version)
         # the background rollout's collectives (a job's episode gather) run on a group of their own
-        self._group = None
+        self._group: ProcessGroup | None = None
         if overlap:
             from vagent.distributed import side_group
 
@@ -139,7 +160,7 @@ class RolloutDriver:
         """Whether the rollout generates with the trainer's own model (no separate generator)."""
         return self.engine is None
 
-    def _run_beside(self, step: int) -> Any:
+    def _run_beside(self, step: int) -> RolloutResult:
         """The recipe's rollout of ``step`` in the background thread, on the driver's own group."""
         from vagent.distributed import on_group
 
@@ -150,7 +171,7 @@ class RolloutDriver:
         if self.engine is not None and self.engine.weights_version != version:
             push_weights(self.engine, self.model, version)
 
-    def get(self, step: int) -> Any:
+    def get(self, step: int) -> RolloutResult:
         """Step ``step``'s episodes (started in the background during the previous step when overlapping)."""
         if self._pending is not None and self._pending[0] == step:
             episodes = self._pending[1].result()
@@ -168,7 +189,7 @@ class RolloutDriver:
         self._annotate(episodes, step, version if self.engine is not None else None)
         return episodes
 
-    def _annotate(self, episodes: Any, step: int, pushed: int | None) -> None:
+    def _annotate(self, episodes: Sequence[Episode], step: int, pushed: int | None) -> None:
         """``rollout/weights_version`` and ``rollout/weights_lag``; with a generator of its own
         (``pushed``: the version pushed before the rollout), every turn must carry that version."""
         versions = [t.weights_version for e in episodes for t in e.turns if t.weights_version is not None]
@@ -206,204 +227,38 @@ class RolloutDriver:
             ray.shutdown()
 
 
-def push_weights(engine: Any, model: Any, version: int) -> None:
-    """Send the trainer's weights to ``engine`` as ``version``. One process: ``update_weights``. A job
-    of several ranks with a sharded policy: every rank takes part in gathering the full weights,
-    rank 0 pushes them to the shared replicas (``update_state``), and no rank goes on before the
-    push is done."""
-    from vagent.distributed import barrier, full_state_dict, root_of, world
-
-    w = world()
-    if not w.distributed or root_of(model) is None:
-        engine.update_weights(model, version)
-        return
-    full = full_state_dict(model, to_all_ranks=False)
-    if w.rank == 0:
-        state = _base_model_keys(full)
-        if getattr(engine, "takes_merged_weights", False):  # vLLM: LoRA merged into the base weights
-            state = merge_lora_into_state(state, model)
-        engine.update_state(state, version)
-    else:
-        engine.weights_version = version
-    barrier("engine weights pushed")
-
-
-def make_driver(cfg: Any, loaded: Any, policy: Any, run: Callable[[Any, int, bool], Any], model_dir: Any = None,
-                fresh_model: Callable[[], Any] | None = None) -> RolloutDriver:
+def make_driver(cfg: RunConfig, loaded: LoadedModel, policy: Policy, run: RolloutRun,
+                model_dir: str | Path | None = None, fresh_model: FreshModel | None = None) -> RolloutDriver:
     """The driver of a run config's ``rollout`` section; ``policy`` is the recipe's in-process
     ``HFPolicy`` (used as it is on the default path). ``fresh_model()``: an unsharded copy of the
     policy (``Session.load_fresh_model``), needed by engine replicas in a job of several ranks."""
     from vagent.rollout.hf_policy import HFPolicy
 
-    r = cfg.rollout
-    if is_default(r):
+    settings = cfg.rollout
+    if is_default(settings):
         return RolloutDriver(run, policy, steps=cfg.steps)
     owns_ray, engine = False, None
-    ctx = cfg.model.max_context_tokens  # model.max_context_tokens: a turn beyond it ends the episode
-    if r.replicas >= 1:
+    max_context = cfg.model.max_context_tokens  # model.max_context_tokens: a turn beyond it ends the episode
+    if settings.replicas >= 1:
         engine, owns_ray = engine_replicas(cfg, loaded, fresh_model, model_dir)
-        gen_policy = HFPolicy(engine, per_request_seeds=True, max_context_tokens=ctx)
-    elif r.engine == "vllm":
+        gen_policy = HFPolicy(engine, per_request_seeds=True, max_context_tokens=max_context)
+    elif settings.engine == "vllm":
         from vagent.models.vllm_engine import VLLMEngine
 
-        engine = VLLMEngine(_model_dir(model_dir), loaded.encoder, colocate=True, **vllm_settings(cfg, loaded))
-        if r.schedule == "async":
+        engine = VLLMEngine(saved_model_dir(model_dir), loaded.encoder, colocate=True, **vllm_settings(cfg, loaded))
+        if settings.schedule == "async":
             from vagent.models.batching import BatchingEngine
 
-            gen_policy = HFPolicy(BatchingEngine(engine), per_request_seeds=True, max_context_tokens=ctx)
+            gen_policy = HFPolicy(BatchingEngine(engine), per_request_seeds=True, max_context_tokens=max_context)
         else:
-            gen_policy = HFPolicy(engine, per_request_seeds=True, max_context_tokens=ctx)
+            gen_policy = HFPolicy(engine, per_request_seeds=True, max_context_tokens=max_context)
     else:  # in process, asynchronous
-        gen_policy = HFPolicy(loaded, prefix_cache=r.prefix_cache, per_request_seeds=True, batching=True,
-                              max_context_tokens=ctx)
-    if r.engine == "vllm":  # vLLM loaded model_dir, which may predate SFT: the trainer's weights, version 0
+        gen_policy = HFPolicy(loaded, prefix_cache=settings.prefix_cache, per_request_seeds=True, batching=True,
+                              max_context_tokens=max_context)
+    if settings.engine == "vllm":  # vLLM loaded model_dir, which may predate SFT: the trainer's weights, version 0
         push_weights(engine, loaded.model, 0)
-    return RolloutDriver(run, gen_policy, engine=engine, model=loaded.model, overlap=r.overlap, steps=cfg.steps,
-                         owns_ray=owns_ray)
-
-
-def vllm_settings(cfg: Any, loaded: Any) -> dict:
-    """``VLLMEngine`` keyword arguments of a run config: its memory share, seed, the trainer's
-    parameter dtype (so that greedy replies equal the trainer's) and the context length."""
-    import torch
-
-    dtype = next(loaded.model.parameters()).dtype
-    out = {"gpu_memory_utilization": cfg.rollout.vllm_gpu_memory, "seed": cfg.seed,
-           "dtype": {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]}
-    if cfg.model.max_context_tokens:
-        out["max_model_len"] = cfg.model.max_context_tokens
-    return out
-
-
-def _model_dir(model_dir: Any) -> Any:
-    if model_dir is None:
-        raise ValueError("rollout.engine vllm needs the policy saved on disk (the run's model directory)")
-    return model_dir
-
-
-#: seconds the ranks of a job wait for each other while the replicas start (Ray start with retries,
-#: actor creation, joining): at least this, or the job's dist.timeout_s when longer
-STARTUP_TIMEOUT_S = 1800.0
-
-
-def engine_replicas(cfg: Any, loaded: Any, fresh_model: Callable[[], Any] | None = None,
-                    model_dir: Any = None) -> tuple[Any, bool]:
-    """(``RemoteEngine`` over ``rollout.replicas`` Ray actors, whether this process started Ray).
-
-    One process: a local cluster is started (or joined: ``RAY_ADDRESS``); hf replicas copy the
-    trainer's model, vllm replicas load ``model_dir`` (``make_driver`` then pushes the trainer's
-    weights). A job of several ranks: rank 0 starts or joins the cluster and creates named replicas
-    (hf: from the gathered full weights, loaded into ``fresh_model()``); the other ranks join rank
-    0's cluster and attach to the same replicas, so every rank rolls out its share of the episodes
-    on one shared pool (routing, retries and weight versions as in one process). Weights are pushed
-    by rank 0 (``push_weights``) after the ranks gather them.
-    """
-    from vagent.distributed import barrier, broadcast_object, full_state_dict, on_group, side_group, world
-    from vagent.models.remote import RemoteEngine, import_ray, join_ray, start_ray
-
-    ray = import_ray()
-    w = world()
-    if not w.distributed:
-        owns = not ray.is_initialized()
-        start_ray()
-        return _new_replicas(cfg, loaded, loaded.model, model_dir), owns
-    # every rank takes part; rank 0 gets the weights (vllm replicas load model_dir and are pushed next)
-    full = full_state_dict(loaded.model, to_all_ranks=False) if cfg.rollout.engine == "hf" else None
-    # starting Ray and the replicas (rank 0), joining and attaching (the others) may take minutes on a
-    # busy machine: the ranks wait for each other on a group whose timeout allows it, not the job's
-    slow = side_group("engine replicas start", timeout_s=max(w.timeout_s, STARTUP_TIMEOUT_S))
-    engine, owns, info = None, False, None
-    if w.rank == 0:
-        try:
-            owns = not ray.is_initialized()
-            start_ray()
-            names = [f"engine-{cfg.seed}-{os.getpid()}-{i}" for i in range(cfg.rollout.replicas)]
-            engine = _new_replicas(cfg, loaded, _full_model(loaded, full, fresh_model), model_dir, names)
-            info = {"address": ray.get_runtime_context().gcs_address, "names": names}
-        except Exception as exc:  # the other ranks must not wait for replicas that will never come
-            info = {"error": f"{type(exc).__name__}: {exc}"}
-            with on_group(slow):
-                broadcast_object(info, "engine replicas")
-            raise
-    with on_group(slow):
-        info = broadcast_object(info, "engine replicas")
-    if "error" in info:
-        raise RuntimeError(f"rank 0 could not start the engine replicas: {info['error']}")
-    if w.rank != 0:
-        owns = join_ray(info["address"])
-        engine = RemoteEngine.attach(info["names"], loaded.encoder)
-    with on_group(slow):
-        barrier("engine replicas attached")
-    return engine, owns
-
-
-def _new_replicas(cfg: Any, loaded: Any, model: Any, model_dir: Any, names: list[str] | None = None) -> Any:
-    """The ``RemoteEngine`` of ``rollout.replicas`` new actors: hf copies of ``model``, or vLLM
-    engines on ``model_dir``."""
-    from vagent.models.remote import RemoteEngine
-
-    r = cfg.rollout
-    if r.engine == "vllm":
-        import torch
-
-        # CUDA: one GPU per replica from Ray (it sets CUDA_VISIBLE_DEVICES); vLLM's CPU build: none
-        return RemoteEngine.vllm(_model_dir(model_dir), loaded.encoder, replicas=r.replicas, names=names,
-                                 num_gpus=1 if torch.cuda.is_available() else 0, **vllm_settings(cfg, loaded))
-    return RemoteEngine(model, loaded.encoder, replicas=r.replicas, prefix_cache=r.prefix_cache,
-                        threads=r.replica_threads, names=names)
-
-
-def _full_model(loaded: Any, full: dict | None, fresh_model: Callable[[], Any] | None) -> Any:
-    """The policy with its full weights on rank 0 (a sharded one: ``fresh_model()`` loaded with the
-    gathered ``full`` state); None where the replicas do not copy it (vllm)."""
-    from vagent.distributed import root_of
-
-    if full is None:
-        return None
-    if root_of(loaded.model) is None:
-        return loaded.model
-    if fresh_model is None:
-        raise ValueError("engine replicas of a sharded policy need fresh_model (an unsharded copy)")
-    model = fresh_model()
-    model.load_state_dict({k: v.to(next(model.parameters()).device) for k, v in full.items()})
-    return model
-
-
-def merge_lora_into_state(state: dict, model: Any) -> dict:
-    """A LoRA policy's full state dict (base-model names, as ``_base_model_keys`` gives) as the base
-    checkpoint's: each adapted ``<m>.base_layer.weight`` becomes ``<m>.weight`` = W + scale * B @ A
-    (PEFT's merge; scale = lora_alpha / r, or / sqrt(r) with rslora), the adapter tensors dropped.
-    A state dict without LoRA tensors is returned unchanged."""
-    import math
-
-    from vagent.models.forward import unwrap
-
-    if not any("lora_" in k for k in state):
-        return state
-    cfg = getattr(unwrap(model), "peft_config", {}).get("default")
-    if cfg is None:
-        raise ValueError("the gathered weights hold LoRA tensors but the policy has no PEFT 'default' adapter config")
-    scale = cfg.lora_alpha / (math.sqrt(cfg.r) if getattr(cfg, "use_rslora", False) else cfg.r)
-    out = {}
-    for name, w in state.items():
-        if "lora_" in name:
-            continue
-        if name.endswith(".base_layer.weight"):
-            stem = name[: -len(".base_layer.weight")]
-            a, b = state.get(f"{stem}.lora_A.default.weight"), state.get(f"{stem}.lora_B.default.weight")
-            if a is not None and b is not None:
-                w = (w.float() + scale * (b.float() @ a.float())).to(w.dtype)
-        out[name.replace(".base_layer.", ".")] = w
-    return out
-
-
-def _base_model_keys(state: dict) -> dict:
-    """A PEFT wrapper's state dict under the base model's names (what a replica holds: the
-    unwrapped model with its LoRA layers in place); other state dicts unchanged."""
-    prefix = "base_model.model."
-    if state and all(k.startswith(prefix) for k in state):
-        return {k[len(prefix):]: v for k, v in state.items()}
-    return state
+    return RolloutDriver(run, gen_policy, engine=engine, model=loaded.model, overlap=settings.overlap,
+                         steps=cfg.steps, owns_ray=owns_ray)
 
 
 __all__ = ["RolloutDriver", "make_driver", "check_rollout_setup", "engine_replicas", "env_factory_for", "is_default",
