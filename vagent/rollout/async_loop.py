@@ -25,24 +25,24 @@ trajectories (they overlap), and ``perf/rollout_tokens_per_s`` divides by the ro
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from vagent.rollout.finish import RolloutClock, RolloutResult, finish_rollout
 from vagent.rollout.policy import Policy, SamplingConfig
 from vagent.rollout.records import Episode
 from vagent.rollout.trajectory import (
-    EnvSpec, Live, act, apply_reply, check_args, close_env, new_lives, next_conversation, record_turn, start_env,
-    step_env,
+    EnvFactory, EnvSpec, Live, act, apply_reply, check_args, close_env, new_lives, next_conversation, record_turn,
+    start_env, step_env,
 )
 
 
 def _trajectory(live: Live, policy: Policy, sampling: SamplingConfig, max_turns: int, window: int | None,
-                env_factory: Callable[[EnvSpec], Any] | None, clock: RolloutClock) -> None:
+                env_factory: EnvFactory | None, clock: RolloutClock) -> None:
     """One episode from reset to close, advancing on its own replies and env steps."""
     try:
         clock.timed("env", start_env, live, env_factory)
         for t in range(max_turns):
-            if live.done:
+            if live.finished:
                 break
             next_conversation(live, window)
             reply = clock.timed("gen", act, policy, [live], sampling, t)[0]
@@ -70,7 +70,7 @@ def _check_policy(policy: Policy, sampling: SamplingConfig) -> None:
                          "per_request_seeds=True)")
 
 
-def _engine_stats(policy: Policy) -> Any:
+def _engine_stats(policy: Policy) -> dict[str, int] | None:
     """The engine's counters: those of the HFEngine behind a BatchingEngine, where there is one."""
     engine_stats = getattr(getattr(policy, "engine", None), "stats", None)
     if getattr(getattr(policy, "engine", None), "engine", None) is not None:  # BatchingEngine(HFEngine)
@@ -88,7 +88,7 @@ def rollout_async(
     mode: str = "concat",
     window: int | None = None,
     reasoning_reward: Callable[[list[Episode]], Mapping[str, float]] | None = None,
-    env_factory: Callable[[EnvSpec], Any] | None = None,
+    env_factory: EnvFactory | None = None,
 ) -> RolloutResult:
     """``rollout(..., schedule="async")``: the same arguments and result (see the module docstring)."""
     window = check_args(env_specs, group_size, max_turns, mode, window, policy)

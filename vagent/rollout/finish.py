@@ -9,10 +9,10 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Mapping, Sequence, TypeVar
+from typing import Callable, Literal, Mapping, Sequence, TypeVar
 
 from vagent.rollout.encoding import TokenPolicy
-from vagent.rollout.policy import Message
+from vagent.rollout.policy import Message, Policy
 from vagent.rollout.records import Episode
 from vagent.rollout.trajectory import Live
 
@@ -30,7 +30,7 @@ class RolloutResult(list):
 
 
 
-def engine_metrics(engine_stats: Any, stats_before: dict | None) -> dict[str, float]:
+def engine_metrics(engine_stats: Mapping[str, int], stats_before: Mapping[str, int] | None) -> dict[str, float]:
     """``perf/prompt_cache_frac`` (HFEngine prefix reuse) and ``rollout/engine_retries`` (requests
     sent again after their engine replica died) over this rollout, where the engine counts them."""
     if stats_before is None:
@@ -49,7 +49,7 @@ def engine_metrics(engine_stats: Any, stats_before: dict | None) -> dict[str, fl
     return out
 
 
-def encode_final_observations(episodes: list[Episode], policy: Any) -> None:
+def encode_final_observations(episodes: list[Episode], policy: Policy) -> None:
     """Encode each truncated episode's final observation (token-level policies only)."""
     if not isinstance(policy, TokenPolicy):
         return
@@ -99,17 +99,17 @@ class RolloutClock:
     them), and its engine's counters at the start (``engine_stats``: a dict the engine updates, or
     None when the engine counts nothing)."""
 
-    engine_stats: Any
+    engine_stats: dict[str, int] | None
     started: float = field(default_factory=time.perf_counter)
     gen: float = 0.0
     env: float = 0.0
-    stats_before: dict | None = field(init=False)
+    stats_before: dict[str, int] | None = field(init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
         self.stats_before = dict(self.engine_stats) if isinstance(self.engine_stats, dict) else None
 
-    def timed(self, name: Literal["gen", "env"], fn: Callable[..., T], *args: Any) -> T:
+    def timed(self, name: Literal["gen", "env"], fn: Callable[..., T], *args: object) -> T:
         """``fn(*args)``, its seconds added to ``name`` (thread-safe)."""
         t0 = time.perf_counter()
         out = fn(*args)
@@ -121,7 +121,7 @@ class RolloutClock:
 
 def finish_rollout(
     lives: Sequence[Live],
-    policy: Any,
+    policy: Policy,
     reasoning_reward: Callable[[list[Episode]], Mapping[str, float]] | None,
     clock: RolloutClock,
     tokens_per: Literal["generate", "wall"],

@@ -63,15 +63,15 @@ engine that sampled it.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from vagent.rollout.async_loop import rollout_async
 from vagent.rollout.finish import RolloutClock, RolloutResult, finish_rollout, rollout_metrics
 from vagent.rollout.policy import Policy, SamplingConfig
 from vagent.rollout.records import Episode
 from vagent.rollout.trajectory import (
-    MODES, SCHEDULES, EnvSpec, Live, act, apply_reply, check_args, close_env, new_lives, next_conversation,
-    record_turn, start_env, step_env,
+    MODES, SCHEDULES, EnvFactory, EnvSpec, Live, act, apply_reply, check_args, close_env, new_lives,
+    next_conversation, record_turn, start_env, step_env,
 )
 
 __all__ = ["EnvSpec", "RolloutResult", "rollout", "rollout_metrics", "MODES", "SCHEDULES"]
@@ -88,7 +88,7 @@ def rollout(
     window: int | None = None,
     reasoning_reward: Callable[[list[Episode]], Mapping[str, float]] | None = None,
     max_workers: int = 16,
-    env_factory: Callable[[EnvSpec], Any] | None = None,
+    env_factory: EnvFactory | None = None,
     schedule: str = "lockstep",
     on_turn: Callable[[int, int], None] | None = None,
 ) -> RolloutResult:
@@ -127,7 +127,7 @@ def rollout(
                 if not _turn(pool, lives, policy, sampling, t, max_turns, window, clock):
                     break
                 if on_turn is not None:
-                    on_turn(t + 1, sum(not lv.done for lv in lives))
+                    on_turn(t + 1, sum(not lv.finished for lv in lives))
         finally:
             list(pool.map(close_env, lives))
     return finish_rollout(lives, policy, reasoning_reward, clock, tokens_per="generate")
@@ -137,14 +137,15 @@ def _turn(pool: ThreadPoolExecutor, lives: list[Live], policy: Policy, sampling:
           max_turns: int, window: int | None, clock: RolloutClock) -> bool:
     """Turn ``t`` of the episodes still running: one policy call for all, their envs stepped in
     ``pool``, the turns recorded in order. False when no episode was running."""
-    active = [lv for lv in lives if not lv.done]
+    active = [lv for lv in lives if not lv.finished]
     if not active:
         return False
     for lv in active:
         next_conversation(lv, window)
     replies = clock.timed("gen", act, policy, active, sampling, t)
     stepping = [(lv, reply) for lv, reply in zip(active, replies) if apply_reply(lv, reply, window)]
-    results = clock.timed("env", lambda: list(pool.map(lambda lr: step_env(lr[0], lr[1].text), stepping)))
+    texts = [reply.text for _, reply in stepping]
+    results = clock.timed("env", lambda: list(pool.map(step_env, [lv for lv, _ in stepping], texts)))
     for (lv, reply), stepped in zip(stepping, results):
         if stepped is not None:
             record_turn(lv, t, reply, stepped, max_turns, window)

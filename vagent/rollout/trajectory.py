@@ -3,7 +3,7 @@ asynchronous (:mod:`vagent.rollout.async_loop`) schedules. The two differ only i
 the calls below; each trajectory runs::
 
     live = new_lives(specs, group_size)[i]; start_env(live, env_factory)
-    for t in range(max_turns):                       (until live.done)
+    for t in range(max_turns):                       (until live.finished)
         next_conversation(live, window)              this turn's sample
         reply = act(policy, [live, ...], sampling, t)[i]
         if apply_reply(live, reply, window):         an error or context limit ends the episode here
@@ -23,7 +23,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
-from vagent.envs.base import Observation, StepResult
+from vagent.envs.base import Env, Observation, StepResult
 from vagent.envs.formats import ParsedResponse, parse_response
 from vagent.rollout.encoding import context_copy
 from vagent.rollout.policy import Conversation, Message, Policy, Reply, SamplingConfig, Segment
@@ -50,7 +50,11 @@ class EnvSpec:
     #: reset seed; the same seed and config give the same initial state in any process
     seed: int = 0
     #: zero-argument callable returning an Env (remote envs); None = vagent.envs.make
-    factory: Callable[[], Any] | None = None
+    factory: Callable[[], Env] | None = None
+
+
+#: ``(spec) -> Env``: makes the env of a spec without its own ``factory`` (``rollout(env_factory=)``)
+EnvFactory = Callable[[EnvSpec], Env]
 
 
 @dataclass
@@ -69,9 +73,10 @@ class Live:
 
     episode: Episode
     spec: EnvSpec
-    env: Any = None
+    env: Env | None = None
     obs: Observation | None = None
-    done: bool = False
+    #: the episode has ended (terminated, truncated, or an error): no more turns
+    finished: bool = False
     system: Message | None = None
     system_segments: list[Segment] = field(default_factory=list)
     blocks: list[_Block] = field(default_factory=list)
@@ -105,7 +110,7 @@ def turn_seed(seed: int, turn: int) -> int:
     return (int(seed) * 1_000_003 + int(turn)) % (2**63)
 
 
-def _make_env(spec: EnvSpec, env_factory: Callable[[EnvSpec], Any] | None) -> Any:
+def _make_env(spec: EnvSpec, env_factory: EnvFactory | None) -> Env:
     if spec.factory is not None:
         return spec.factory()
     if env_factory is not None:
@@ -119,7 +124,7 @@ def _env_error(exc: BaseException) -> str:
     return "env: " + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).strip()
 
 
-def start_env(live: Live, env_factory: Callable[[EnvSpec], Any] | None) -> None:
+def start_env(live: Live, env_factory: EnvFactory | None) -> None:
     """Make and reset the env of ``live.spec`` (in a worker thread); errors mark the episode."""
     spec = live.spec
     try:
@@ -132,7 +137,7 @@ def start_env(live: Live, env_factory: Callable[[EnvSpec], Any] | None) -> None:
         live.system = Message("system", live.episode.system_prompt)
     except Exception as exc:  # noqa: BLE001 -- recorded as an episode error, never a reward
         live.episode.error = _env_error(exc)
-        live.done = True
+        live.finished = True
         logger.warning("env %s seed %s failed at reset: %s", spec.name, spec.seed, exc)
 
 
@@ -147,7 +152,7 @@ def step_env(live: Live, text: str) -> Stepped | None:
         return Stepped(result, before, after)
     except Exception as exc:  # noqa: BLE001 -- recorded as an episode error, never a reward
         live.episode.error = _env_error(exc)
-        live.done = True
+        live.finished = True
         logger.warning("env %s seed %s failed at step: %s", live.episode.env_name, live.episode.seed, exc)
         return None
 
@@ -162,20 +167,20 @@ def close_env(live: Live) -> None:
         logger.warning("env %s close failed: %s", live.episode.env_name, exc)
 
 
-def _parsed(info: Mapping[str, Any], env: Any, reply: str, episode: Episode) -> ParsedResponse:
+def _parsed(info: Mapping[str, Any], env: Env, reply: str, episode: Episode) -> ParsedResponse:
     """The env's parse of the reply (authoritative), else a parse with the env's config.
 
     The config is ``env.config``; for an env without one (a remote client) the registered env's
     declared config built from the episode's ``env_config``; ``action_sep`` comes from the env
     (or its registered class), default ``","``.
     """
-    p = info.get("parsed")
-    if isinstance(p, ParsedResponse):
-        return p
-    if isinstance(p, Mapping):
-        d = dict(p)
-        d["actions"] = tuple(d.get("actions", ()))
-        return ParsedResponse(**d)
+    given = info.get("parsed")
+    if isinstance(given, ParsedResponse):
+        return given
+    if isinstance(given, Mapping):
+        fields = dict(given)
+        fields["actions"] = tuple(fields.get("actions", ()))
+        return ParsedResponse(**fields)
     cfg, sep_owner = getattr(env, "config", None), env
     if getattr(cfg, "format", None) is None:
         from vagent.envs.registry import env_class, make_config
@@ -256,7 +261,7 @@ def apply_reply(live: Live, reply: Reply, window: int | None) -> bool:
     """
     if reply.error is not None or reply.finish_reason == "error":
         live.episode.error = f"policy: {reply.error or 'finish_reason=error'}"
-        live.done = True
+        live.finished = True
         return False
     if reply.finish_reason == "context_limit":
         if len(live.conv.segments) != live.n_segments_before:
@@ -264,7 +269,7 @@ def apply_reply(live: Live, reply: Reply, window: int | None) -> bool:
         live.conv.messages.pop()  # the unanswered observation becomes final_observation
         if window is not None:
             live.episode.samples.pop()
-        live.episode.truncated, live.episode.final_observation, live.done = True, live.obs, True
+        live.episode.truncated, live.episode.final_observation, live.finished = True, live.obs, True
         return False
     live.conv.messages.append(Message("assistant", reply.text))
     return True
@@ -298,15 +303,17 @@ def record_turn(live: Live, t: int, reply: Reply, stepped: Stepped, max_turns: i
     if result.terminated or result.truncated:
         live.episode.terminated = bool(result.terminated)
         live.episode.truncated = bool(result.truncated) and not result.terminated
-        live.done = True
+        live.finished = True
     elif t == max_turns - 1:
         live.episode.truncated = True
-        live.done = True
+        live.finished = True
     if live.episode.truncated:
         live.episode.final_observation = result.obs
 
 
-def check_args(env_specs, group_size, max_turns, mode, window, policy) -> int | None:
+def check_args(env_specs: Sequence[EnvSpec], group_size: int, max_turns: int, mode: str, window: int | None,
+               policy: Policy) -> int | None:
+    """Refuse arguments ``rollout`` cannot run; the window of the mode (0 for no_concat)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     if mode == "no_concat" and window not in (None, 0):
