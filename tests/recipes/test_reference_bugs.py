@@ -15,6 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import vagent.recipes.rollouts
 import vagent.rollout
 import vagent.rollout.loop
 
@@ -32,6 +33,7 @@ def rollout_spy(monkeypatch):
 
     monkeypatch.setattr(vagent.rollout.loop, "rollout", spy)
     monkeypatch.setattr(vagent.rollout, "rollout", spy)
+    monkeypatch.setattr(vagent.recipes.rollouts, "rollout", spy)  # the name the recipes call
     return calls
 
 

@@ -224,14 +224,14 @@ def test_killed_build_is_cleaned_up_by_the_next(tmp_path):
 def test_build_that_raises_leaves_nothing(tmp_path, monkeypatch):
     """The model is built into its temporary folder, then caption pretraining raises: the folder
     is removed and no model directory appears."""
-    import vagent.recipes.pretrain
+    import vagent.recipes.tiny_cache
     from vagent.recipes.config import load_config
     from vagent.recipes.tiny_cache import prepare_model
 
     def fail(*args, **kwargs):
         raise RuntimeError("caption pretraining failed")
 
-    monkeypatch.setattr(vagent.recipes.pretrain, "pretrain_captions", fail)
+    monkeypatch.setattr(vagent.recipes.tiny_cache, "pretrain_captions", fail)  # the name the build calls
     cfg = load_config()
     m = cfg.model
     m.cache_dir = str(tmp_path / "cache")

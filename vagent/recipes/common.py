@@ -11,15 +11,26 @@ scoring passes), :mod:`vagent.recipes.batching` (mini-/micro-batches and accumul
 
 from __future__ import annotations
 
+import copy
 import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from vagent.config import ConfigError
+from vagent.envs import make
+from vagent.envs.registry import IMPORT_HINT, env_class, list_envs
+from vagent.models.forward import unwrap
+from vagent.models.loading import LoraSettings, load_policy
 from vagent.recipes.config import EnvEntry, RunConfig
 from vagent.recipes.optim import derive_seed
+from vagent.rollout.driver import env_factory_for
+from vagent.rollout.loop import EnvSpec
+from vagent.rollout.policy import SamplingConfig
 from vagent.runs.errors import ModelError
+from vagent.seeds import SPLITS, split_seeds
+from vagent.service.preflight import check_env_servers, remote_env_info
 
 # ----------------------------------------------------------------------------------------------
 # seeds
@@ -30,10 +41,6 @@ def train_env_specs(cfg: RunConfig, step: int) -> list:
     """The envs of RL step ``step``: for each entry, ``n_train`` consecutive seeds of the ``train``
     split at an offset derived from (run seed, entry index, step), so a resumed run replays the same
     envs and steps never share a seed by construction within 1e6 / n_train steps."""
-    from vagent.rollout.driver import env_factory_for
-    from vagent.rollout.loop import EnvSpec
-    from vagent.seeds import SPLITS, split_seeds
-
     specs = []
     size = len(SPLITS["train"])
     for i, e in enumerate(cfg.envs):
@@ -45,10 +52,6 @@ def train_env_specs(cfg: RunConfig, step: int) -> list:
 
 def val_env_specs(entry: EnvEntry) -> list:
     """The first ``n_val`` seeds of the ``val`` split (the same for every validation)."""
-    from vagent.rollout.driver import env_factory_for
-    from vagent.rollout.loop import EnvSpec
-    from vagent.seeds import split_seeds
-
     return [EnvSpec(entry.name, dict(entry.config), s, env_factory_for(entry)) for s in split_seeds("val", entry.n_val)]
 
 
@@ -56,9 +59,6 @@ def stop_strings(cfg: RunConfig) -> tuple[str, ...]:
     """``rollout.stop`` plus the strings the run's envs declare as ending a reply
     (an env class's optional ``reply_stop``, e.g. vigorl_zoom's ``"</tool_call>"``), in order.
     A remote entry's (``urls``) come from its server: the env class may live only there."""
-    from vagent.envs.registry import env_class
-    from vagent.service.preflight import remote_env_info
-
     out = list(cfg.rollout.stop)
     for e in cfg.envs:
         declared = remote_env_info(e).reply_stop if e.urls else getattr(env_class(e.name), "reply_stop", ())
@@ -75,10 +75,6 @@ def check_remote_envs(cfg: RunConfig, say: Any) -> None:
     remote = [e for e in cfg.envs if e.urls]
     if not remote:
         return
-    from vagent.config import ConfigError
-    from vagent.envs.registry import IMPORT_HINT, list_envs
-    from vagent.service.preflight import check_env_servers
-
     for line in check_env_servers(cfg.envs):
         say(line)
     local_only = [e.name for e in remote if e.name not in list_envs()]
@@ -94,8 +90,6 @@ def check_remote_envs(cfg: RunConfig, say: Any) -> None:
 
 def sampling_for(cfg: RunConfig, step: int, greedy: bool = False):
     """The rollout's SamplingConfig at ``step`` (seed derived from the run seed and the step)."""
-    from vagent.rollout.policy import SamplingConfig
-
     r = cfg.rollout
     return SamplingConfig(
         temperature=0.0 if greedy else r.temperature, top_p=r.top_p, top_k=r.top_k,
@@ -134,8 +128,6 @@ def use_bf16(setting: str, device: torch.device) -> bool:
 
 def load_model(cfg: RunConfig, path: Path, device: torch.device):
     """``load_policy`` with the run's dtype / LoRA / checkpointing; errors name the fix."""
-    from vagent.models.loading import LoraSettings, load_policy
-
     lora = None
     if cfg.model.lora_rank > 0:
         lora = LoraSettings(r=cfg.model.lora_rank, alpha=int(cfg.model.lora_alpha), dropout=cfg.model.lora_dropout)
@@ -164,9 +156,6 @@ def check_compatible(loaded: Any, cfg: RunConfig) -> None:
     """A text-only model cannot play an env that shows images: say so before training."""
     if loaded.is_vision:
         return
-    from vagent.envs import make
-    from vagent.rollout.driver import env_factory_for
-
     for i, e in enumerate(cfg.envs):
         env = env_factory_for(e)() if e.urls else make(e.name, **e.config)  # a remote env: its server's
         try:
@@ -185,12 +174,8 @@ def export_policy(model: torch.nn.Module, source_dir: Path, out: Path) -> None:
     """Save the policy as a model directory that ``load_policy`` (and ``vagent eval``) can read:
     ``save_pretrained`` weights/config plus the tokenizer, chat template and image processor files
     of the source directory. A LoRA policy is saved merged into a copy of the base weights."""
-    from vagent.models.forward import unwrap
-
     out.mkdir(parents=True, exist_ok=True)
     if getattr(model, "merge_and_unload", None) is not None:
-        import copy
-
         copy.deepcopy(model).merge_and_unload().save_pretrained(out)
     else:
         unwrap(model).save_pretrained(out)

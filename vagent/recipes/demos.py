@@ -43,6 +43,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from vagent.envs import env_class, make
 from vagent.envs.formats import render_response
 from vagent.seeds import split_seeds
 
@@ -81,8 +82,6 @@ class DemoSettings:
 def default_random_frac(env_name: str, frac: float = 0.1) -> float:
     """``frac`` for an env with an action list, 0 for one whose actions are free-form (svg,
     vigorl_*: no ``action_names``, so there is no random action to draw)."""
-    from vagent.envs import env_class
-
     return frac if getattr(env_class(env_name), "action_names", ()) else 0.0
 
 
@@ -160,8 +159,6 @@ def demo_reply(env: Any, actions: Sequence[str], objects: Sequence[str] = (),
 
 def play_demo(settings: DemoSettings, seed: int, image_dir: Path | None, image_prefix: str = "") -> dict:
     """One solver episode as a chat record (see the module docstring)."""
-    from vagent.envs import make
-
     env = make(settings.env, **settings.env_config)
     if not hasattr(env, "optimal_actions"):
         raise TypeError(f"env {settings.env!r} has no solver (optimal_actions); it cannot make demonstrations.")

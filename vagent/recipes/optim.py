@@ -1,9 +1,8 @@
 """The leaves every recipe shares: seeds, the optimizer, its schedule, gradient clipping, autocast.
 
-Below :mod:`vagent.recipes.common` (which re-exports these names) so that ``pretrain.py`` and
-``sft.py`` can use them without importing ``common``, which builds the tiny model by calling
-``pretrain.py``: no import cycle. Imports only torch, :mod:`vagent.seeds` (``derive_seed``) and,
-inside ``clip_grads``, :mod:`vagent.distributed`.
+A leaf module (:mod:`vagent.recipes.common` holds the env seeds, devices and model set-up, not
+these), so that ``pretrain.py`` and ``sft.py`` use them without the rest of the recipes. Imports
+only torch, :mod:`vagent.seeds` (``derive_seed``) and :mod:`vagent.distributed` (``clip_grads``).
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ from typing import Sequence
 
 import torch
 
+from vagent.distributed import reduce_replicated_grads
 from vagent.seeds import derive_seed  # re-exported: the recipes' seeds come from here
 
 def make_optimizer(params: Sequence[torch.nn.Parameter], lr: float, weight_decay: float) -> torch.optim.AdamW:
@@ -49,8 +49,6 @@ def clip_grads(params: Sequence[torch.nn.Parameter], max_norm: float) -> float:
     """Clip to ``max_norm`` (0 = measure only); returns the norm before clipping. In a job, the
     gradients of parameters that are not sharded are first summed over ranks, and the norm is the
     norm of the whole (global) gradient."""
-    from vagent.distributed import reduce_replicated_grads
-
     params = [p for p in params if p.grad is not None]
     if not params:
         return 0.0

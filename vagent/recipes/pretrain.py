@@ -25,6 +25,7 @@ gathered and rank 0 saves them.
 
 from __future__ import annotations
 
+import importlib
 import json
 import time
 from pathlib import Path
@@ -32,6 +33,18 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
+from PIL import Image
+
+from vagent.distributed import barrier, full_state_dict, root_of, shard_model, world
+from vagent.envs import make
+from vagent.envs.formats import render_response
+from vagent.models.loading import load_policy
+from vagent.recipes.optim import derive_seed, make_optimizer, make_scheduler
+from vagent.recipes.sft import reply_token_ids, sft_batch, sft_loss
+from vagent.rollout.encoding import append_reply, encode_pending
+from vagent.rollout.policy import Conversation, Message
+from vagent.runs.progress import StepProgress
+from vagent.seeds import split_seeds
 
 
 def caption_records(env_entries: Sequence[Any], n_per_env: int, seed: int, image_dir: Path,
@@ -39,13 +52,6 @@ def caption_records(env_entries: Sequence[Any], n_per_env: int, seed: int, image
     """SFT chat records (no system message) pairing an observation with its symbolic description
     (and, with ``relations``, the natural-language relation of those object types to the agent).
     Boards are train-split seeds ``first_board ..`` of a range reserved for captions."""
-    import importlib
-
-    from vagent.envs import make
-    from vagent.envs.formats import render_response
-    from vagent.recipes.optim import derive_seed
-    from vagent.seeds import split_seeds
-
     records = []
     for i, e in enumerate(env_entries):
         env = make(e.name, **e.config)
@@ -85,12 +91,6 @@ def caption_records(env_entries: Sequence[Any], n_per_env: int, seed: int, image
 
 def encode_caption(record: dict, root: Path, encoder: Any):
     """A Conversation for a caption record: user turn (mask 0) then the target ids (mask 1)."""
-    from PIL import Image
-
-    from vagent.recipes.sft import reply_token_ids
-    from vagent.rollout.encoding import append_reply, encode_pending
-    from vagent.rollout.policy import Conversation, Message
-
     images = []
     for p in record["images"]:
         with Image.open(root / p) as im:
@@ -112,12 +112,6 @@ def pretrain_captions(model_dir: Path, env_entries: Sequence[Any], steps: int, *
     in ``vagent_pretrain.json``); ``first_board`` is the first caption board used (see
     :func:`caption_records`), so a later stage can start after an earlier one's boards. ``say``
     gets the progress lines (with ETA); a :class:`vagent.runs.Console` shows a bar on a terminal."""
-    from vagent.distributed import barrier, full_state_dict, root_of, shard_model, world
-    from vagent.models.loading import load_policy
-    from vagent.recipes.optim import derive_seed, make_optimizer, make_scheduler
-    from vagent.recipes.sft import sft_batch, sft_loss
-    from vagent.runs.progress import StepProgress
-
     work = Path(model_dir) / "pretrain" / stage
     (work / "images").mkdir(parents=True, exist_ok=True)
     records = caption_records(env_entries, n_per_env, seed, work / "images", relations, first_board)

@@ -22,6 +22,8 @@ from vagent.distributed import gather_objects, generation_mode, world
 from vagent.recipes.common import sampling_for, train_env_specs, val_env_specs
 from vagent.recipes.optim import derive_seed
 from vagent.recipes.session import Session
+from vagent.rollout.loop import RolloutResult, rollout, rollout_metrics
+from vagent.runs.errors import NonFiniteError, check_module_finite
 
 
 def spec_blocks(n_specs: int, n_ranks: int) -> list[tuple[int, int]]:
@@ -38,8 +40,6 @@ def spec_blocks(n_specs: int, n_ranks: int) -> list[tuple[int, int]]:
 def rollout_on_ranks(specs: Sequence[Any], policy: Any, sampling: Any, *, group_size: int = 1, **kw) -> Any:
     """``vagent.rollout.loop.rollout`` of ``specs``, shared between the ranks of a job (see the
     module docstring); one process: exactly ``rollout(specs, ...)``."""
-    from vagent.rollout.loop import RolloutResult, rollout, rollout_metrics
-
     w = world()
     if not w.distributed:
         return rollout(specs, policy, sampling, group_size=group_size, **kw)
@@ -170,8 +170,6 @@ def train_rollout(session: Session, policy: Any, step: int, reasoning: Any, unsh
     for a separate generator: engine replicas or vLLM, which leave the trainer's parameters alone).
     If generation fails because the policy's weights hold NaN/inf, say so (NonFiniteError) instead
     of a sampler error."""
-    from vagent.runs.errors import check_module_finite
-
     cfg = session.cfg
     try:
         with generation_mode(session.loaded.model) if unshard else contextlib.nullcontext():
@@ -182,8 +180,6 @@ def train_rollout(session: Session, policy: Any, step: int, reasoning: Any, unsh
     except RuntimeError as exc:
         check_module_finite(session.loaded.model, "policy weights", "rl", step, session.last_checkpoint)
         if "inf" in str(exc).lower() or "nan" in str(exc).lower():
-            from vagent.runs.errors import NonFiniteError
-
             raise NonFiniteError("the policy's next-token probabilities during the rollout (the weights are "
                                  "finite but the forward pass overflowed)", float("nan"), "rl", step,
                                  session.last_checkpoint) from exc

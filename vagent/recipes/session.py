@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 import torch
 
+from vagent.recipes.common import load_model
 from vagent.recipes.config import RunConfig
+from vagent.rewards import ReasoningReward
 
 if TYPE_CHECKING:
     from vagent.models.loading import LoadedModel
@@ -54,13 +56,10 @@ class Session:
         """The configured reasoning reward (``vagent.rewards.ReasoningReward``) for ``rollout``, or None."""
         if not self.cfg.reasoning_reward:
             return None
-        from vagent.rewards import ReasoningReward
-
         return ReasoningReward(self.cfg.reasoning_reward)
 
     def load_fresh_model(self) -> torch.nn.Module:
         """A new, unsharded copy of the policy as loaded from ``model_dir`` (LoRA and freezing as
         configured): the skeleton that a sharded policy's full weights are loaded into when an
         unsharded copy is needed (critic, reference, export)."""
-        from vagent.recipes.common import load_model
         return load_model(self.cfg, self.model_dir, self.device).model

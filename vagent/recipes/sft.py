@@ -39,8 +39,21 @@ from typing import Any, Sequence
 
 import numpy as np
 import torch
+from PIL import Image
 
+from vagent.distributed import Padding, all_reduce_sum, barrier, rank_micro_batches, world
 from vagent.envs.base import IMAGE_PLACEHOLDER
+from vagent.recipes.batching import accumulation_weight
+from vagent.recipes.demos import DemoSettings, play_demo
+from vagent.recipes.optim import autocast, clip_grads, derive_seed, make_optimizer, make_scheduler
+from vagent.recipes.scoring import hidden_after_prefix, policy_forward, shared_prefix
+from vagent.recipes.sharding import policy_export, shard_for_training
+from vagent.rollout.batch import TokenBatch
+from vagent.rollout.encoding import append_reply, encode_pending, flat_ids, flat_pixels
+from vagent.rollout.policy import Conversation, Message
+from vagent.runs import StepProgress, check_finite, load_checkpoint, save_checkpoint
+from vagent.runs.errors import check_module_finite
+from vagent.seeds import split_seeds
 
 
 class DataError(ValueError):
@@ -57,10 +70,6 @@ class Chat:
 
 def read_chats(path: str | Path, limit: int | None = None) -> list[Chat]:
     """Read and validate a JSONL chat file (see the module docstring); images are loaded as RGB."""
-    from PIL import Image
-
-    from vagent.rollout.policy import Message
-
     path = Path(path)
     if not path.is_file():
         raise DataError(f"SFT data file {str(path)!r} does not exist. Make demonstrations with "
@@ -115,9 +124,6 @@ def read_chats(path: str | Path, limit: int | None = None) -> list[Chat]:
 def encode_chat(chat: Chat, encoder: Any):
     """A :class:`Conversation` whose segments are exactly what the RL policy would have built if it
     had sampled the assistant texts' token ids (mask 1 on them, 0 on everything else)."""
-    from vagent.rollout.encoding import append_reply, encode_pending
-    from vagent.rollout.policy import Conversation
-
     conv = Conversation(messages=[])
     for m in chat.messages:
         if m.role == "assistant":
@@ -140,9 +146,6 @@ def reply_token_ids(encoder: Any, text: str) -> list[int]:
 
 def sft_batch(convs: Sequence[Any], pad_token_id: int):
     """A :class:`TokenBatch` of conversations (RL-only fields zero): rows right-padded."""
-    from vagent.rollout.batch import TokenBatch
-    from vagent.rollout.encoding import flat_ids, flat_pixels
-
     B = len(convs)
     L = max(len(flat_ids(c.segments)) for c in convs)
     ids = torch.full((B, L), pad_token_id, dtype=torch.long)
@@ -177,8 +180,6 @@ def sft_batch(convs: Sequence[Any], pad_token_id: int):
 def batch_rows(n_chats: int, batch_size: int, step: int, seed: int) -> tuple[list[int], int]:
     """Chat indices of SFT step ``step`` and its epoch: the stream is the concatenation of per-epoch
     permutations seeded by (seed, epoch), so the data position is just the step number."""
-    from vagent.recipes.optim import derive_seed
-
     rows, epoch = [], 0
     for k in range(step * batch_size, (step + 1) * batch_size):
         epoch, i = divmod(k, n_chats)
@@ -207,11 +208,6 @@ def sft_loss(model: torch.nn.Module, batch: Any, micro_tokens: int, chunk: int, 
     sum(w)), accumulated over micro-batches; returns the loss and the (unweighted) accuracy.
     ``shared``: the tokens every row starts with (the system prompt) run once, without a graph
     (``sft.shared_prefix``; :func:`vagent.recipes.scoring.shared_prefix`)."""
-    from vagent.distributed import Padding, all_reduce_sum, rank_micro_batches
-    from vagent.recipes.batching import accumulation_weight
-    from vagent.recipes.optim import autocast
-    from vagent.recipes.scoring import hidden_after_prefix, policy_forward, shared_prefix
-
     total_mask = batch.loss_mask
     weights = total_mask.float() if weights is None else weights
     total_loss = 0.0
@@ -241,8 +237,6 @@ def sft_loss(model: torch.nn.Module, batch: Any, micro_tokens: int, chunk: int, 
 def demo_settings(cfg: Any, entry: Any, n: int | None = None) -> Any:
     """The :class:`~vagent.recipes.demos.DemoSettings` of a run's env entry: its env and config,
     the run's ``sft.*`` demonstration fields, ``n`` episodes (default ``sft.demos_per_env``)."""
-    from vagent.recipes.demos import DemoSettings
-
     s = cfg.sft
     return DemoSettings(env=entry.name, env_config=dict(entry.config), n=s.demos_per_env if n is None else n,
                         random_action_frac=s.random_action_frac, max_turns=s.max_turns,
@@ -253,9 +247,6 @@ def demo_settings(cfg: Any, entry: Any, n: int | None = None) -> Any:
 def demo_chats_path(session: Any) -> Path:
     """Write solver demonstrations for every env entry into the run dir (once) and return the file
     (several processes: rank 0 writes them, the others wait and read the same file)."""
-    from vagent.distributed import barrier, world
-    from vagent.recipes.demos import play_demo
-
     cfg = session.cfg
     out = session.run.root / "demos.jsonl"
     if not world().is_main:
@@ -264,9 +255,6 @@ def demo_chats_path(session: Any) -> Path:
     if out.is_file():
         barrier("demonstrations written")
         return out
-    from vagent.runs import StepProgress
-    from vagent.seeds import split_seeds
-
     image_dir = session.run.root / "demos_images"
     image_dir.mkdir(exist_ok=True)
     lines = []
@@ -290,11 +278,6 @@ def demo_chats_path(session: Any) -> Path:
 def train_sft(session: Any, start_step: int = 0, resume_from: str | None = None) -> None:
     """Run SFT steps ``start_step + 1 .. sft.steps`` on the session's policy (``start_step`` updates
     were done before: a resume; see the module docstring)."""
-    from vagent.recipes.optim import clip_grads, make_optimizer, make_scheduler
-    from vagent.recipes.sharding import policy_export, shard_for_training
-    from vagent.runs import StepProgress, check_finite, load_checkpoint, save_checkpoint
-    from vagent.runs.errors import check_module_finite
-
     cfg, s = session.cfg, session.cfg.sft
     model, encoder = session.loaded.model, session.loaded.encoder
     # 1. data: the JSONL file, or solver demonstrations written into the run dir

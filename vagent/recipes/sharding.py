@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from vagent.distributed import full_state_dict, root_of, shard_model, unsharded_copy, world
+from vagent.recipes.common import export_policy
 from vagent.recipes.session import Session
 
 
@@ -49,7 +50,6 @@ def shard_for_training(session: Session, critic: Any = None, ref: Any = None) ->
 def policy_export(session: Session, model: Any) -> Callable[[Path], None]:
     """``export(out)`` for ``save_checkpoint``: the policy as a ``from_pretrained`` directory. A
     sharded policy's full weights are gathered (every rank calls ``export``) and rank 0 writes."""
-    from vagent.recipes.common import export_policy
     if root_of(model) is None:
         return lambda out: export_policy(model, session.model_dir, out)
 

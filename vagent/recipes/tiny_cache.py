@@ -13,11 +13,18 @@ import contextlib
 import glob
 import hashlib
 import shutil
+import signal
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from filelock import FileLock, Timeout
+
+from vagent.models.loading import resolve_model_path
+from vagent.models.tiny import build_tiny_vlm, tokenizer_corpus
 from vagent.recipes.config import EnvEntry, ModelConfig, pretrain_env_entries
+from vagent.recipes.pretrain import pretrain_captions
 
 
 def tiny_model_dir(m: ModelConfig, envs: Sequence[EnvEntry] = ()) -> Path:
@@ -25,8 +32,6 @@ def tiny_model_dir(m: ModelConfig, envs: Sequence[EnvEntry] = ()) -> Path:
     corpus and (when caption pretrained) the pretraining settings and the envs whose boards it
     saw (:func:`pretrain_env_entries`: their names and the model's pretraining env settings, never
     the run's env config)."""
-    from vagent.models.tiny import tokenizer_corpus
-
     corpus = hashlib.sha256("\n".join(tokenizer_corpus()).encode()).hexdigest()[:8]
     name = f"tiny-{m.tiny_family}-h{m.tiny_hidden}-l{m.tiny_layers}-i{m.tiny_image_size}-s{m.tiny_seed}-{corpus}"
     if m.tiny_heads != 4:  # 4 heads: the name the tiny models had before the knob
@@ -60,11 +65,7 @@ def prepare_model(m: ModelConfig, envs: Sequence[EnvEntry] = (),
     killed with SIGKILL leaves it for the next builder (who holds the lock, so no one else is
     writing it) to delete."""
     if m.path != "tiny":  # a local directory, or a hub id's snapshot in the Hugging Face cache
-        from vagent.models.loading import resolve_model_path
-
         return resolve_model_path(m.path)
-    from filelock import FileLock, Timeout
-
     out = tiny_model_dir(m, envs)
     if (out / "config.json").is_file():
         return out
@@ -99,9 +100,6 @@ def _sigterm_interrupts():
     """Within the block, SIGTERM (``kill``, ``timeout``, a scheduler) raises KeyboardInterrupt in
     the main thread like Ctrl-C does, so a build's ``finally`` removes its temporary folder;
     outside it, and in other threads, SIGTERM keeps its handler."""
-    import signal
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -119,15 +117,11 @@ def _sigterm_interrupts():
 def _build_tiny(m: ModelConfig, envs: Sequence[EnvEntry], tmp: Path, name: str,
                 say: Callable[[str], None]) -> None:
     """Build the tiny model into ``tmp`` and caption-pretrain it (one or two stages)."""
-    from vagent.models.tiny import build_tiny_vlm
-
     say(f"building tiny model {name} (first run only) ...")
     build_tiny_vlm(tmp, family=m.tiny_family, hidden=m.tiny_hidden, layers=m.tiny_layers, heads=m.tiny_heads,
                    kv_heads=max(1, m.tiny_heads // 2), image_size=m.tiny_image_size, seed=m.tiny_seed,
                    rope_theta=m.tiny_rope_theta or None)
     if m.tiny_pretrain_steps > 0:
-        from vagent.recipes.pretrain import pretrain_captions
-
         envs = pretrain_env_entries(m, envs)
         two_stage = m.tiny_pretrain_relation_steps > 0 and bool(m.tiny_pretrain_relations)
         say(f"caption-pretraining it for {m.tiny_pretrain_steps} steps (image -> board description) ...")
