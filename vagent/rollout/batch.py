@@ -34,14 +34,14 @@ one segment and are never separated (docs/algorithms.md reference bug 7).
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import torch
 from torch import Tensor
 
 from vagent.envs.base import state_key
 from vagent.rollout.policy import Conversation, Segment
-from vagent.rollout.records import Episode
+from vagent.rollout.records import Episode, Turn
 
 BATCH_MODES = ("concat", "no_concat", "window")
 
@@ -162,7 +162,8 @@ class _Row:
     bootstrap: int = -1
 
 
-def _row_from_segments(segments: Sequence[Segment], turns: Sequence, first_turn: int, where: str) -> tuple[_Row, int]:
+def _row_from_segments(segments: Sequence[Segment], turns: Sequence[Turn], first_turn: int,
+                       where: str) -> tuple[_Row, int]:
     """Lay out ``segments`` as one row; the sampled segments are turns ``first_turn, first_turn+1, ...``."""
     row = _Row([], [], [], [], [], [], [], [])
     k = first_turn
@@ -255,9 +256,28 @@ def build_token_batch(
         raise TypeError("build_token_batch needs pad_token_id= (e.g. policy.encoder.pad_token_id)")
     if samples is not None and len(samples) != len(episodes):
         raise ValueError(f"got {len(samples)} sample lists for {len(episodes)} episodes")
-    per_turn = mode != "concat"
+    rows, origins, n_error, n_empty = _rows(episodes, samples, mode != "concat", append_final_observation)
+    if not rows:
+        raise ValueError(f"no trainable episodes: {n_error} with error, {n_empty} without a turn, "
+                         f"{len(episodes)} in all")
+    return _pad(rows, origins, pad_token_id, n_error, n_empty)
+
+
+class _RowOrigin(NamedTuple):
+    """Where a row comes from: the per-row fields of the batch that are not per token."""
+
+    episode_index: int
+    episode: Episode
+    row_turn: int  # the row's turn in per-turn modes, -1 in concat
+    truncated: bool  # the episode was truncated and this is its last row
+    state_keys: list[str]
+
+
+def _rows(episodes: Sequence[Episode], samples: Sequence[Sequence[Conversation]] | None, per_turn: bool,
+          append_final: bool) -> tuple[list[_Row], list[_RowOrigin], int, int]:
+    """(rows, their origins, episodes with an error, episodes without a turn), in episode order."""
     rows: list[_Row] = []
-    meta: list[tuple[int, Episode, int, bool, list[str]]] = []  # episode index, episode, row_turn, truncated, keys
+    origins: list[_RowOrigin] = []
     n_error = n_empty = 0
     for e, ep in enumerate(episodes):
         if ep.error is not None:
@@ -267,23 +287,20 @@ def build_token_batch(
             n_empty += 1
             continue
         where = f"episode {e} (traj {ep.traj_id})"
-        ep_rows = _episode_rows(ep, ep.samples if samples is None else samples[e], per_turn,
-                                append_final_observation, where)
+        ep_rows = _episode_rows(ep, ep.samples if samples is None else samples[e], per_turn, append_final, where)
         keys = [state_key(t.state_before) for t in ep.turns]
         for r, row in enumerate(ep_rows):
             last = r == len(ep_rows) - 1
-            meta.append((e, ep, r if per_turn else -1, ep.truncated and last, [keys[r]] if per_turn else keys))
+            origins.append(_RowOrigin(e, ep, r if per_turn else -1, ep.truncated and last,
+                                      [keys[r]] if per_turn else keys))
             rows.append(row)
-    if not rows:
-        raise ValueError(f"no trainable episodes: {n_error} with error, {n_empty} without a turn, "
-                         f"{len(episodes)} in all")
-    return _pad(rows, meta, pad_token_id, n_error, n_empty)
+    return rows, origins, n_error, n_empty
 
 
-def _pad(rows: list[_Row], meta, pad_token_id: int, n_error: int, n_empty: int) -> TokenBatch:
+def _pad(rows: list[_Row], origins: list[_RowOrigin], pad_token_id: int, n_error: int, n_empty: int) -> TokenBatch:
     B, L = len(rows), max(len(r.ids) for r in rows)
 
-    def full(value, dtype):
+    def full(value: float, dtype: torch.dtype) -> Tensor:
         return torch.full((B, L), value, dtype=dtype)
 
     input_ids, attention = full(pad_token_id, torch.long), full(0, torch.long)
@@ -304,16 +321,16 @@ def _pad(rows: list[_Row], meta, pad_token_id: int, n_error: int, n_empty: int) 
         input_ids=input_ids, attention_mask=attention, loss_mask=loss, old_logprobs=logprobs,
         turn_end_mask=turn_end, token_rewards=rewards, turn_index=turn_index,
         bootstrap_index=torch.tensor([r.bootstrap for r in rows], dtype=torch.long),
-        truncated=torch.tensor([m[3] for m in meta], dtype=torch.bool),
-        scores=torch.tensor([m[1].total_reward for m in meta], dtype=torch.float32),
-        group_ids=torch.tensor([m[1].group_id for m in meta], dtype=torch.long),
-        traj_ids=torch.tensor([m[1].traj_id for m in meta], dtype=torch.long),
-        row_turn=torch.tensor([m[2] for m in meta], dtype=torch.long),
+        truncated=torch.tensor([o.truncated for o in origins], dtype=torch.bool),
+        scores=torch.tensor([o.episode.total_reward for o in origins], dtype=torch.float32),
+        group_ids=torch.tensor([o.episode.group_id for o in origins], dtype=torch.long),
+        traj_ids=torch.tensor([o.episode.traj_id for o in origins], dtype=torch.long),
+        row_turn=torch.tensor([o.row_turn for o in origins], dtype=torch.long),
         pixel_values=torch.cat(pixels, 0) if pixels else None,
         image_grid_thw=torch.cat(grids, 0).long() if grids else None,
-        state_keys=[m[4] for m in meta],
+        state_keys=[o.state_keys for o in origins],
         n_images=torch.tensor([r.n_images for r in rows], dtype=torch.long),
-        episode_index=torch.tensor([m[0] for m in meta], dtype=torch.long),
+        episode_index=torch.tensor([o.episode_index for o in origins], dtype=torch.long),
         n_error_episodes=n_error, n_empty_episodes=n_empty,
     )
 

@@ -32,9 +32,14 @@ messages are the unit, so an image's tokens are never cut from its pixels (docs/
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
 
 from vagent.rollout.policy import Conversation, Message, Policy, Segment
+
+if TYPE_CHECKING:  # `import vagent.rollout` stays free of torch and transformers
+    from torch import Tensor
+
+    from vagent.models.processor import ChatEncoder, EncodedSegment
 
 
 @runtime_checkable
@@ -48,7 +53,8 @@ class TokenPolicy(Policy, Protocol):
     def encode_message(self, message: Message) -> Segment: ...
 
 
-def _as_int_list(ids: Any) -> list[int]:
+def _as_int_list(ids: Sequence[int] | Tensor) -> list[int]:
+    """Token ids as ints, from a list or a [n] / [1, n] tensor."""
     if hasattr(ids, "tolist"):
         ids = ids.tolist()
     if ids and isinstance(ids[0], list):  # a [1, n] tensor
@@ -58,7 +64,7 @@ def _as_int_list(ids: Any) -> list[int]:
     return [int(i) for i in ids]
 
 
-def segment_from_encoded(encoded: Any) -> Segment:
+def segment_from_encoded(encoded: EncodedSegment) -> Segment:
     """A mask-0 :class:`Segment` from an encoder's ``EncodedSegment`` (ids, pixels, grid, n_images)."""
     grid = getattr(encoded, "image_grid_thw", None)
     n_images = int(getattr(encoded, "n_images", 0) or 0)
@@ -73,7 +79,7 @@ def segment_from_encoded(encoded: Any) -> Segment:
     )
 
 
-def encode_message(encoder: Any, message: Message) -> Segment:
+def encode_message(encoder: ChatEncoder, message: Message) -> Segment:
     """Encode one system or user message as a mask-0 segment (see the module docstring)."""
     if message.role == "system":
         if message.images:
@@ -88,7 +94,7 @@ def encode_message(encoder: Any, message: Message) -> Segment:
     )
 
 
-def encode_pending(conv: Conversation, encoder: Any) -> list[Segment]:
+def encode_pending(conv: Conversation, encoder: ChatEncoder) -> list[Segment]:
     """Segments for ``conv.messages[n_encoded:]`` (not appended yet). Validates the conversation."""
     if conv.n_encoded > len(conv.messages):
         raise ValueError(
@@ -109,7 +115,7 @@ def flat_ids(segments: Sequence[Segment]) -> list[int]:
     return [i for s in segments for i in s.input_ids]
 
 
-def flat_pixels(segments: Sequence[Segment]) -> tuple[Any, Any]:
+def flat_pixels(segments: Sequence[Segment]) -> tuple[Tensor | None, Tensor | None]:
     """(pixel_values [P, D] | None, image_grid_thw [n_images, 3] | None) of ``segments``, in order."""
     import torch
 
@@ -120,7 +126,7 @@ def flat_pixels(segments: Sequence[Segment]) -> tuple[Any, Any]:
     return torch.cat(pix, 0), torch.cat(grids, 0)
 
 
-def end_segment_ids(encoder: Any, sampled_ids: Sequence[int]) -> list[int]:
+def end_segment_ids(encoder: ChatEncoder, sampled_ids: Sequence[int]) -> list[int]:
     """Mask-0 ids that close the assistant turn after ``sampled_ids`` (``ChatEncoder.close_assistant``:
     ``<|im_end|>\\n`` after a stop string or the length limit, only ``\\n`` after a sampled ``<|im_end|>``)."""
     return _as_int_list(encoder.close_assistant(list(sampled_ids)))
@@ -137,7 +143,7 @@ def exceeds_context(n_context: int, max_new_tokens: int, max_context_tokens: int
 
 
 def append_reply(conv: Conversation, pending: list[Segment], sampled_ids: Sequence[int],
-                 logprobs: Sequence[float], encoder: Any) -> None:
+                 logprobs: Sequence[float], encoder: ChatEncoder) -> None:
     """Append ``[pending..., sampled, (end)]`` to ``conv`` and mark the reply as encoded."""
     if len(logprobs) != len(sampled_ids):
         raise ValueError(f"{len(sampled_ids)} sampled ids but {len(logprobs)} logprobs")

@@ -43,15 +43,20 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from vagent.rollout.encoding import (
     append_reply, context_tokens, encode_message, encode_pending, exceeds_context, flat_ids, flat_pixels,
 )
 from vagent.rollout.policy import Conversation, Message, Reply, SamplingConfig, Segment
 
+if TYPE_CHECKING:  # torch and transformers load on first use (HFPolicy's constructor)
+    from vagent.models.engine import Engine, GenerationOutput, GenerationRequest, SamplingParams
+    from vagent.models.loading import LoadedModel
+    from vagent.models.processor import ChatEncoder
 
-def sampling_params(sampling: SamplingConfig) -> Any:
+
+def sampling_params(sampling: SamplingConfig) -> SamplingParams:
     """``vagent.models.engine.SamplingParams`` for a :class:`SamplingConfig` (temperature 0 = greedy)."""
     from vagent.models.engine import SamplingParams
 
@@ -92,7 +97,8 @@ class HFPolicy:
             that ``act`` may be called from many threads (the asynchronous rollout).
     """
 
-    def __init__(self, model: Any, encoder: Any = None, *, max_context_tokens: int | None = None,
+    def __init__(self, model: LoadedModel | Engine, encoder: ChatEncoder | None = None, *,
+                 max_context_tokens: int | None = None,
                  prefix_cache: bool = True, per_request_seeds: bool = False, batching: bool = False):
         import torch
 
@@ -130,7 +136,8 @@ class HFPolicy:
                                 if i is not None}
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, *, max_context_tokens: int | None = None, **load_kwargs) -> "HFPolicy":
+    def from_pretrained(cls, path: str | Path, *, max_context_tokens: int | None = None,
+                        **load_kwargs: Any) -> "HFPolicy":
         """Load a model directory (``vagent.models.load_policy(path, **load_kwargs)``) as a policy."""
         from vagent.models.loading import load_policy
 
@@ -174,24 +181,29 @@ class HFPolicy:
         if len(outputs) != len(requests):
             raise RuntimeError(f"engine returned {len(outputs)} outputs for {len(requests)} requests")
         for i, req, out in zip(rows, requests, outputs):
-            bad = [k for k, t in enumerate(out.token_ids) if t in self.placeholder_ids]
-            if bad:  # untrainable: the forward would look for pixels for this token (fail loudly)
-                replies[i] = Reply(
-                    text=out.text, token_ids=list(out.token_ids), logprobs=list(out.logprobs), finish_reason="error",
-                    error=(f"sampled image/video placeholder token {out.token_ids[bad[0]]} at reply position "
-                           f"{bad[0]}; a training forward would expect pixels for it (the engine should "
-                           "suppress placeholder tokens)"),
-                )
-                continue
-            with self._lock:
-                append_reply(conversations[i], pending[i], out.token_ids, out.logprobs, self.encoder)
-            replies[i] = Reply(
-                text=out.text, token_ids=list(out.token_ids), logprobs=list(out.logprobs),
-                finish_reason=out.finish_reason,
-                usage={"prompt_tokens": len(req.input_ids), "completion_tokens": len(out.token_ids)},
-                weights_version=getattr(out, "weights_version", None),
-            )
+            replies[i] = self._reply(conversations[i], pending[i], req, out)
         return replies  # type: ignore[return-value]
+
+    def _reply(self, conv: Conversation, pending: list[Segment], req: GenerationRequest,
+               out: GenerationOutput) -> Reply:
+        """The reply of one generated output, its segments appended to ``conv``; an error reply
+        (nothing appended) when it holds an image/video placeholder token."""
+        bad = [k for k, t in enumerate(out.token_ids) if t in self.placeholder_ids]
+        if bad:  # untrainable: the forward would look for pixels for this token (fail loudly)
+            return Reply(
+                text=out.text, token_ids=list(out.token_ids), logprobs=list(out.logprobs), finish_reason="error",
+                error=(f"sampled image/video placeholder token {out.token_ids[bad[0]]} at reply position "
+                       f"{bad[0]}; a training forward would expect pixels for it (the engine should "
+                       "suppress placeholder tokens)"),
+            )
+        with self._lock:
+            append_reply(conv, pending, out.token_ids, out.logprobs, self.encoder)
+        return Reply(
+            text=out.text, token_ids=list(out.token_ids), logprobs=list(out.logprobs),
+            finish_reason=out.finish_reason,
+            usage={"prompt_tokens": len(req.input_ids), "completion_tokens": len(out.token_ids)},
+            weights_version=getattr(out, "weights_version", None),
+        )
 
 
 __all__ = ["HFPolicy", "sampling_params", "request_seed"]

@@ -11,9 +11,12 @@ re-encodes (docs/algorithms.md reference bug 6). API policies leave ``segments``
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, Sequence, runtime_checkable
 
 from PIL import Image
+
+if TYPE_CHECKING:  # token-level policies make the tensors; text-level ones never import torch
+    from torch import Tensor
 
 
 @dataclass(frozen=True)
@@ -37,8 +40,8 @@ class Segment:
     input_ids: list[int]
     sampled: bool
     logprobs: list[float] | None = None
-    pixel_values: Any = None  # torch.Tensor [n_patches, patch_dim] or None
-    image_grid_thw: Any = None  # torch.Tensor [n_images, 3] or None
+    pixel_values: Tensor | None = None  # [n_patches, patch_dim]
+    image_grid_thw: Tensor | None = None  # [n_images, 3]
     n_images: int = 0
 
 

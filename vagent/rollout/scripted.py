@@ -19,13 +19,17 @@ from __future__ import annotations
 import copy
 import random
 import sys
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
+from vagent.envs.base import Env
 from vagent.envs.formats import render_response
 from vagent.rollout.encoding import (
     append_reply, context_tokens, encode_message, encode_pending, exceeds_context,
 )
 from vagent.rollout.policy import Conversation, Message, Reply, SamplingConfig, Segment
+
+if TYPE_CHECKING:
+    from vagent.models.processor import ChatEncoder
 
 
 class ScriptedPolicy:
@@ -37,8 +41,8 @@ class ScriptedPolicy:
     def act(self, conversations: Sequence[Conversation], sampling: SamplingConfig) -> list[Reply]:
         out = []
         for conv in conversations:
-            r = self.fn(conv)
-            out.append(r if isinstance(r, Reply) else Reply(text=str(r), finish_reason="stop"))
+            answer = self.fn(conv)
+            out.append(answer if isinstance(answer, Reply) else Reply(text=str(answer), finish_reason="stop"))
         return out
 
 
@@ -71,7 +75,7 @@ class RandomPolicy:
         return out
 
 
-def _env_module_function(env: Any, name: str) -> Callable:
+def _env_module_function(env: Env, name: str) -> Callable:
     fn = getattr(sys.modules.get(type(env).__module__), name, None)
     if fn is None:
         raise TypeError(f"{type(env).__name__}: SolverPolicy needs a module-level {name}(state, style) "
@@ -79,7 +83,7 @@ def _env_module_function(env: Any, name: str) -> Callable:
     return fn
 
 
-def solver_reply(env: Any, reasoning: str = "I follow the shortest path to the goal.",
+def solver_reply(env: Env, reasoning: str = "I follow the shortest path to the goal.",
                  max_actions: int | None = None) -> str:
     """The solver's reply for ``env`` in its current state, in the env's reasoning format.
 
@@ -112,7 +116,7 @@ class SolverPolicy:
         self.reasoning, self.max_actions = reasoning, max_actions
 
     def act(self, conversations: Sequence[Conversation], sampling: SamplingConfig,
-            envs: Sequence[Any] | None = None) -> list[Reply]:
+            envs: Sequence[Env] | None = None) -> list[Reply]:
         if envs is None or len(envs) != len(conversations):
             raise TypeError("SolverPolicy.act needs envs=[one live env per conversation]; vagent.rollout.rollout "
                             "passes them because SolverPolicy.needs_envs is True")
@@ -128,7 +132,7 @@ class TokenScriptedPolicy:
     ``max_context_tokens`` behaves as in ``HFPolicy``.
     """
 
-    def __init__(self, encoder: Any, fn: Callable[[Conversation], str], *, end_with_eos: bool = True,
+    def __init__(self, encoder: ChatEncoder, fn: Callable[[Conversation], str], *, end_with_eos: bool = True,
                  max_context_tokens: int | None = None):
         self.encoder, self.fn = encoder, fn
         self.end_with_eos, self.max_context_tokens = end_with_eos, max_context_tokens
