@@ -21,7 +21,7 @@ def _numeric_fields(cls: type = C.RunConfig, prefix: str = "") -> dict[str, type
     """dotted key -> int or float, for every numeric field (optional ones included)."""
     out: dict[str, type] = {}
     for name, tp in field_types(cls).items():
-        sub = C._field_class(cls, name)
+        sub = C.field_class(cls, name)
         if name == "envs":
             out.update(_numeric_fields(C.EnvEntry, prefix + "envs.N."))
         elif sub is not None and dataclasses.is_dataclass(sub):

@@ -1,37 +1,20 @@
-"""The declared run config: one dataclass tree, one YAML file per run, ``key=value`` overrides.
-
-A run config is a :class:`RunConfig`; every field is documented by the ``#:`` comment above it
-(``vagent train --describe`` prints them, ``docs/configuration.md`` lists them). Unknown keys are
-errors with a "did you mean" (``vagent.config.from_mapping``). Overrides on the command line are
-dotted paths into the tree, with list indices as numbers::
-
-    vagent train --config configs/frozenlake_ppo.yaml steps=20 ppo.estimator=turn_gae \\
-        envs.0.config.render=text update.actor_lr=3e-4
-
-Values are parsed as YAML scalars (``true``, ``3e-4``, ``[1, 2]``, ``null``). The resolved config
-is printed at start-up and saved as ``config.yaml`` in the run directory; ``--resume`` reads it
-back from there.
-
-Sources of the defaults: VAGEN (docs/algorithms.md reference section 6) for PPO (clip 0.2, entropy 0.001,
-gamma_token 1.0, gamma_turn 0.95, lam 1.0, grad clip 1.0, value clip 0.5) and ViGoRL for GRPO
-(clip-higher 0.2/0.28, dual-clip 3, KL in loss k3). Learning rates are NOT the paper's (1e-6 /
-1e-5 for a 3B model): the tiny CPU models need much larger ones, set per preset.
-"""
+"""The run config's sections (one dataclass each) and :class:`RunConfig`, their tree; each field's
+doc is the ``#:`` comment above it. Defaults follow VAGEN (docs/algorithms.md reference section 6)
+for PPO (clip 0.2, entropy 0.001, gamma_token 1.0, gamma_turn 0.95, lam 1.0, grad clip 1.0, value
+clip 0.5) and ViGoRL for GRPO (clip-higher 0.2/0.28, dual-clip 3, KL in loss k3); learning rates
+are NOT the paper's (1e-6 / 1e-5 for a 3B model): the tiny CPU models need much larger ones, set
+per preset."""
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence
-
-from vagent.config import ConfigError, _suggest, from_mapping, to_dict
+from typing import Literal
 
 #: the PPO advantage estimators (``vagent.recipes.ppo.PPO_ESTIMATORS`` maps each to its function)
 PPOEstimator = Literal["masked_gae", "bi_level_gae", "turn_gae", "no_concat_gae"]
 #: the critic-free estimators (``vagent.recipes.grpo.GRPO_ESTIMATORS``)
 GRPOEstimator = Literal["grpo", "rloo", "reinforce_pp", "gigpo"]
+
 
 @dataclass
 class ModelConfig:
@@ -47,9 +30,9 @@ class ModelConfig:
     tiny_family: str = "qwen2_5_vl"
     #: tiny model hidden size (path "tiny" only)
     tiny_hidden: int = 128
-    #: tiny model attention heads (head size = tiny_hidden / tiny_heads; key/value heads = half of them,
-    #: at least 1). vLLM's CPU attention serves head sizes 32, 64, 80, 96, 112, 128, 160, 192, 224, 256 and
-    #: 512 only: the default 128 / 4 = 32 works (path "tiny" only)
+    #: tiny model attention heads (head size = tiny_hidden / tiny_heads; key/value heads = half of them, at least 1).
+    #: vLLM's CPU attention serves head sizes 32, 64, 80, 96, 112, 128, 160, 192, 224, 256 and 512 only: the
+    #: default 128 / 4 = 32 works (path "tiny" only)
     tiny_heads: int = 4
     #: tiny model decoder layers (path "tiny" only)
     tiny_layers: int = 2
@@ -64,10 +47,9 @@ class ModelConfig:
     #: caption-pretraining steps of the tiny model on boards of the run's envs (image -> symbolic state), so
     #: that it can see; cached with the model (0 = random weights; see vagent/recipes/pretrain.py)
     tiny_pretrain_steps: int = 0
-    #: env config fields of the caption-pretraining boards, over the model's own settings (render
-    #: vision, image_size = tiny_image_size, description_style symbolic, format
-    #: grounding_worldmodeling); the run's env config is not used, so changing how the run's envs
-    #: render reuses the cached model
+    #: env config fields of the caption-pretraining boards, over the model's own settings (render vision,
+    #: image_size = tiny_image_size, description_style symbolic, format grounding_worldmodeling); the run's
+    #: env config is not used, so changing how the run's envs render reuses the cached model
     tiny_pretrain_env_config: dict = field(default_factory=dict)
     #: caption-pretraining learning rate
     tiny_pretrain_lr: float = 1e-3
@@ -98,9 +80,8 @@ class ModelConfig:
     #: largest image area in pixels (null = the checkpoint's; fewer pixels, fewer image tokens:
     #: tokens = pixels / (patch * merge)**2, e.g. 28 * 28 px per token for Qwen2/2.5-VL)
     max_pixels: int | None = None
-    #: the most tokens one sample may hold (context + rollout.max_new_tokens); a turn that would
-    #: exceed it is not generated and ends the episode as truncated (finish reason context_limit);
-    #: null = no limit
+    #: the most tokens one sample may hold (context + rollout.max_new_tokens); a turn that would exceed it
+    #: is not generated and ends the episode as truncated (finish reason context_limit); null = no limit
     max_context_tokens: int | None = None
     #: run the checkpoint's own modelling/tokenizer code (transformers trust_remote_code); only for
     #: checkpoints you trust
@@ -417,452 +398,3 @@ class RunConfig:
     hub: HubConfig = field(default_factory=HubConfig)
     #: reasoning-reward judges (vagent.rewards.ReasoningReward config), null = env rewards only
     reasoning_reward: dict | None = None
-
-
-# ----------------------------------------------------------------------------------------------
-# validation of values that types alone cannot check
-# ----------------------------------------------------------------------------------------------
-
-
-def validate(cfg: RunConfig) -> RunConfig:
-    """Check every number's range (vagent.recipes.config_checks.RANGES), the run name and the
-    cross-field rules; raise ConfigError naming the field and the fix."""
-    from vagent.recipes.config.ranges import check_name, check_ranges
-
-    def need(cond: bool, msg: str) -> None:
-        if not cond:
-            raise ConfigError(msg)
-
-    check_ranges(cfg)
-    check_name(cfg.name)
-    m = cfg.model
-    need(m.tiny_hidden % m.tiny_heads == 0 and (m.tiny_hidden // m.tiny_heads) % 2 == 0
-         and m.tiny_hidden // m.tiny_heads >= 8,
-         f"model.tiny_hidden / model.tiny_heads is the head size and must be an even whole number >= 8, got "
-         f"{m.tiny_hidden} / {m.tiny_heads}; e.g. tiny_hidden 128 with tiny_heads 4 (head size 32).")
-    need(cfg.steps >= 0, f"steps must be >= 0, got {cfg.steps}.")
-    need(len(cfg.envs) > 0, "envs is empty: list at least one env, e.g. envs: [{name: frozenlake}].")
-    for i, e in enumerate(cfg.envs):
-        need(e.n_train >= 1 or cfg.recipe == "sft", f"envs.{i}.n_train must be >= 1, got {e.n_train}.")
-        need(e.n_val >= 0, f"envs.{i}.n_val must be >= 0, got {e.n_val}.")
-    r = cfg.rollout
-    need(r.group_size >= 1, f"rollout.group_size must be >= 1, got {r.group_size}.")
-    need(r.max_turns >= 1, f"rollout.max_turns must be >= 1, got {r.max_turns}.")
-    need(r.max_new_tokens >= 1, f"rollout.max_new_tokens must be >= 1, got {r.max_new_tokens}.")
-    need(r.replicas >= 0 and r.replica_threads >= 1,
-         f"rollout.replicas must be >= 0 and rollout.replica_threads >= 1, got {r.replicas}, {r.replica_threads}.")
-    need(r.overlap in (0, 1), f"rollout.overlap must be 0 or 1 (staleness of the generator's weights), got {r.overlap}.")
-    need(not (r.overlap and r.engine == "hf" and r.replicas == 0),
-         "rollout.overlap 1 generates while the trainer updates, so the generator needs its own weights: set "
-         "rollout.replicas >= 1 (Ray actors) or rollout.engine vllm, or rollout.overlap 0.")
-    for i, e in enumerate(cfg.envs):
-        bad = [u for u in e.urls if not str(u).startswith(("http://", "https://"))]
-        need(not bad, f"envs.{i}.urls must be http(s) URLs of vagent serve-env servers, got {bad}.")
-        need(e.token is None or bool(e.urls), f"envs.{i}.token is the bearer token of envs.{i}.urls; set urls "
-             "too (the env servers), or drop the token.")
-    u = cfg.update
-    need(u.mini_batches >= 1 and u.epochs >= 1, "update.epochs and update.mini_batches must be >= 1.")
-    need(u.micro_batch_tokens >= 16, f"update.micro_batch_tokens must be >= 16, got {u.micro_batch_tokens}.")
-    need(0 <= u.clip_low < 1 and u.clip_high >= 0, "update.clip_low must be in [0, 1) and clip_high >= 0.")
-    need(u.dual_clip is None or u.dual_clip > 1, f"update.dual_clip must be > 1 or null, got {u.dual_clip}.")
-    need(u.actor_lr > 0, f"update.actor_lr must be > 0, got {u.actor_lr}.")
-    if cfg.recipe == "ppo":
-        if r.mode == "no_concat" and cfg.ppo.estimator != "no_concat_gae":
-            raise ConfigError(
-                f"rollout.mode is no_concat but ppo.estimator is {cfg.ppo.estimator}: each turn is its "
-                "own sample there, so only ppo.estimator=no_concat_gae links the turns. Set "
-                "ppo.estimator=no_concat_gae or rollout.mode=concat."
-            )
-        if r.mode == "concat" and cfg.ppo.estimator == "no_concat_gae":
-            raise ConfigError("ppo.estimator=no_concat_gae needs rollout.mode=no_concat.")
-    if cfg.recipe == "grpo":
-        need(r.group_size >= 2, "recipe grpo needs rollout.group_size >= 2 (advantages are relative to "
-             f"the group), got {r.group_size}.")
-        need(0 < cfg.grpo.filter_value <= 1, f"grpo.filter_value must be in (0, 1], got {cfg.grpo.filter_value}.")
-        need(0 <= cfg.grpo.gigpo_gamma <= 1, f"grpo.gigpo_gamma must be in [0, 1], got {cfg.grpo.gigpo_gamma}.")
-    if cfg.recipe == "ppo" and cfg.ppo.filter != "none":
-        need(0 < cfg.ppo.filter_value <= 1, f"ppo.filter_value must be in (0, 1], got {cfg.ppo.filter_value}.")
-        need(r.group_size >= 2, "ppo.filter compares the rewards within a group: set rollout.group_size >= 2 "
-             f"(got {r.group_size}) or ppo.filter none.")
-    m = cfg.model
-    for name in ("min_pixels", "max_pixels", "max_context_tokens"):
-        need(getattr(m, name) is None or getattr(m, name) >= 1, f"model.{name} must be >= 1 or null, got {getattr(m, name)}.")
-    need(m.min_pixels is None or m.max_pixels is None or m.min_pixels <= m.max_pixels,
-         f"model.min_pixels ({m.min_pixels}) must be <= model.max_pixels ({m.max_pixels}).")
-    need(m.max_context_tokens is None or m.max_context_tokens > r.max_new_tokens,
-         f"model.max_context_tokens ({m.max_context_tokens}) must exceed rollout.max_new_tokens ({r.max_new_tokens}): "
-         "a turn needs room for its prompt and its reply.")
-    need(cfg.hub.every >= 1, f"hub.every must be >= 1, got {cfg.hub.every}.")
-    need(not cfg.hub.repo_id or cfg.hub.repo_id.count("/") == 1,
-         f"hub.repo_id must look like OWNER/NAME, got {cfg.hub.repo_id!r}.")
-    if cfg.recipe == "grpo" and u.kl_coef > 0 and u.kl_in != "loss":
-        raise ConfigError("recipe grpo puts the KL in the loss: set update.kl_in=loss (or update.kl_coef=0).")
-    if cfg.recipe == "sft":
-        need(cfg.sft.steps > 0, "recipe sft needs sft.steps > 0.")
-    need(cfg.sft.batch_size >= 1, f"sft.batch_size must be >= 1, got {cfg.sft.batch_size}.")
-    need(0 <= cfg.sft.random_action_frac <= 1, "sft.random_action_frac must be in [0, 1].")
-    need(cfg.sft.answer_weight > 0, f"sft.answer_weight must be > 0 (1 = plain token mean), got {cfg.sft.answer_weight}.")
-    need(cfg.log.keep_last >= 1, f"log.keep_last must be >= 1, got {cfg.log.keep_last}.")
-    return cfg
-
-
-# ----------------------------------------------------------------------------------------------
-# loading, overrides, saving
-# ----------------------------------------------------------------------------------------------
-
-
-def parse_override(text: str) -> tuple[list[str], Any]:
-    """``"a.b.0.c=value"`` -> (["a", "b", "0", "c"], yaml-parsed value)."""
-    import yaml
-
-    if "=" not in text:
-        raise ConfigError(f"override {text!r} is not key=value (e.g. ppo.estimator=turn_gae).")
-    key, _, raw = text.partition("=")
-    key = key.strip()
-    if not key or any(not p for p in key.split(".")):
-        raise ConfigError(f"override {text!r} has an empty key part.")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"override {text!r}: the value is not valid YAML ({exc}).") from exc
-    return key.split("."), value
-
-
-def _set_path(tree: dict, path: list[str], value: Any, cls: type | None) -> None:
-    """Set ``value`` at ``path`` in a plain-dict config ``tree`` (cls guides unknown-key errors)."""
-    node: Any = tree
-    where = []
-    for i, part in enumerate(path):
-        last = i == len(path) - 1
-        where.append(part)
-        if isinstance(node, list):
-            if not part.isdigit() or int(part) >= len(node):
-                raise ConfigError(f"override '{'.'.join(path)}': '{part}' must be an index below {len(node)}.")
-            idx = int(part)
-            if last:
-                node[idx] = value
-                return
-            node = node[idx]
-            cls = _list_item_class(cls)
-            continue
-        if not isinstance(node, dict):
-            raise ConfigError(f"override '{'.'.join(path)}': '{'.'.join(where[:-1])}' is not a section.")
-        if cls is not None and dataclasses.is_dataclass(cls):
-            names = [f.name for f in dataclasses.fields(cls)]
-            if part not in names:
-                raise ConfigError(
-                    f"override '{'.'.join(path)}': unknown key '{part}' in {cls.__name__}."
-                    f"{_suggest(part, names)} Valid keys: {', '.join(names)}."
-                )
-        if last:
-            node[part] = value
-            return
-        if node.get(part) is None:
-            node[part] = {}
-        node = node[part]
-        cls = _field_class(cls, part)
-
-
-def _field_class(cls: type | None, name: str) -> type | None:
-    import typing
-
-    from vagent.config import field_types
-
-    if cls is None or not dataclasses.is_dataclass(cls):
-        return None
-    tp = field_types(cls).get(name)
-    if dataclasses.is_dataclass(tp):
-        return tp
-    if typing.get_origin(tp) in (list, tuple):
-        return tp  # resolved to the item class when indexed
-    return None
-
-
-def _list_item_class(tp: Any) -> type | None:
-    import typing
-
-    args = typing.get_args(tp) if tp is not None else ()
-    return args[0] if args and dataclasses.is_dataclass(args[0]) else None
-
-
-def default_run_name(cfg: RunConfig) -> str:
-    """``<env names>-<recipe>``: the name of a run whose config sets none (``corridor-ppo``)."""
-    envs = "-".join(dict.fromkeys(str(e.name).replace("/", "_").replace("\\", "_") for e in cfg.envs)) or "run"
-    return f"{envs}-{cfg.recipe}"
-
-
-def load_config(
-    source: str | Path | Mapping[str, Any] | None = None, overrides: list[str] | tuple[str, ...] = ()
-) -> RunConfig:
-    """Build a :class:`RunConfig` from a YAML file (or mapping, or the default preset) plus overrides."""
-    import yaml
-
-    from vagent.recipes.config.ranges import read_config_text
-
-    if source is None:
-        tree = default_preset_dict()
-    elif isinstance(source, Mapping):
-        tree = copy.deepcopy(dict(source))
-    else:
-        path = Path(source)
-        if not path.is_file():
-            presets = training_presets()
-            raise ConfigError(
-                f"config file {str(path)!r} does not exist. Pass a YAML file, e.g. "
-                f"--config configs/frozenlake_ppo.yaml (presets: {', '.join(presets) or 'none found'})."
-            )
-        try:
-            tree = yaml.safe_load(read_config_text(path)) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML ({exc}).") from exc
-        if not isinstance(tree, dict):
-            raise ConfigError(f"{path}: expected a mapping of config keys at the top level.")
-    for text in overrides:
-        keys, value = parse_override(text)
-        _set_path(tree, keys, value, RunConfig)
-    cfg = from_mapping(RunConfig, tree, where="config")
-    cfg.name = cfg.name or default_run_name(cfg)
-    cfg = validate(cfg)
-    if cfg.imports:  # the modules that register the config's own envs, before anything looks them up
-        from vagent.plugins import PluginImportError, import_modules
-
-        try:
-            import_modules(cfg.imports)
-        except PluginImportError as exc:
-            raise ConfigError(f"imports: {exc}") from exc
-    return validate_envs(cfg)
-
-
-#: env fields of the caption-pretraining boards (then ``image_size`` = ``model.tiny_image_size``,
-#: then ``model.tiny_pretrain_env_config``); fields an env does not declare are left out
-PRETRAIN_ENV_DEFAULTS = {"format": "grounding_worldmodeling", "render": "vision", "description_style": "symbolic"}
-
-
-def pretrain_env_entries(m: ModelConfig, envs: Sequence[EnvEntry]) -> list[EnvEntry]:
-    """The envs a tiny model is caption-pretrained on: each env name of the run once, in order,
-    with the model's own env settings (:data:`PRETRAIN_ENV_DEFAULTS`, ``image_size`` =
-    ``tiny_image_size``, then ``tiny_pretrain_env_config``), not the run's env config: the
-    captions, and so the model, stay the same when the run changes how its envs render."""
-    from vagent.config import field_types
-    from vagent.envs.registry import env_class
-
-    out = []
-    for name in dict.fromkeys(e.name for e in envs):
-        declared = field_types(env_class(name).Config)
-        config = {k: v for k, v in {**PRETRAIN_ENV_DEFAULTS, "image_size": m.tiny_image_size}.items() if k in declared}
-        out.append(EnvEntry(name=name, config={**config, **m.tiny_pretrain_env_config}))
-    return out
-
-
-def validate_envs(cfg: RunConfig) -> RunConfig:
-    """Check every ``envs.N`` entry against its env's declared Config (names, keys, types, limits),
-    so that a typo fails here, before a model is built; raise ConfigError naming the entry. An
-    entry served by ``vagent serve-env`` (``urls``) whose env is not registered in this process is
-    left to its server to check."""
-    from vagent.envs.registry import list_envs, make_config
-
-    for i, e in enumerate(cfg.envs):
-        if e.urls and e.name not in list_envs():
-            continue
-        try:
-            make_config(e.name, **e.config)
-        except KeyError as exc:  # unknown env name: the message lists the registered ones
-            raise ConfigError(f"envs.{i}.name: {str(exc).strip(chr(34) + chr(39))}") from exc
-        except (ConfigError, ValueError, TypeError) as exc:
-            raise ConfigError(f"envs.{i}.config: {exc}") from exc
-    m = cfg.model
-    if m.path == "tiny" and m.tiny_pretrain_steps > 0:  # the caption boards' envs, before the build
-        for e in pretrain_env_entries(m, [e for e in cfg.envs if not e.urls or e.name in list_envs()]):
-            try:
-                make_config(e.name, **e.config)
-            except (ConfigError, ValueError, TypeError) as exc:
-                raise ConfigError(f"model.tiny_pretrain_env_config ({e.name} caption boards): {exc}") from exc
-    return cfg
-
-
-def describe_rows(cls: type | None = None, prefix: str = "") -> list[tuple[str, str, Any, str, bool]]:
-    """(dotted key, type, default, doc, is_section) of every field of the run config, sections
-    flattened (``envs`` items as ``envs.N.*``)."""
-    from vagent.config import describe
-
-    cls = cls or RunConfig
-    rows = []
-    for name, tp, default, doc in describe(cls):
-        sub = _field_class(cls, name)
-        if name == "envs":
-            rows.append((f"{prefix}envs", "list of EnvEntry", None, doc, True))
-            rows += describe_rows(EnvEntry, prefix + "envs.N.")
-        elif sub is not None and dataclasses.is_dataclass(sub):
-            rows.append((f"{prefix}{name}", sub.__name__, None, doc, True))
-            rows += describe_rows(sub, prefix + name + ".")
-        else:
-            rows.append((f"{prefix}{name}", tp, default, doc, False))
-    return rows
-
-
-def default_run_value(key: str) -> Any:
-    """The value of dotted ``key`` (as :func:`describe_rows` writes it; ``envs.N.*`` is the first
-    entry) in the default run (``vagent train`` with no arguments)."""
-    node: Any = _default_run_tree()
-    for part in key.split("."):
-        node = node[0] if part == "N" else node[part]
-    return node
-
-
-def _default_run_tree() -> dict:
-    global _DEFAULT_RUN_TREE
-    if _DEFAULT_RUN_TREE is None:
-        _DEFAULT_RUN_TREE = to_dict(load_config(None))
-    return _DEFAULT_RUN_TREE
-
-
-_DEFAULT_RUN_TREE: dict | None = None
-
-
-def _value_cells(key: str, default: Any) -> tuple[Any, Any | None]:
-    """(the default run's value, the dataclass default where it differs, else None)."""
-    used, plain = default_run_value(key), to_dict(default)
-    return used, (None if used == plain else plain)
-
-
-def describe_all() -> str:
-    """Every config field with type, the default run's value (and the class default where it
-    differs) and doc (``vagent train --describe``)."""
-    lines = []
-    for k, tp, default, doc, section in describe_rows():
-        if section:
-            lines.append(f"{k}:  # {doc}")
-            continue
-        used, plain = _value_cells(k, default)
-        note = "" if plain is None else f" (class default {plain!r})"
-        lines.append(f"{k} ({tp}) = {used!r}{note}  # {doc}")
-    return "\n".join(lines)
-
-
-def configuration_markdown() -> str:
-    """The field tables of docs/configuration.md (tests/recipes/test_config.py keeps it current):
-    the default run's value of each field, and the class default where it differs."""
-    out: list[str] = []
-    header = ["| key | type | default run | meaning |", "|---|---|---|---|"]
-    out += ["### top level", ""] + header
-    for k, tp, default, doc, section in describe_rows():
-        if section:
-            out += ["", f"### `{k}` ({tp})", "", doc[0].upper() + doc[1:] + ".", ""] + header
-        else:
-            used, plain = _value_cells(k, default)
-            note = "" if plain is None else f" (class default `{plain!r}`)"
-            out.append(f"| `{k}` | {tp} | `{used!r}`{note} | {doc.replace('|', '/')} |")
-    return "\n".join(out) + "\n"
-
-
-def config_to_yaml(cfg: RunConfig) -> str:
-    import yaml
-
-    return yaml.safe_dump(to_dict(cfg), sort_keys=False, default_flow_style=None, width=100)
-
-
-def preset_dir() -> Path:
-    """The repository's configs/ folder (present in a source checkout)."""
-    return Path(__file__).resolve().parents[3] / "configs"
-
-
-def training_presets() -> list[str]:
-    """Names of the run configs in :func:`preset_dir` (files whose top-level keys are all RunConfig
-    fields: configs/eval_example.yaml, a ``vagent eval`` config, is not one)."""
-    import yaml
-
-    fields = {f.name for f in dataclasses.fields(RunConfig)}
-    out = []
-    for path in sorted(preset_dir().glob("*.yaml")) if preset_dir().is_dir() else []:
-        try:
-            tree = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, yaml.YAMLError):
-            continue
-        if isinstance(tree, dict) and tree and set(tree) <= fields:
-            out.append(path.stem)
-    return out
-
-
-# The default preset, mirrored from configs/frozenlake_ppo.yaml so that `vagent train` with no
-# arguments works from any directory (tests/recipes/test_config.py checks the two agree).
-DEFAULT_PRESET_YAML = """\
-# THE DEFAULT RUN (`vagent train` with no arguments). FrozenLake 4x4 with 128 px image
-# observations and the grounding_worldmodeling format (symbolic grid descriptions), a tiny VLM:
-#   1. build the tiny Qwen3-VL (random weights; 3 layers, rotary base 100) and caption-pretrain it
-#      in two stages: read the board (image -> grid, 300 steps), then also say where the goal is
-#      from that grid (500 steps on fresh boards); cached under ~/.cache/vagent, so later runs
-#      skip it;
-#   2. SFT on demonstrations whose <observation>/<reasoning>/<prediction> come from the true state
-#      and half of whose actions are random (random_action_frac 0.5): SFT teaches the format, to
-#      describe the board and the goal's direction, and a noisy policy that RL sharpens;
-#   3. PPO with bi-level GAE, a value head on the policy's own backbone (critic_backbone: shared:
-#      one forward gives log-probs and values, the head trains on its features), KL (k3) to the
-#      SFT model in the loss, rollouts at temperature 0.7 (log-probs scored at the same
-#      temperature, turns after the first reuse the KV cache), and FrozenLake's optional progress
-#      shaping (reward_progress: 0.5 per move closer to the goal; success rates never include it)
-#      with a short turn horizon (gamma_turn 0.5). Greedy validation on 128 boards at steps 0/10/20.
-# Measured numbers and the learning curve: docs/training.md ("Measured"). No name: the run is named
-# after its envs and recipe (frozenlake-ppo; corridor-ppo when envs.0.name=corridor).
-recipe: ppo
-steps: 20
-seed: 0
-threads: 2  # fixed, so that a seed gives the same numbers on any machine (docs/training.md, Reproducibility)
-model:
-  path: tiny
-  tiny_family: qwen3_vl
-  tiny_hidden: 128
-  tiny_layers: 3
-  tiny_rope_theta: 100
-  tiny_image_size: 128
-  tiny_pretrain_steps: 300
-  tiny_pretrain_relations: [goal]
-  tiny_pretrain_relation_steps: 500
-envs:
-  - name: frozenlake
-    config: {format: grounding_worldmodeling, render: vision, image_size: 128, description_style: symbolic,
-             reward_progress: 0.5}
-    n_train: 16
-    n_val: 128
-rollout:
-  group_size: 1
-  max_turns: 4
-  max_new_tokens: 96
-  temperature: 0.7
-update:
-  actor_lr: 3.0e-4
-  warmup_steps: 2
-  epochs: 2
-  mini_batches: 2
-  micro_batch_tokens: 1024
-  entropy_coef: 0.001
-  kl_coef: 0.1
-  kl_kind: k3
-  kl_in: loss
-ppo:
-  estimator: bi_level_gae
-  gamma_turn: 0.5
-  whiten_advantages: true
-  critic_lr: 5.0e-4
-  critic_warmup_steps: 2
-  critic_backbone: shared
-sft:
-  steps: 300
-  demos_per_env: 512
-  random_action_frac: 0.5
-  actions_per_turn: 2
-  reasoning_objects: [goal]
-  batch_size: 8
-  lr: 1.0e-3
-val:
-  every: 10
-log:
-  rollouts_every: 10
-  checkpoint_every: 10
-  plot_every: 5
-"""
-
-
-def default_preset_dict() -> dict:
-    import yaml
-
-    return yaml.safe_load(DEFAULT_PRESET_YAML)

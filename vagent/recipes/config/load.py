@@ -1,0 +1,129 @@
+"""Loading a run config: a YAML file (or mapping, or the default preset), ``key=value`` overrides
+on dotted paths, then :func:`vagent.recipes.config.validate.validate` and ``validate_envs``."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import typing
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from vagent.config import ConfigError, _suggest, field_types, from_mapping
+from vagent.recipes.config.presets import default_preset_dict, training_presets
+from vagent.recipes.config.ranges import read_config_text
+from vagent.recipes.config.sections import RunConfig
+from vagent.recipes.config.validate import validate, validate_envs
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``"a.b.0.c=value"`` -> (["a", "b", "0", "c"], yaml-parsed value)."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} is not key=value (e.g. ppo.estimator=turn_gae).")
+    key, _, raw = text.partition("=")
+    key = key.strip()
+    if not key or any(not p for p in key.split(".")):
+        raise ConfigError(f"override {text!r} has an empty key part.")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {text!r}: the value is not valid YAML ({exc}).") from exc
+    return key.split("."), value
+
+
+def _set_path(tree: dict, path: list[str], value: Any, cls: type | None) -> None:
+    """Set ``value`` at ``path`` in a plain-dict config ``tree`` (cls guides unknown-key errors)."""
+    node: Any = tree
+    where = []
+    for i, part in enumerate(path):
+        last = i == len(path) - 1
+        where.append(part)
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise ConfigError(f"override '{'.'.join(path)}': '{part}' must be an index below {len(node)}.")
+            idx = int(part)
+            if last:
+                node[idx] = value
+                return
+            node = node[idx]
+            cls = _list_item_class(cls)
+            continue
+        if not isinstance(node, dict):
+            raise ConfigError(f"override '{'.'.join(path)}': '{'.'.join(where[:-1])}' is not a section.")
+        if cls is not None and dataclasses.is_dataclass(cls):
+            names = [f.name for f in dataclasses.fields(cls)]
+            if part not in names:
+                raise ConfigError(
+                    f"override '{'.'.join(path)}': unknown key '{part}' in {cls.__name__}."
+                    f"{_suggest(part, names)} Valid keys: {', '.join(names)}."
+                )
+        if last:
+            node[part] = value
+            return
+        if node.get(part) is None:
+            node[part] = {}
+        node = node[part]
+        cls = field_class(cls, part)
+
+
+def field_class(cls: type | None, name: str) -> type | None:
+    """The dataclass of field ``name`` of config class ``cls`` (a list field: its list type; else None)."""
+    if cls is None or not dataclasses.is_dataclass(cls):
+        return None
+    tp = field_types(cls).get(name)
+    if dataclasses.is_dataclass(tp):
+        return tp
+    if typing.get_origin(tp) in (list, tuple):
+        return tp  # resolved to the item class when indexed
+    return None
+
+
+def _list_item_class(tp: Any) -> type | None:
+    args = typing.get_args(tp) if tp is not None else ()
+    return args[0] if args and dataclasses.is_dataclass(args[0]) else None
+
+
+def default_run_name(cfg: RunConfig) -> str:
+    """``<env names>-<recipe>``: the name of a run whose config sets none (``corridor-ppo``)."""
+    envs = "-".join(dict.fromkeys(str(e.name).replace("/", "_").replace("\\", "_") for e in cfg.envs)) or "run"
+    return f"{envs}-{cfg.recipe}"
+
+
+def load_config(
+    source: str | Path | Mapping[str, Any] | None = None, overrides: list[str] | tuple[str, ...] = ()
+) -> RunConfig:
+    """Build a :class:`RunConfig` from a YAML file (or mapping, or the default preset) plus overrides."""
+    if source is None:
+        tree = default_preset_dict()
+    elif isinstance(source, Mapping):
+        tree = copy.deepcopy(dict(source))
+    else:
+        path = Path(source)
+        if not path.is_file():
+            presets = training_presets()
+            raise ConfigError(
+                f"config file {str(path)!r} does not exist. Pass a YAML file, e.g. "
+                f"--config configs/frozenlake_ppo.yaml (presets: {', '.join(presets) or 'none found'})."
+            )
+        try:
+            tree = yaml.safe_load(read_config_text(path)) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML ({exc}).") from exc
+        if not isinstance(tree, dict):
+            raise ConfigError(f"{path}: expected a mapping of config keys at the top level.")
+    for text in overrides:
+        keys, value = parse_override(text)
+        _set_path(tree, keys, value, RunConfig)
+    cfg = from_mapping(RunConfig, tree, where="config")
+    cfg.name = cfg.name or default_run_name(cfg)
+    cfg = validate(cfg)
+    if cfg.imports:  # the modules that register the config's own envs, before anything looks them up
+        from vagent.plugins import PluginImportError, import_modules
+
+        try:
+            import_modules(cfg.imports)
+        except PluginImportError as exc:
+            raise ConfigError(f"imports: {exc}") from exc
+    return validate_envs(cfg)

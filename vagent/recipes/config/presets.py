@@ -1,0 +1,115 @@
+"""The run presets: the repository's configs/ folder and the default run, embedded so that
+``vagent train`` with no arguments works from any directory."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import yaml
+
+from vagent.recipes.config.sections import RunConfig
+
+
+def preset_dir() -> Path:
+    """The repository's configs/ folder (present in a source checkout)."""
+    return Path(__file__).resolve().parents[3] / "configs"
+
+
+def training_presets() -> list[str]:
+    """Names of the run configs in :func:`preset_dir` (files whose top-level keys are all RunConfig
+    fields: configs/eval_example.yaml, a ``vagent eval`` config, is not one)."""
+    fields = {f.name for f in dataclasses.fields(RunConfig)}
+    out = []
+    for path in sorted(preset_dir().glob("*.yaml")) if preset_dir().is_dir() else []:
+        try:
+            tree = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue
+        if isinstance(tree, dict) and tree and set(tree) <= fields:
+            out.append(path.stem)
+    return out
+
+
+# The default preset, mirrored from configs/frozenlake_ppo.yaml so that `vagent train` with no
+# arguments works from any directory (tests/recipes/test_config.py checks the two agree).
+DEFAULT_PRESET_YAML = """\
+# THE DEFAULT RUN (`vagent train` with no arguments). FrozenLake 4x4 with 128 px image
+# observations and the grounding_worldmodeling format (symbolic grid descriptions), a tiny VLM:
+#   1. build the tiny Qwen3-VL (random weights; 3 layers, rotary base 100) and caption-pretrain it
+#      in two stages: read the board (image -> grid, 300 steps), then also say where the goal is
+#      from that grid (500 steps on fresh boards); cached under ~/.cache/vagent, so later runs
+#      skip it;
+#   2. SFT on demonstrations whose <observation>/<reasoning>/<prediction> come from the true state
+#      and half of whose actions are random (random_action_frac 0.5): SFT teaches the format, to
+#      describe the board and the goal's direction, and a noisy policy that RL sharpens;
+#   3. PPO with bi-level GAE, a value head on the policy's own backbone (critic_backbone: shared:
+#      one forward gives log-probs and values, the head trains on its features), KL (k3) to the
+#      SFT model in the loss, rollouts at temperature 0.7 (log-probs scored at the same
+#      temperature, turns after the first reuse the KV cache), and FrozenLake's optional progress
+#      shaping (reward_progress: 0.5 per move closer to the goal; success rates never include it)
+#      with a short turn horizon (gamma_turn 0.5). Greedy validation on 128 boards at steps 0/10/20.
+# Measured numbers and the learning curve: docs/training.md ("Measured"). No name: the run is named
+# after its envs and recipe (frozenlake-ppo; corridor-ppo when envs.0.name=corridor).
+recipe: ppo
+steps: 20
+seed: 0
+threads: 2  # fixed, so that a seed gives the same numbers on any machine (docs/training.md, Reproducibility)
+model:
+  path: tiny
+  tiny_family: qwen3_vl
+  tiny_hidden: 128
+  tiny_layers: 3
+  tiny_rope_theta: 100
+  tiny_image_size: 128
+  tiny_pretrain_steps: 300
+  tiny_pretrain_relations: [goal]
+  tiny_pretrain_relation_steps: 500
+envs:
+  - name: frozenlake
+    config: {format: grounding_worldmodeling, render: vision, image_size: 128, description_style: symbolic,
+             reward_progress: 0.5}
+    n_train: 16
+    n_val: 128
+rollout:
+  group_size: 1
+  max_turns: 4
+  max_new_tokens: 96
+  temperature: 0.7
+update:
+  actor_lr: 3.0e-4
+  warmup_steps: 2
+  epochs: 2
+  mini_batches: 2
+  micro_batch_tokens: 1024
+  entropy_coef: 0.001
+  kl_coef: 0.1
+  kl_kind: k3
+  kl_in: loss
+ppo:
+  estimator: bi_level_gae
+  gamma_turn: 0.5
+  whiten_advantages: true
+  critic_lr: 5.0e-4
+  critic_warmup_steps: 2
+  critic_backbone: shared
+sft:
+  steps: 300
+  demos_per_env: 512
+  random_action_frac: 0.5
+  actions_per_turn: 2
+  reasoning_objects: [goal]
+  batch_size: 8
+  lr: 1.0e-3
+val:
+  every: 10
+log:
+  rollouts_every: 10
+  checkpoint_every: 10
+  plot_every: 5
+"""
+
+
+def default_preset_dict() -> dict:
+    """The default preset as a plain tree (what :data:`DEFAULT_PRESET_YAML` parses to)."""
+    return yaml.safe_load(DEFAULT_PRESET_YAML)
