@@ -25,13 +25,13 @@ from vagent.distributed.fsdp import (
     ShardedRoot, full_state_dict, generation_mode, on_root, reduce_replicated_grads, reshard_all, root_of, shard_model,
     unsharded_copy,
 )
-from vagent.distributed.split import Padding, micro_batch_rows, per_row_split, rank_micro_batches, split_rows
+from vagent.distributed.split import Padding, RowTensors, micro_batch_rows, per_row_split, rank_micro_batches, split_rows
 from vagent.distributed.world import (
     World, init_world, launched_by_torchrun, rank_device, shutdown_world, single_process, world,
 )
 
 __all__ = [
-    "DistributedError", "Padding", "ShardedRoot", "World", "all_reduce_sum", "barrier", "broadcast_object", "collective",
+    "DistributedError", "Padding", "RowTensors", "ShardedRoot", "World", "all_reduce_sum", "barrier", "broadcast_object", "collective",
     "full_state_dict", "gather_metrics", "gather_objects", "generation_mode", "global_max", "global_token_count",
     "init_world", "launched_by_torchrun", "micro_batch_rows", "on_group", "on_root", "per_row_split", "rank_device", "rank_micro_batches",
     "reduce_replicated_grads", "reshard_all", "root_of", "shard_model", "shutdown_world", "side_group", "single_process", "split_rows", "unsharded_copy", "world",

@@ -15,16 +15,21 @@ from __future__ import annotations
 import contextlib
 import threading
 from datetime import timedelta
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence, TypeVar
 
 import torch
 
 from vagent.distributed.world import world
 
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+T = TypeVar("T")
+
 _LOCAL = threading.local()
 
 
-def side_group(name: str, timeout_s: float | None = None) -> Any:
+def side_group(name: str, timeout_s: float | None = None) -> ProcessGroup | None:
     """A second process group over every rank (gloo: CPU objects and tensors), for collectives that
     run in another thread beside the default group's, or that may wait longer than the job's
     ``dist.timeout_s`` (``timeout_s``; default: the job's), used ``with on_group(group):``. Every
@@ -39,7 +44,7 @@ def side_group(name: str, timeout_s: float | None = None) -> Any:
 
 
 @contextlib.contextmanager
-def on_group(group: Any) -> Iterator[None]:
+def on_group(group: ProcessGroup | None) -> Iterator[None]:
     """The helpers of this module called in this thread inside the block use ``group`` (None: the
     default group)."""
     before = getattr(_LOCAL, "group", None)
@@ -50,7 +55,7 @@ def on_group(group: Any) -> Iterator[None]:
         _LOCAL.group = before
 
 
-def _group() -> Any:
+def _group() -> ProcessGroup | None:
     return getattr(_LOCAL, "group", None)
 
 
@@ -58,7 +63,7 @@ class DistributedError(RuntimeError):
     """A collective failed or timed out; the message names the rank and the collective."""
 
 
-def collective(name: str, fn: Callable[[], Any]) -> Any:
+def collective(name: str, fn: Callable[[], T]) -> T:
     """Run ``fn`` (one torch.distributed call) and turn its failure into a message that says which
     rank, which collective, and what usually causes it."""
     try:
@@ -107,7 +112,7 @@ def global_token_count(mask: torch.Tensor, name: str = "tokens") -> float:
     return all_reduce_sum([float(mask.sum())], name)[0]
 
 
-def gather_objects(obj: Any, name: str = "objects") -> list:
+def gather_objects(obj: T, name: str = "objects") -> list[T]:
     """Every rank's ``obj`` (picklable), in rank order; ``[obj]`` in a single process. Tensors
     should be on the CPU."""
     w = world()
@@ -120,7 +125,7 @@ def gather_objects(obj: Any, name: str = "objects") -> list:
     return out
 
 
-def broadcast_object(obj: Any, name: str = "broadcast") -> Any:
+def broadcast_object(obj: T, name: str = "broadcast") -> T:
     """Rank 0's ``obj`` on every rank."""
     if not world().distributed:
         return obj

@@ -18,13 +18,16 @@ the GLOBAL loss tokens.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, ParamSpec, Sequence, TypeVar
 
 import torch
 from torch import nn
 
 from vagent.distributed.collectives import collective
 from vagent.distributed.world import world
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 # id(module) -> (module, its ShardedRoot); the module is kept so that its id is not reused
 _ROOTS: dict[int, tuple[nn.Module, "ShardedRoot"]] = {}
@@ -39,7 +42,7 @@ class ShardedRoot(nn.Module):
         self.model = model
         self.active = False
 
-    def forward(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def forward(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         self.active = True
         try:
             return fn(*args, **kwargs)
@@ -53,7 +56,7 @@ def root_of(module: nn.Module) -> ShardedRoot | None:
     return entry[1] if entry is not None else None
 
 
-def on_root(module: nn.Module, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+def on_root(module: nn.Module, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     """``fn(*args, **kwargs)`` -- through ``module``'s FSDP2 root when it is sharded and that root is
     not already running (a single process: always the plain call)."""
     root = root_of(module)
@@ -94,7 +97,7 @@ def shard_model(model: nn.Module, *, bf16: bool = False, cpu_offload: bool = Fal
         reshard_all(model)  # the sharded parameters are the ones an optimizer built now must hold
         return model
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy
 
     device = next(model.parameters()).device
     if cpu_offload and device.type == "cpu":
@@ -106,21 +109,30 @@ def shard_model(model: nn.Module, *, bf16: bool = False, cpu_offload: bool = Fal
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     if cpu_offload:
         kwargs["offload_policy"] = CPUOffloadPolicy()
-    for unit in _units(model):
-        fully_shard(unit, **kwargs)
-    root = ShardedRoot(model)
-    root.reshard_setting = reshard_after_forward
-    fully_shard(root, **kwargs)
-    for m in root.modules():
-        if isinstance(m, FSDPModule):  # sums, not means (module docstring); on EVERY unit
-            m.set_gradient_divide_factor(1.0)
-            m.set_force_sum_reduction_for_comms(True)
+    root = _fully_shard(model, kwargs)
     for m in (model, *also):
         _ROOTS[id(m)] = (m, root)
     with torch.no_grad():  # the root's first forward initialises FSDP (its lazy init) as THE root
         collective("fsdp root init", lambda: root(lambda: None))
     reshard_all(model)  # (reshard_after_forward false would leave that forward's gathered weights)
     return model
+
+
+def _fully_shard(model: nn.Module, kwargs: dict[str, Any]) -> ShardedRoot:
+    """``fully_shard(**kwargs)`` on each block of ``model``'s ModuleLists, then on a
+    :class:`ShardedRoot` around the whole model; every unit sums its gradients over ranks."""
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    for unit in _units(model):
+        fully_shard(unit, **kwargs)
+    root = ShardedRoot(model)
+    root.reshard_setting = kwargs["reshard_after_forward"]
+    fully_shard(root, **kwargs)
+    for m in root.modules():
+        if isinstance(m, FSDPModule):  # sums, not means (module docstring); on EVERY unit
+            m.set_gradient_divide_factor(1.0)
+            m.set_force_sum_reduction_for_comms(True)
+    return root
 
 
 def fsdp_units(model: nn.Module) -> list[nn.Module]:

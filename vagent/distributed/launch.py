@@ -47,9 +47,11 @@ def torchrun_args(nproc: int, train_args: Sequence[str], *, nnodes: int = 1, nod
     return out + ["-m", "vagent", "train", *train_args]
 
 
-def launch(nproc: int, train_args: Sequence[str], **kw) -> int:
-    """Run ``vagent train TRAIN_ARGS`` as a torchrun job; returns the job's exit status (0 when every
-    worker succeeded; otherwise 1, after saying which rank failed first and how)."""
+def launch(nproc: int, train_args: Sequence[str], *, nnodes: int = 1, node_rank: int | None = None,
+           rdzv_endpoint: str | None = None, rdzv_id: str = "vagent") -> int:
+    """Run ``vagent train TRAIN_ARGS`` as a torchrun job (the hosts and rendezvous as
+    :func:`torchrun_args` takes them); returns the job's exit status (0 when every worker succeeded;
+    otherwise 1, after saying which rank failed first and how)."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
 
@@ -58,7 +60,8 @@ def launch(nproc: int, train_args: Sequence[str], **kw) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's own default; threads= in the config overrides
     os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # the ranks' parent: they end when it does
     try:
-        torchrun_main(torchrun_args(nproc, train_args, **kw))
+        torchrun_main(torchrun_args(nproc, train_args, nnodes=nnodes, node_rank=node_rank,
+                                    rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id))
     except ChildFailedError as exc:
         ends = {rank: (f.exitcode, f.timestamp) for rank, f in exc.failures.items()}
         print(f"error: the torchrun job failed: {describe_failure(ends)}", file=sys.stderr)

@@ -11,13 +11,19 @@ ones) because each FSDP forward/backward is a collective: unequal counts hang bo
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
-from vagent.distributed.collectives import global_max
+import torch
+from torch import Tensor
+
+from vagent.distributed.collectives import gather_objects, global_max
 from vagent.distributed.world import world
 
 if TYPE_CHECKING:  # vagent.distributed does not import the rollout package at run time
     from vagent.rollout.batch import TokenBatch
+
+#: what a per-row pass gives for a micro-batch [b, l, ...], or for the batch [B, L, ...]: a tensor or a tuple
+RowTensors = Tensor | tuple[Tensor, ...]
 
 
 class Padding(list):
@@ -78,18 +84,15 @@ def rank_micro_batches(batch: TokenBatch, max_tokens: int) -> list[list[int]]:
     return groups + [Padding([shortest]) for _ in range(n - len(groups))]
 
 
-def per_row_split(batch: TokenBatch, max_tokens: int, fn: Callable[[TokenBatch], Any]) -> Any:
+def per_row_split(batch: TokenBatch, max_tokens: int, fn: Callable[[TokenBatch], RowTensors]) -> RowTensors:
     """``per_row`` in a job: each rank applies ``fn`` to the micro-batches of its share of the rows
     (plus padding ones, whose results are dropped), then every rank assembles the whole result:
     a [b, l, ...] result becomes [B, L, ...] float32, zero-padded; a tuple, a tuple of them."""
-    import torch
-
-    from vagent.distributed.collectives import gather_objects
-
-    mine, single = [], False
+    mine: list[tuple[list[int], list[Tensor]]] = []
+    single = False
     for rows in rank_micro_batches(batch, max_tokens):
         vals = fn(batch.select(rows))
-        single = isinstance(vals, torch.Tensor)
+        single = isinstance(vals, Tensor)
         if isinstance(rows, Padding):
             continue
         vals = (vals,) if single else tuple(vals)

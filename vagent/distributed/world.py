@@ -132,6 +132,6 @@ class single_process:
         _WORLD = World()
         return _WORLD
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         global _WORLD
         _WORLD = self._saved

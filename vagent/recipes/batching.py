@@ -10,19 +10,24 @@ PPO's ``ppo.filter``).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 from torch import Tensor
 
-from vagent.distributed import micro_batch_rows, per_row_split, world
+from vagent.distributed import RowTensors, micro_batch_rows, per_row_split, world
+from vagent.rl.filters import variance_filter
+from vagent.rl.losses import AGG_MODES
 from vagent.rollout.batch import TokenBatch
+
+if TYPE_CHECKING:
+    from vagent.recipes.config import GRPOConfig, PPOConfig, RunConfig
 
 __all__ = ["accumulation_weight", "filter_groups", "mini_batches", "per_row"]
 
 
 @torch.no_grad()
-def per_row(batch: TokenBatch, max_tokens: int, fn: Callable[[TokenBatch], Any]) -> Any:
+def per_row(batch: TokenBatch, max_tokens: int, fn: Callable[[TokenBatch], RowTensors]) -> RowTensors:
     """Apply ``fn(micro_batch)`` over micro-batches and reassemble, zero-padded and float32: a
     [b, l, ...] result becomes [B, L, ...]; a tuple of them, a tuple of reassembled tensors."""
     if world().distributed:  # each rank scores its share of the rows; all get the whole result
@@ -46,8 +51,6 @@ def accumulation_weight(mb_mask: Tensor, total_mask: Tensor, agg: str) -> float:
     """Weight of a micro-batch's aggregated loss so that the weighted sum over micro-batches equals
     the loss aggregated over the whole mini-batch: token-mean -> its share of loss tokens;
     sequence means -> its share of non-empty rows."""
-    from vagent.rl.losses import AGG_MODES
-
     if agg not in AGG_MODES:
         raise ValueError(f"loss aggregation must be one of {AGG_MODES}, got {agg!r} (update.loss_agg)")
     if agg == "token-mean":
@@ -63,11 +66,10 @@ def mini_batches(n_rows: int, n_mini: int, seed: int) -> list[list[int]]:
     return [sorted(perm[i::n_mini]) for i in range(n_mini)]
 
 
-def filter_groups(cfg, batch: TokenBatch, settings=None) -> tuple[TokenBatch, float, dict[str, float]]:
+def filter_groups(cfg: RunConfig, batch: TokenBatch, settings: GRPOConfig | PPOConfig | None = None,
+                  ) -> tuple[TokenBatch, float, dict[str, float]]:
     """(kept rows of the batch, advantage scale, filter/* metrics) of the reward-variance filter
     ``settings.filter`` / ``filter_value`` (``cfg.grpo``, or ``cfg.ppo`` for PPO)."""
-    from vagent.rl.filters import variance_filter
-
     settings = cfg.grpo if settings is None else settings
     if settings.filter == "none":
         return batch, 1.0, {}

@@ -134,7 +134,7 @@ class _Step:
     params: Sequence[torch.nn.Parameter]
     opt: torch.optim.Optimizer
     loss: LossFn
-    u: UpdateConfig
+    settings: UpdateConfig
     ctx: UpdateContext
     stats: _Mean
 
@@ -147,21 +147,21 @@ def update_loop(
     inputs: Inputs,
     mask: Tensor,
     loss: LossFn[Inputs],
-    u: UpdateConfig,
+    settings: UpdateConfig,
     ctx: UpdateContext,
 ) -> dict[str, float]:
-    """``u.epochs`` x mini-batches x micro-batches of ``loss`` on ``batch`` (the module docstring).
+    """``settings.epochs`` x mini-batches x micro-batches of ``loss`` on ``batch`` (the module docstring).
 
     ``inputs``: a NamedTuple of per-token tensors [B, L, ...] (or None) aligned with
     ``batch.input_ids``, handed to ``loss`` cut to each micro-batch's rows; ``mask`` [B, L] bool:
     the positions the loss aggregates over, which set the micro-batches' accumulation weights.
     Returns the mean stats (``<role>/grad_norm`` over optimizer steps).
     """
-    step = _Step(model, params, opt, loss, u, ctx, _Mean())
+    step = _Step(model, params, opt, loss, settings, ctx, _Mean())
     model.train()
-    for epoch in range(u.epochs):
+    for epoch in range(settings.epochs):
         seed = derive_seed(ctx.seed, loss.seed_tag, ctx.step, epoch)
-        for rows in mini_batches(batch.batch_size, u.mini_batches, seed):
+        for rows in mini_batches(batch.batch_size, settings.mini_batches, seed):
             mini = batch.select(rows)
             length = mini.input_ids.shape[1]
             _mini_batch_step(step, mini, take_all(inputs, rows, length), take(mask, rows, length))
@@ -171,18 +171,18 @@ def update_loop(
 
 def _mini_batch_step(step: _Step, mini: TokenBatch, inputs: tuple, mask: Tensor) -> None:
     """Accumulate the gradient over this rank's micro-batches of ``mini``, then one optimizer step."""
-    u, where = step.u, ("rl", step.ctx.label, step.ctx.last_checkpoint)
+    settings, where = step.settings, ("rl", step.ctx.label, step.ctx.last_checkpoint)
     step.model.zero_grad(set_to_none=True)
-    for sub in rank_micro_batches(mini, u.micro_batch_tokens):  # one process: all micro-batches
+    for sub in rank_micro_batches(mini, settings.micro_batch_tokens):  # one process: all micro-batches
         mb = mini.select(sub)
         length = mb.input_ids.shape[1]
         mb_mask = take(mask, sub, length)
-        w = 0.0 if isinstance(sub, Padding) else accumulation_weight(mb_mask, mask, u.loss_agg)
+        w = 0.0 if isinstance(sub, Padding) else accumulation_weight(mb_mask, mask, settings.loss_agg)
         out = step.loss(mb, take_all(inputs, sub, length), mb_mask)
         check_finite(out.checked, *where)
         (out.loss * w).backward()
         step.stats.add(out.stats, w)
-    grad_norm = clip_grads(step.params, u.grad_clip)
+    grad_norm = clip_grads(step.params, settings.grad_clip)
     check_finite({f"{step.loss.role}/grad_norm": grad_norm}, *where)
     step.stats.add({f"{step.loss.role}/grad_norm": grad_norm}, 1.0)
     step.opt.step()
@@ -202,26 +202,26 @@ class ActorLoss:
     """PPO-clip loss - entropy bonus (+ KL penalty) of one micro-batch (the module docstring)."""
 
     model: torch.nn.Module
-    u: UpdateConfig
+    settings: UpdateConfig
     ctx: UpdateContext
     role: str = "actor"
     seed_tag: str = "mini"
     weights: str = "policy weights"
 
-    def __call__(self, mb: TokenBatch, x: ActorInputs, M: Tensor) -> MicroLoss:
-        u = self.u
+    def __call__(self, mb: TokenBatch, inputs: ActorInputs, mask: Tensor) -> MicroLoss:
+        settings = self.settings
         with autocast(self.ctx.device, self.ctx.bf16):
-            logp, ent = policy_forward(self.model, mb, u.logprob_chunk, with_entropy=True,
+            logp, ent = policy_forward(self.model, mb, settings.logprob_chunk, with_entropy=True,
                                        temperature=self.ctx.temperature)
-        pl = ppo_policy_loss(logp, x.old_logprobs, x.advantages, M,
-                             u.clip_low, u.clip_high, u.dual_clip, u.loss_agg)
-        entropy = aggregate(ent, M, u.loss_agg)
-        loss = pl.loss - u.entropy_coef * entropy
+        pl = ppo_policy_loss(logp, inputs.old_logprobs, inputs.advantages, mask,
+                             settings.clip_low, settings.clip_high, settings.dual_clip, settings.loss_agg)
+        entropy = aggregate(ent, mask, settings.loss_agg)
+        loss = pl.loss - settings.entropy_coef * entropy
         stats = pl.metrics()
         stats["actor/entropy"] = float(entropy.detach())
-        if x.ref_logprobs is not None:
-            kl = aggregate(kl_penalty(logp, x.ref_logprobs, u.kl_kind), M, u.loss_agg)
-            loss = loss + u.kl_coef * kl
+        if inputs.ref_logprobs is not None:
+            kl = aggregate(kl_penalty(logp, inputs.ref_logprobs, settings.kl_kind), mask, settings.loss_agg)
+            loss = loss + settings.kl_coef * kl
             stats["actor/kl_loss"] = float(kl.detach())
         return MicroLoss(loss, {"loss/policy": pl.loss, "actor/entropy": entropy, "loss/actor_total": loss}, stats)
 
@@ -239,21 +239,21 @@ class CriticLoss:
     """Clipped value regression of one micro-batch on the positions of its critic mask."""
 
     critic: torch.nn.Module
-    u: UpdateConfig
+    settings: UpdateConfig
     ctx: UpdateContext
     value_clip: float
     role: str = "critic"
     seed_tag: str = "critic-mini"
     weights: str = "critic weights"
 
-    def __call__(self, mb: TokenBatch, x: CriticInputs, mask: Tensor) -> MicroLoss:
+    def __call__(self, mb: TokenBatch, inputs: CriticInputs, mask: Tensor) -> MicroLoss:
         with autocast(self.ctx.device, self.ctx.bf16):
-            if x.features is not None:
-                v = shift_right(self.critic.values_from_hidden(x.features))
+            if inputs.features is not None:
+                values = shift_right(self.critic.values_from_hidden(inputs.features))
             else:
-                v = shift_right(critic_forward(self.critic, mb))
-        vl = value_loss(v, x.old_values, x.returns, mask,
-                        clip=self.value_clip if self.value_clip > 0 else None, agg=self.u.loss_agg)
+                values = shift_right(critic_forward(self.critic, mb))
+        vl = value_loss(values, inputs.old_values, inputs.returns, mask,
+                        clip=self.value_clip if self.value_clip > 0 else None, agg=self.settings.loss_agg)
         stats = vl.metrics()
         stats.pop("loss/explained_variance")  # a ratio of variances: computed on the batch by the recipe
         return MicroLoss(vl.loss, {"loss/value": vl.loss}, stats)
@@ -267,17 +267,19 @@ def actor_update(
     advantages: Tensor,
     old_logprobs: Tensor,
     ref_logprobs: Tensor | None,
-    u: UpdateConfig,
+    settings: UpdateConfig,
     ctx: UpdateContext,
 ) -> dict[str, float]:
     """PPO-clip update of the policy on ``batch`` (see the module docstring); returns mean stats.
 
     Shapes: advantages, old_logprobs, ref_logprobs [B, L] aligned with ``batch.input_ids``; the
-    KL penalty is in the loss when ``ref_logprobs`` is given, ``u.kl_in == "loss"`` and ``u.kl_coef > 0``.
+    KL penalty is in the loss when ``ref_logprobs`` is given, ``settings.kl_in == "loss"`` and
+    ``settings.kl_coef > 0``.
     """
-    kl_in_loss = ref_logprobs is not None and u.kl_in == "loss" and u.kl_coef > 0
+    kl_in_loss = ref_logprobs is not None and settings.kl_in == "loss" and settings.kl_coef > 0
     inputs = ActorInputs(advantages, old_logprobs, ref_logprobs if kl_in_loss else None)
-    return update_loop(model, params, opt, batch, inputs, batch.loss_mask, ActorLoss(model, u, ctx), u, ctx)
+    return update_loop(model, params, opt, batch, inputs, batch.loss_mask, ActorLoss(model, settings, ctx), settings,
+                       ctx)
 
 
 def critic_update(
@@ -288,7 +290,7 @@ def critic_update(
     old_values: Tensor,
     returns: Tensor,
     critic_mask: Tensor,
-    u: UpdateConfig,
+    settings: UpdateConfig,
     value_clip: float,
     ctx: UpdateContext,
     features: Tensor | None = None,
@@ -301,4 +303,5 @@ def critic_update(
     trains on them without a backbone forward (the same values: the backbone has not changed).
     """
     inputs = CriticInputs(old_values, returns, features)
-    return update_loop(critic, params, opt, batch, inputs, critic_mask, CriticLoss(critic, u, ctx, value_clip), u, ctx)
+    loss = CriticLoss(critic, settings, ctx, value_clip)
+    return update_loop(critic, params, opt, batch, inputs, critic_mask, loss, settings, ctx)

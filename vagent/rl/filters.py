@@ -59,22 +59,10 @@ def variance_filter(
     B = x.numel()
     uniq, inv = torch.unique(group_ids, return_inverse=True)  # inv: dense group index [B]
     G = uniq.numel()
-    n = torch.zeros(G, device=x.device).index_add_(0, inv, torch.ones_like(x))
-    mean = torch.zeros(G, device=x.device).index_add_(0, inv, x) / n
-    ss = torch.zeros(G, device=x.device).index_add_(0, inv, (x - mean[inv]) ** 2)
-    var = torch.where(n > max(ddof, 1), ss / (n - ddof).clamp(min=1), 0.0)  # var_g; singleton 0
-    first = torch.full((G,), B, dtype=torch.long, device=x.device)
-    first = first.scatter_reduce(0, inv, torch.arange(B, device=x.device), "amin")
-    order = torch.sort(first, stable=True).indices  # groups by first appearance
-    order = order[torch.sort(var[order], descending=True, stable=True).indices]  # by variance
+    var = _group_variances(x, inv, G, ddof)
+    order = _ranking(var, inv)
     total = float(var.sum())
-    if mode == "top_k":
-        n_keep = max(1, math.ceil(value * G))
-    elif total <= 0.0:
-        n_keep = G  # nothing to rank: keep everything
-    else:
-        before = torch.cumsum(var[order], 0) - var[order]  # variance kept before each group
-        n_keep = max(1, int((before < value * total).sum()))  # add groups until the target is met
+    n_keep = _groups_to_keep(var[order], total, mode, value)
     kept = order[:n_keep]
     keep_group = torch.zeros(G, dtype=torch.bool, device=x.device)
     keep_group[kept] = True
@@ -89,3 +77,31 @@ def variance_filter(
         "filter/scale": scale,
     }
     return FilterResult(kept_indices, uniq[kept], scale, metrics)
+
+
+def _group_variances(x: Tensor, inv: Tensor, G: int, ddof: int) -> Tensor:
+    """var_g [G] of the scores ``x`` [B] by dense group index ``inv`` [B]; a singleton group 0."""
+    n = torch.zeros(G, device=x.device).index_add_(0, inv, torch.ones_like(x))
+    mean = torch.zeros(G, device=x.device).index_add_(0, inv, x) / n
+    ss = torch.zeros(G, device=x.device).index_add_(0, inv, (x - mean[inv]) ** 2)
+    return torch.where(n > max(ddof, 1), ss / (n - ddof).clamp(min=1), 0.0)
+
+
+def _ranking(var: Tensor, inv: Tensor) -> Tensor:
+    """The group indices [G] by decreasing variance; ties: the group whose first row comes first."""
+    G, B = var.numel(), inv.numel()
+    first = torch.full((G,), B, dtype=torch.long, device=var.device)
+    first = first.scatter_reduce(0, inv, torch.arange(B, device=var.device), "amin")
+    order = torch.sort(first, stable=True).indices  # groups by first appearance
+    return order[torch.sort(var[order], descending=True, stable=True).indices]  # by variance
+
+
+def _groups_to_keep(ranked_var: Tensor, total: float, mode: str, value: float) -> int:
+    """How many of the ranked groups (variances ``ranked_var`` [G], summing to ``total``) to keep."""
+    G = ranked_var.numel()
+    if mode == "top_k":
+        return max(1, math.ceil(value * G))
+    if total <= 0.0:
+        return G  # nothing to rank: keep everything
+    before = torch.cumsum(ranked_var, 0) - ranked_var  # variance kept before each group
+    return max(1, int((before < value * total).sum()))  # add groups until the target is met
