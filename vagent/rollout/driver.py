@@ -1,7 +1,8 @@
 """Where a run's training rollouts are generated, and when: ``RolloutDriver``.
 
-The RL recipes ask the driver for step ``k``'s episodes (``driver.get(k)``); the run config's
-``rollout`` section decides what happens:
+The RL recipes ask the driver for step ``k``'s episodes (``driver.get(k)``, a ``RolloutResult``);
+the run config's ``rollout`` section decides what happens (the generators apart from the trainer's
+model, and the weight push, are built in :mod:`vagent.rollout.replicas`):
 
 - ``engine: hf, replicas: 0, schedule: lockstep, overlap: 0`` (the default): the recipe's own
   in-process ``HFPolicy``, exactly as before (the driver only calls the recipe's rollout).
