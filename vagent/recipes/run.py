@@ -42,7 +42,30 @@ import numpy as np
 import torch
 
 from vagent.config import ConfigError
+from vagent.distributed import broadcast_object, init_world, rank_device
+from vagent.distributed import world as current_world
+from vagent.models.loading import LoadedModel, count_parameters
+from vagent.recipes.common import check_compatible, check_remote_envs, load_model, resolve_device, use_bf16
 from vagent.recipes.config import RunConfig, config_to_yaml, load_config
+from vagent.recipes.config.ranges import check_out_dir
+from vagent.recipes.grpo import train_grpo
+from vagent.recipes.ppo import train_ppo
+from vagent.recipes.session import Session, SilentLogger
+from vagent.recipes.sft import train_sft
+from vagent.recipes.tiny_cache import prepare_model_once
+from vagent.rollout.driver import check_rollout_setup
+from vagent.runs import (
+    Console, MetricsLogger, TrainingError, existing_run_dir, is_disk_full, is_oom, load_checkpoint, new_run_dir,
+    oom_message, plot_run, read_metrics, startup_arithmetic,
+)
+from vagent.runs.checkpoint import select_checkpoint
+from vagent.runs.environment import record_environment
+from vagent.runs.errors import disk_full_error
+from vagent.runs.hub import start_hub_upload
+from vagent.runs.lock import RunDirLocked, lock_run_dir
+from vagent.runs.manifest import remove_stale_temporaries
+from vagent.runs.progress import config_summary, library_output_to_log
+from vagent.runs.rundir import RunDir
 
 
 def train(cfg: RunConfig | None = None, resume: str | Path | None = None, quiet: bool = False,
@@ -51,10 +74,6 @@ def train(cfg: RunConfig | None = None, resume: str | Path | None = None, quiet:
     :class:`vagent.runs.TrainingError` (or ConfigError) with the fix in the message. ``source``: a
     :class:`vagent.runs.progress.ConfigSource` (the --config file and overrides ``cfg`` came from),
     so that the config summary lists what they set."""
-    from vagent.distributed import init_world
-    from vagent.runs import Console, existing_run_dir
-    from vagent.runs.progress import library_output_to_log
-
     t_start = time.time()
     run = None
     if resume is not None:
@@ -66,8 +85,6 @@ def train(cfg: RunConfig | None = None, resume: str | Path | None = None, quiet:
         cfg = load_config(run.config)
     cfg = cfg if cfg is not None else load_config()
     if run is None:
-        from vagent.recipes.config.ranges import check_out_dir
-
         check_out_dir(cfg.out_dir)  # before any model work
     world = init_world(cfg.device, cfg.dist.timeout_s)  # started by torchrun: join the job; else nothing
     console = Console(run.log if run and world.is_main else None, quiet=quiet or not world.is_main,
@@ -80,8 +97,6 @@ def train(cfg: RunConfig | None = None, resume: str | Path | None = None, quiet:
                     return run.root
             return _train(cfg, run, resume is not None, console, t_start, owned, source)
         except BaseException as exc:
-            from vagent.runs.errors import disk_full_error, is_disk_full
-
             if not is_disk_full(exc):
                 raise
             root = console.log_path.parent if console.log_path is not None else None  # the run directory
@@ -90,7 +105,7 @@ def train(cfg: RunConfig | None = None, resume: str | Path | None = None, quiet:
             raise err from exc
 
 
-def finished(run: Any, quiet: bool) -> bool:
+def finished(run: RunDir, quiet: bool) -> bool:
     """Does the run have summary.json (written last: nothing is left to do)? Says so unless quiet."""
     if not (run.root / "summary.json").is_file():
         return False
@@ -100,58 +115,80 @@ def finished(run: Any, quiet: bool) -> bool:
     return True
 
 
-def hold_run_dir(root: Path, owned: ExitStack, console: Any) -> None:
+def hold_run_dir(root: Path, owned: ExitStack, console: Console) -> None:
     """Rank 0 (or the one process) takes the run directory's lock until ``owned`` closes
     (:func:`vagent.runs.lock.lock_run_dir`); in a job every rank learns whether it could, and
     every rank raises :class:`~vagent.runs.lock.RunDirLocked` when a live process holds it."""
-    from vagent.distributed import broadcast_object, world
-    from vagent.runs.lock import RunDirLocked, lock_run_dir
-
-    w, refused = world(), None
-    if w.is_main:
+    world, refused = current_world(), None
+    if world.is_main:
         try:
             owned.enter_context(lock_run_dir(root, say=console.print))
         except RunDirLocked as exc:
             refused = str(exc)
-    if w.distributed:
+    if world.distributed:
         refused = broadcast_object(refused, "run directory lock")
     if refused is not None:
         raise RunDirLocked(refused)
 
 
-def _train(cfg: RunConfig, run: Any, resuming: bool, console: Any, t_start: float, owned: ExitStack,
-           source: Any = None) -> Path:
+def _train(cfg: RunConfig, run: RunDir | None, resuming: bool, console: Console, t_start: float,
+           owned: ExitStack, source: Any = None) -> Path:
     """``train`` after the run directory to resume (if any) and the console are known; ``owned``
-    holds the run directory's lock (a new run's is taken here, when the directory is made)."""
-    from vagent.distributed import broadcast_object, rank_device, world as current_world
-    from vagent.recipes.common import check_compatible, check_remote_envs, load_model, resolve_device, use_bf16
-    from vagent.recipes.session import Session, SilentLogger
-    from vagent.runs import (
-        MetricsLogger, TrainingError, is_disk_full, is_oom, load_checkpoint, new_run_dir, oom_message, plot_run,
-        startup_arithmetic,
-    )
-    from vagent.runs.progress import config_summary
-    from vagent.runs.rundir import RunDir
-
+    holds the run directory's lock (a new run's is taken here, when the directory is made).
+    Set-up (seeds, device, model, run directory, checkpoint, loggers) -> SFT -> RL -> finish
+    (loggers closed, plots, summary.json)."""
     world = current_world()
+    device, bf16 = _seed_and_device(cfg)
+    model_dir, loaded = _checked_model(cfg, console, device)
+    run = _open_run_dir(cfg, run, resuming, console, owned, source)
+    latest = _checkpoint_to_resume(run, console)
+    logger = MetricsLogger(run.root, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb,
+                           wandb_project=cfg.log.wandb_project, run_name=run.root.name) if world.is_main else SilentLogger()
+    _cut_metrics_back(logger, latest, resuming, console)
+    console.print(*startup_arithmetic(cfg, run.root, count_parameters(loaded.model),
+                                      count_parameters(loaded.model, trainable_only=True), world.size,
+                                      int(os.environ.get("GROUP_WORLD_SIZE", "1")) if world.distributed else 1), "")
+    session = Session(cfg, run, console, logger, device, bf16, loaded, model_dir,
+                      last_checkpoint=str(latest.path) if latest else None)
+    hub = start_hub_upload(cfg.hub, run.checkpoints, say=console.print) if world.is_main else None  # hub.repo_id
+    try:
+        _sft_then_rl(session, latest)
+    finally:
+        _stop(session, hub, failing=sys.exc_info()[1] is not None)  # a failure here must not hide that error
+    if world.is_main:
+        _write_summary(run, time.time() - t_start, world.size, console)
+    return run.root
+
+
+def _seed_and_device(cfg: RunConfig) -> tuple[torch.device, bool]:
+    """Seed Python, NumPy and torch with the run seed, set the CPU threads; the device (several
+    GPUs: cuda:LOCAL_RANK) and whether bf16 autocast is on."""
     random.seed(cfg.seed)
     np.random.seed(cfg.seed % 2**32)
     torch.manual_seed(cfg.seed)
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
-    device = resolve_device(rank_device(cfg.device))  # several GPUs: cuda:LOCAL_RANK
-    bf16 = use_bf16(cfg.bf16, device)
+    device = resolve_device(rank_device(cfg.device))
+    return device, use_bf16(cfg.bf16, device)
 
-    # what the rollout needs (Ray for replicas, vLLM for engine vllm) and the model first: a
-    # missing package, an impossible rollout setting or a missing model fails before a run
-    # directory exists, not after SFT
-    from vagent.rollout.driver import check_rollout_setup
 
-    check_rollout_setup(cfg.rollout, world.distributed)
+def _checked_model(cfg: RunConfig, console: Console, device: torch.device) -> tuple[Path, LoadedModel]:
+    """The model directory and the loaded policy, after what the rollout needs (Ray for replicas,
+    vLLM for engine vllm) and the remote envs are checked: a missing package, an impossible rollout
+    setting or a missing model fails before a run directory exists, not after SFT."""
+    check_rollout_setup(cfg.rollout, current_world().distributed)
     check_remote_envs(cfg, console.print)  # envs.N.urls: reachable, token accepted, env served
     model_dir = prepare_model_once(cfg, console)  # several processes: rank 0 builds, the others wait
     loaded = load_model(cfg, model_dir, device)
     check_compatible(loaded, cfg)
+    return model_dir, loaded
+
+
+def _open_run_dir(cfg: RunConfig, run: RunDir | None, resuming: bool, console: Console, owned: ExitStack,
+                  source: Any) -> RunDir:
+    """A new run's directory (rank 0 writes it with config.yaml; train.log gets the lines printed
+    so far) and its lock; then the config summary and, on rank 0, the environment record."""
+    world = current_world()
     if run is None and world.is_main:  # rank 0 alone writes the run directory
         run = new_run_dir(cfg.out_dir, cfg.name)
         run.config.write_text(config_to_yaml(cfg))
@@ -161,80 +198,62 @@ def _train(cfg: RunConfig, run: Any, resuming: bool, console: Any, t_start: floa
     if not resuming:
         hold_run_dir(run.root, owned, console)
     console.print(*config_summary(cfg, load_config(), run.config, source=source))
-    from vagent.runs.environment import record_environment
-
     if world.is_main:
         record_environment(run.root, say=console.print)  # threads, CPU kernels, versions (a resume compares)
+    return run
 
-    from vagent.runs.checkpoint import select_checkpoint
-    from vagent.runs.manifest import remove_stale_temporaries
 
-    latest = None
-    if world.is_main:  # rank 0 checks the checkpoints (manifests) and tells the job which one
+def _checkpoint_to_resume(run: RunDir, console: Console) -> Any:
+    """The newest intact checkpoint, or None: rank 0 deletes killed saves' temporary folders, checks
+    the checkpoints (manifests) and tells the job which one."""
+    world, latest = current_world(), None
+    if world.is_main:
         remove_stale_temporaries(run.checkpoints, say=console.print)
         latest = select_checkpoint(run.checkpoints, say=console.print)
     if world.distributed:
         latest = broadcast_object(latest, "checkpoint to resume")
-    logger = MetricsLogger(run.root, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb,
-                           wandb_project=cfg.log.wandb_project, run_name=run.root.name) if world.is_main else SilentLogger()
+    return latest
+
+
+def _cut_metrics_back(logger: MetricsLogger | SilentLogger, latest: Any, resuming: bool, console: Console) -> None:
+    """A resume: metrics.jsonl loses the records written after the checkpoint (all of them when
+    there is none yet), and the console says where the run continues from."""
     if latest is not None:
         dropped = logger.truncate_after(("sft", "rl"), latest.phase, latest.step)
         console.print(f"resuming from {latest.path} ({latest.phase} step {latest.step}); "
                       f"dropped {dropped} metric records written after it")
-        written_by = checkpoint_ranks(latest.path)
-        if written_by != world.size:
-            console.print(f"note: this checkpoint was written by {written_by} rank(s) and this job has {world.size}: "
+        written_by, ranks = checkpoint_ranks(latest.path), current_world().size
+        if written_by != ranks:
+            console.print(f"note: this checkpoint was written by {written_by} rank(s) and this job has {ranks}: "
                           "its tensors load exactly (re-sharded), but the steps after it sum their gradients in "
                           "another order, so the run continues equal to an uninterrupted one within float rounding, "
                           "not bit for bit (docs/distributed.md, 'Checkpoints')")
     elif resuming:
         logger.truncate_after(("sft", "rl"), "sft", 0)
         console.print("resuming: no checkpoint yet, starting over in the same run directory")
-    from vagent.models.loading import count_parameters
 
-    console.print(*startup_arithmetic(cfg, run.root, count_parameters(loaded.model),
-                                      count_parameters(loaded.model, trainable_only=True), world.size,
-                                      int(os.environ.get("GROUP_WORLD_SIZE", "1")) if world.distributed else 1), "")
-    session = Session(cfg, run, console, logger, device, bf16, loaded, model_dir,
-                      last_checkpoint=str(latest.path) if latest else None)
-    from vagent.runs.hub import start_hub_upload
 
-    hub = start_hub_upload(cfg.hub, run.checkpoints, say=console.print) if world.is_main else None  # hub.repo_id
+def _sft_then_rl(session: Session, latest: Any) -> None:
+    """The SFT warm start (``sft.steps > 0``; skipped when a checkpoint has it done), then PPO or
+    GRPO (``recipe``). A TrainingError is printed (a full disk is said once, by ``train``, with the
+    resume command); an out-of-memory error becomes one that names the fix for its phase."""
+    cfg, console = session.cfg, session.console
     phase = "setup"
     try:
         sft_done = latest is not None and (latest.phase == "rl" or latest.step >= cfg.sft.steps)
         if cfg.sft.steps > 0 and not sft_done:
-            from vagent.recipes.sft import train_sft
-
             phase = "sft"
             start = latest.step if latest is not None else 0
             train_sft(session, start, resume_from=str(latest.path) if latest is not None else None)
-        elif latest is not None and latest.phase == "sft":
-            load_checkpoint(latest.path, {"policy": loaded.model})  # SFT complete: its weights and RNG
-        elif latest is not None and cfg.sft.steps > 0:
-            # RL resume: the reference model and the critic's initial backbone are the SFT result,
-            # as in the uninterrupted run (the RL checkpoint then restores policy, critic and RNG)
-            sft_ckpt = select_checkpoint(run.checkpoints, "sft", say=console.print) if world.is_main else None
-            if world.distributed:
-                sft_ckpt = broadcast_object(sft_ckpt, "SFT checkpoint")
-            if sft_ckpt is not None:
-                load_checkpoint(sft_ckpt.path, {"policy": loaded.model})
-            else:
-                console.print("warning: no SFT checkpoint left in the run; the KL reference is the base model")
+        else:
+            _restore_sft_result(session, latest)
         if cfg.recipe != "sft":
             phase = "rl"
-            rl_start = latest.step if latest is not None and latest.phase == "rl" else 0
-            rl_resume = str(latest.path) if latest is not None and latest.phase == "rl" else None
-            if cfg.recipe == "ppo":
-                from vagent.recipes.ppo import train_ppo
-
-                train_ppo(session, rl_start, rl_resume)
-            else:
-                from vagent.recipes.grpo import train_grpo
-
-                train_grpo(session, rl_start, rl_resume)
+            resumed = latest is not None and latest.phase == "rl"
+            train_rl = train_ppo if cfg.recipe == "ppo" else train_grpo
+            train_rl(session, latest.step if resumed else 0, str(latest.path) if resumed else None)
     except TrainingError as exc:
-        if not is_disk_full(exc):  # a full disk is said once, by train(), with the resume command
+        if not is_disk_full(exc):
             console.print(f"error: {exc}")
         raise
     except (RuntimeError, MemoryError) as exc:
@@ -242,91 +261,52 @@ def _train(cfg: RunConfig, run: Any, resuming: bool, console: Any, t_start: floa
             console.print(f"error: {oom_message(phase, cfg)}")
             raise TrainingError(oom_message(phase, cfg)) from exc
         raise
-    finally:
-        failing = sys.exc_info()[1] is not None  # then a failure here must not hide that error
-        closing = [("closing the metrics logger", logger.close)]
-        if hub is not None:  # uploads the last checkpoint if it is not up yet (bounded wait)
-            closing.insert(0, ("the hub upload", hub.close))
-        if world.is_main and run.metrics.is_file():
-            closing.append(("plotting", lambda: plot_run(run.metrics, run.plots)))
-        for what, close in closing:
-            try:
-                close()
-            except Exception as exc:
-                if not failing:
-                    raise
-                console.log(f"warning: while stopping, {what} failed too: {type(exc).__name__}: {exc}")
-    if world.is_main:
-        summary = summarize(run, time.time() - t_start, ranks=world.size)
-        (run.root / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        console.print(format_summary(summary))
-    return run.root
 
 
-def prepare_model_once(cfg: RunConfig, console: Any) -> Path:
-    """``prepare_model``; in a job, a tiny model that still has to be caption-pretrained is built
-    by every rank together (:func:`build_tiny_spmd`); anything else rank 0 prepares alone while the
-    other ranks wait for the model directory to appear. Every rank must see cache_dir."""
-    from vagent.distributed import barrier, single_process, world
-    from vagent.recipes.tiny_cache import prepare_model, tiny_model_dir
-
-    w = world()
-    if not w.distributed:
-        return prepare_model(cfg.model, cfg.envs, say=console)  # a Console: progress bars on a terminal
-    m = cfg.model
-    if m.path == "tiny" and m.tiny_pretrain_steps > 0 and not (tiny_model_dir(m, cfg.envs) / "config.json").is_file():
-        build_tiny_spmd(cfg, console)
-    if w.is_main:
-        with single_process():
-            path = prepare_model(cfg.model, cfg.envs, say=console)
-    else:
-        wait_for_file(tiny_model_dir(cfg.model, cfg.envs) / "config.json" if cfg.model.path == "tiny" else None)
-        path = prepare_model(cfg.model, cfg.envs, say=console)
-    barrier("model ready")
-    return path
+def _restore_sft_result(session: Session, latest: Any) -> None:
+    """A resume past SFT: an SFT checkpoint gives the policy its weights and RNG; an RL one needs
+    the SFT result first, as the reference model and the critic's initial backbone are the SFT
+    result in the uninterrupted run (the RL checkpoint then restores policy, critic and RNG)."""
+    if latest is None:
+        return
+    policy = session.loaded.model
+    if latest.phase == "sft":
+        load_checkpoint(latest.path, {"policy": policy})
+    elif session.cfg.sft.steps > 0:
+        world = current_world()
+        sft_ckpt = select_checkpoint(session.run.checkpoints, "sft", say=session.console.print) if world.is_main else None
+        if world.distributed:
+            sft_ckpt = broadcast_object(sft_ckpt, "SFT checkpoint")
+        if sft_ckpt is not None:
+            load_checkpoint(sft_ckpt.path, {"policy": policy})
+        else:
+            session.console.print("warning: no SFT checkpoint left in the run; the KL reference is the base model")
 
 
-def build_tiny_spmd(cfg: RunConfig, console: Any) -> None:
-    """Build and caption-pretrain the tiny model with every rank of the job, in one folder (Hugging
-    Face's ``save_pretrained`` writes from rank 0 only); the caption pretraining is sharded
-    (``pretrain.py``); rank 0 puts the folder in place under the cache's lock (``prepare_model``'s
-    protocol: a folder with config.json is whole; another process that built it first wins)."""
-    import shutil
-    import tempfile
-
-    from filelock import FileLock
-
-    from vagent.distributed import barrier, broadcast_object, world
-    from vagent.recipes.tiny_cache import _build_tiny, tiny_model_dir
-
-    w, out = world(), tiny_model_dir(cfg.model, cfg.envs)
-    # not "<name>.tmp-*": prepare_model deletes those as left by killed builds, and ours is running
-    tmp = None
-    if w.is_main:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = tempfile.mkdtemp(prefix=f"{out.name}.spmd-", dir=out.parent)
-    tmp = Path(broadcast_object(tmp, "tiny model folder"))
-    try:
-        _build_tiny(cfg.model, cfg.envs, tmp, out.name, console)
-        barrier("tiny model built")
-        if w.is_main:
-            with FileLock(str(out) + ".lock"):
-                if not (out / "config.json").is_file():
-                    tmp.rename(out)
-    finally:
-        if w.is_main:
-            shutil.rmtree(tmp, ignore_errors=True)
-    barrier("tiny model in place")
+def _stop(session: Session, hub: Any, failing: bool) -> None:
+    """Close the hub upload (it uploads the last checkpoint if it is not up yet: a bounded wait) and
+    the metrics logger, then plot (rank 0). While an error propagates (``failing``), a failure here
+    is logged as a warning instead of hiding it."""
+    run = session.run
+    closing = [("closing the metrics logger", session.logger.close)]
+    if hub is not None:
+        closing.insert(0, ("the hub upload", hub.close))
+    if current_world().is_main and run.metrics.is_file():
+        closing.append(("plotting", lambda: plot_run(run.metrics, run.plots)))
+    for what, close in closing:
+        try:
+            close()
+        except Exception as exc:
+            if not failing:
+                raise
+            session.console.log(f"warning: while stopping, {what} failed too: {type(exc).__name__}: {exc}")
 
 
-def wait_for_file(path: Path | None, timeout_s: float = 6 * 3600.0) -> None:
-    """Poll for ``path`` (a model rank 0 is building can take longer than a collective's timeout)."""
-    t0 = time.time()
-    while path is not None and not path.is_file():
-        if time.time() - t0 > timeout_s:
-            raise TimeoutError(f"waited {timeout_s:.0f}s for rank 0 to build {path.parent}; is cache_dir on a "
-                               "filesystem every rank sees?")
-        time.sleep(1.0)
+def _write_summary(run: RunDir, wall_s: float, ranks: int, console: Console) -> None:
+    """summary.json (written last: a run that has it is finished) and its lines on the console."""
+    summary = summarize(run, wall_s, ranks=ranks)
+    (run.root / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    console.print(format_summary(summary))
 
 
 def checkpoint_ranks(path: str | Path) -> int:
@@ -335,11 +315,9 @@ def checkpoint_ranks(path: str | Path) -> int:
     return int(state.get("world_size", 1)) if isinstance(state, dict) else 1
 
 
-def summarize(run: Any, wall_s: float, ranks: int = 1) -> dict:
+def summarize(run: RunDir, wall_s: float, ranks: int = 1) -> dict:
     """Key numbers of a run: validation success after SFT (RL step 0) and at the end, wall time,
     the job's ranks (processes)."""
-    from vagent.runs import read_metrics
-
     records = read_metrics(run.metrics)
     val = [r for r in records if r.get("phase") == "rl" and "val/success_rate" in r]
     sft = [r for r in records if r.get("phase") == "sft" and "sft/loss" in r]

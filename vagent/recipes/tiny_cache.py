@@ -4,7 +4,9 @@ then reused from ``model.cache_dir`` by every run and process.
 The cache directory's name is its key (:func:`tiny_model_dir`: the model's own fields, the
 tokenizer corpus, the pretraining settings). A build runs under a file lock in a private temporary
 folder that is renamed into place when complete, so concurrent runs wait and reuse it; a killed
-build's folder is removed by the next builder, and Ctrl-C / SIGTERM remove their own.
+build's folder is removed by the next builder, and Ctrl-C / SIGTERM remove their own. In a job of
+several ranks (:func:`prepare_model_once`), a tiny model still to be caption-pretrained is built by
+every rank together (:func:`build_tiny_spmd`); anything else rank 0 prepares while the others wait.
 """
 
 from __future__ import annotations
@@ -16,14 +18,17 @@ import shutil
 import signal
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from filelock import FileLock, Timeout
 
+from vagent.distributed import barrier, broadcast_object, single_process
+from vagent.distributed import world as current_world
 from vagent.models.loading import resolve_model_path
 from vagent.models.tiny import build_tiny_vlm, tokenizer_corpus
-from vagent.recipes.config import EnvEntry, ModelConfig, pretrain_env_entries
+from vagent.recipes.config import EnvEntry, ModelConfig, RunConfig, pretrain_env_entries
 from vagent.recipes.pretrain import pretrain_captions
 
 
@@ -86,7 +91,7 @@ def prepare_model(m: ModelConfig, envs: Sequence[EnvEntry] = (),
         tmp = Path(tempfile.mkdtemp(prefix=out.name + ".tmp-", dir=out.parent))
         try:
             with _sigterm_interrupts():
-                _build_tiny(m, envs, tmp, out.name, say)
+                build_tiny(m, envs, tmp, out.name, say)
             tmp.rename(out)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)  # gone already after a successful rename
@@ -114,7 +119,7 @@ def _sigterm_interrupts():
         signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
-def _build_tiny(m: ModelConfig, envs: Sequence[EnvEntry], tmp: Path, name: str,
+def build_tiny(m: ModelConfig, envs: Sequence[EnvEntry], tmp: Path, name: str,
                 say: Callable[[str], None]) -> None:
     """Build the tiny model into ``tmp`` and caption-pretrain it (one or two stages)."""
     say(f"building tiny model {name} (first run only) ...")
@@ -135,3 +140,59 @@ def _build_tiny(m: ModelConfig, envs: Sequence[EnvEntry], tmp: Path, name: str,
                               lr=m.tiny_pretrain_lr, seed=m.tiny_seed + 1, relations=tuple(m.tiny_pretrain_relations),
                               n_per_env=m.tiny_pretrain_relation_steps * m.tiny_pretrain_batch, stage="relations",
                               first_board=_RELATION_BOARDS_FROM, say=say)
+
+
+def prepare_model_once(cfg: RunConfig, console: Any) -> Path:
+    """``prepare_model``; in a job, a tiny model that still has to be caption-pretrained is built
+    by every rank together (:func:`build_tiny_spmd`); anything else rank 0 prepares alone while the
+    other ranks wait for the model directory to appear. Every rank must see cache_dir."""
+    world = current_world()
+    if not world.distributed:
+        return prepare_model(cfg.model, cfg.envs, say=console)  # a Console: progress bars on a terminal
+    model_cfg = cfg.model
+    if (model_cfg.path == "tiny" and model_cfg.tiny_pretrain_steps > 0
+            and not (tiny_model_dir(model_cfg, cfg.envs) / "config.json").is_file()):
+        build_tiny_spmd(cfg, console)
+    if world.is_main:
+        with single_process():
+            path = prepare_model(model_cfg, cfg.envs, say=console)
+    else:
+        wait_for_file(tiny_model_dir(model_cfg, cfg.envs) / "config.json" if model_cfg.path == "tiny" else None)
+        path = prepare_model(model_cfg, cfg.envs, say=console)
+    barrier("model ready")
+    return path
+
+
+def build_tiny_spmd(cfg: RunConfig, console: Any) -> None:
+    """Build and caption-pretrain the tiny model with every rank of the job, in one folder (Hugging
+    Face's ``save_pretrained`` writes from rank 0 only); the caption pretraining is sharded
+    (``pretrain.py``); rank 0 puts the folder in place under the cache's lock (``prepare_model``'s
+    protocol: a folder with config.json is whole; another process that built it first wins)."""
+    world, out = current_world(), tiny_model_dir(cfg.model, cfg.envs)
+    # not "<name>.tmp-*": prepare_model deletes those as left by killed builds, and ours is running
+    tmp = None
+    if world.is_main:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=f"{out.name}.spmd-", dir=out.parent)
+    tmp = Path(broadcast_object(tmp, "tiny model folder"))
+    try:
+        build_tiny(cfg.model, cfg.envs, tmp, out.name, console)
+        barrier("tiny model built")
+        if world.is_main:
+            with FileLock(str(out) + ".lock"):
+                if not (out / "config.json").is_file():
+                    tmp.rename(out)
+    finally:
+        if world.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+    barrier("tiny model in place")
+
+
+def wait_for_file(path: Path | None, timeout_s: float = 6 * 3600.0) -> None:
+    """Poll for ``path`` (a model rank 0 is building can take longer than a collective's timeout)."""
+    t0 = time.time()
+    while path is not None and not path.is_file():
+        if time.time() - t0 > timeout_s:
+            raise TimeoutError(f"waited {timeout_s:.0f}s for rank 0 to build {path.parent}; is cache_dir on a "
+                               "filesystem every rank sees?")
+        time.sleep(1.0)
