@@ -11,83 +11,153 @@ from vagent.recipes.config.ranges import check_name, check_ranges
 from vagent.recipes.config.sections import EnvEntry, ModelConfig, RunConfig
 
 
-def validate(cfg: RunConfig) -> RunConfig:
-    """Check every number's range (:data:`vagent.recipes.config.ranges.RANGES`), the run name and the
-    cross-field rules; raise ConfigError naming the field and the fix."""
-    def need(cond: bool, msg: str) -> None:
-        if not cond:
-            raise ConfigError(msg)
+def need(cond: bool, msg: str) -> None:
+    """Raise ConfigError(msg) unless ``cond`` holds."""
+    if not cond:
+        raise ConfigError(msg)
 
-    check_ranges(cfg)
-    check_name(cfg.name)
-    m = cfg.model
-    need(m.tiny_hidden % m.tiny_heads == 0 and (m.tiny_hidden // m.tiny_heads) % 2 == 0
-         and m.tiny_hidden // m.tiny_heads >= 8,
+
+def check_model_shape(cfg: RunConfig) -> None:
+    """The tiny model's head size (tiny_hidden / tiny_heads) is an even whole number >= 8."""
+    model = cfg.model
+    need(model.tiny_hidden % model.tiny_heads == 0 and (model.tiny_hidden // model.tiny_heads) % 2 == 0
+         and model.tiny_hidden // model.tiny_heads >= 8,
          f"model.tiny_hidden / model.tiny_heads is the head size and must be an even whole number >= 8, got "
-         f"{m.tiny_hidden} / {m.tiny_heads}; e.g. tiny_hidden 128 with tiny_heads 4 (head size 32).")
+         f"{model.tiny_hidden} / {model.tiny_heads}; e.g. tiny_hidden 128 with tiny_heads 4 (head size 32).")
+
+
+def check_steps(cfg: RunConfig) -> None:
     need(cfg.steps >= 0, f"steps must be >= 0, got {cfg.steps}.")
+
+
+def check_env_counts(cfg: RunConfig) -> None:
+    """At least one env entry; each trains on >= 1 env (SFT aside) and validates on >= 0."""
     need(len(cfg.envs) > 0, "envs is empty: list at least one env, e.g. envs: [{name: frozenlake}].")
-    for i, e in enumerate(cfg.envs):
-        need(e.n_train >= 1 or cfg.recipe == "sft", f"envs.{i}.n_train must be >= 1, got {e.n_train}.")
-        need(e.n_val >= 0, f"envs.{i}.n_val must be >= 0, got {e.n_val}.")
-    r = cfg.rollout
-    need(r.group_size >= 1, f"rollout.group_size must be >= 1, got {r.group_size}.")
-    need(r.max_turns >= 1, f"rollout.max_turns must be >= 1, got {r.max_turns}.")
-    need(r.max_new_tokens >= 1, f"rollout.max_new_tokens must be >= 1, got {r.max_new_tokens}.")
-    need(r.replicas >= 0 and r.replica_threads >= 1,
-         f"rollout.replicas must be >= 0 and rollout.replica_threads >= 1, got {r.replicas}, {r.replica_threads}.")
-    need(r.overlap in (0, 1), f"rollout.overlap must be 0 or 1 (staleness of the generator's weights), got {r.overlap}.")
-    need(not (r.overlap and r.engine == "hf" and r.replicas == 0),
+    for i, entry in enumerate(cfg.envs):
+        need(entry.n_train >= 1 or cfg.recipe == "sft", f"envs.{i}.n_train must be >= 1, got {entry.n_train}.")
+        need(entry.n_val >= 0, f"envs.{i}.n_val must be >= 0, got {entry.n_val}.")
+
+
+def check_rollout(cfg: RunConfig) -> None:
+    """Positive episode sizes; overlap 0 or 1, and 1 only with a generator that has its own weights."""
+    rollout = cfg.rollout
+    need(rollout.group_size >= 1, f"rollout.group_size must be >= 1, got {rollout.group_size}.")
+    need(rollout.max_turns >= 1, f"rollout.max_turns must be >= 1, got {rollout.max_turns}.")
+    need(rollout.max_new_tokens >= 1, f"rollout.max_new_tokens must be >= 1, got {rollout.max_new_tokens}.")
+    need(rollout.replicas >= 0 and rollout.replica_threads >= 1,
+         f"rollout.replicas must be >= 0 and rollout.replica_threads >= 1, got {rollout.replicas}, "
+         f"{rollout.replica_threads}.")
+    need(rollout.overlap in (0, 1),
+         f"rollout.overlap must be 0 or 1 (staleness of the generator's weights), got {rollout.overlap}.")
+    need(not (rollout.overlap and rollout.engine == "hf" and rollout.replicas == 0),
          "rollout.overlap 1 generates while the trainer updates, so the generator needs its own weights: set "
          "rollout.replicas >= 1 (Ray actors) or rollout.engine vllm, or rollout.overlap 0.")
-    for i, e in enumerate(cfg.envs):
-        bad = [u for u in e.urls if not str(u).startswith(("http://", "https://"))]
+
+
+def check_env_servers(cfg: RunConfig) -> None:
+    """Each entry's urls are http(s) URLs, and a token comes with urls."""
+    for i, entry in enumerate(cfg.envs):
+        bad = [url for url in entry.urls if not str(url).startswith(("http://", "https://"))]
         need(not bad, f"envs.{i}.urls must be http(s) URLs of vagent serve-env servers, got {bad}.")
-        need(e.token is None or bool(e.urls), f"envs.{i}.token is the bearer token of envs.{i}.urls; set urls "
-             "too (the env servers), or drop the token.")
-    u = cfg.update
-    need(u.mini_batches >= 1 and u.epochs >= 1, "update.epochs and update.mini_batches must be >= 1.")
-    need(u.micro_batch_tokens >= 16, f"update.micro_batch_tokens must be >= 16, got {u.micro_batch_tokens}.")
-    need(0 <= u.clip_low < 1 and u.clip_high >= 0, "update.clip_low must be in [0, 1) and clip_high >= 0.")
-    need(u.dual_clip is None or u.dual_clip > 1, f"update.dual_clip must be > 1 or null, got {u.dual_clip}.")
-    need(u.actor_lr > 0, f"update.actor_lr must be > 0, got {u.actor_lr}.")
-    if cfg.recipe == "ppo":
-        if r.mode == "no_concat" and cfg.ppo.estimator != "no_concat_gae":
-            raise ConfigError(
-                f"rollout.mode is no_concat but ppo.estimator is {cfg.ppo.estimator}: each turn is its "
-                "own sample there, so only ppo.estimator=no_concat_gae links the turns. Set "
-                "ppo.estimator=no_concat_gae or rollout.mode=concat."
-            )
-        if r.mode == "concat" and cfg.ppo.estimator == "no_concat_gae":
-            raise ConfigError("ppo.estimator=no_concat_gae needs rollout.mode=no_concat.")
-    if cfg.recipe == "grpo":
-        need(r.group_size >= 2, "recipe grpo needs rollout.group_size >= 2 (advantages are relative to "
-             f"the group), got {r.group_size}.")
-        need(0 < cfg.grpo.filter_value <= 1, f"grpo.filter_value must be in (0, 1], got {cfg.grpo.filter_value}.")
-        need(0 <= cfg.grpo.gigpo_gamma <= 1, f"grpo.gigpo_gamma must be in [0, 1], got {cfg.grpo.gigpo_gamma}.")
-    if cfg.recipe == "ppo" and cfg.ppo.filter != "none":
-        need(0 < cfg.ppo.filter_value <= 1, f"ppo.filter_value must be in (0, 1], got {cfg.ppo.filter_value}.")
-        need(r.group_size >= 2, "ppo.filter compares the rewards within a group: set rollout.group_size >= 2 "
-             f"(got {r.group_size}) or ppo.filter none.")
-    m = cfg.model
+        need(entry.token is None or bool(entry.urls), f"envs.{i}.token is the bearer token of envs.{i}.urls; set "
+             "urls too (the env servers), or drop the token.")
+
+
+def check_update(cfg: RunConfig) -> None:
+    """Epochs, mini-batches and micro-batch budget; PPO clip bounds; a positive actor learning rate."""
+    update = cfg.update
+    need(update.mini_batches >= 1 and update.epochs >= 1, "update.epochs and update.mini_batches must be >= 1.")
+    need(update.micro_batch_tokens >= 16,
+         f"update.micro_batch_tokens must be >= 16, got {update.micro_batch_tokens}.")
+    need(0 <= update.clip_low < 1 and update.clip_high >= 0, "update.clip_low must be in [0, 1) and clip_high >= 0.")
+    need(update.dual_clip is None or update.dual_clip > 1,
+         f"update.dual_clip must be > 1 or null, got {update.dual_clip}.")
+    need(update.actor_lr > 0, f"update.actor_lr must be > 0, got {update.actor_lr}.")
+
+
+def check_ppo(cfg: RunConfig) -> None:
+    """Recipe ppo: the estimator fits rollout.mode; a group filter needs groups of >= 2."""
+    if cfg.recipe != "ppo":
+        return
+    ppo, rollout = cfg.ppo, cfg.rollout
+    if rollout.mode == "no_concat" and ppo.estimator != "no_concat_gae":
+        raise ConfigError(
+            f"rollout.mode is no_concat but ppo.estimator is {ppo.estimator}: each turn is its "
+            "own sample there, so only ppo.estimator=no_concat_gae links the turns. Set "
+            "ppo.estimator=no_concat_gae or rollout.mode=concat."
+        )
+    if rollout.mode == "concat" and ppo.estimator == "no_concat_gae":
+        raise ConfigError("ppo.estimator=no_concat_gae needs rollout.mode=no_concat.")
+    if ppo.filter != "none":
+        need(0 < ppo.filter_value <= 1, f"ppo.filter_value must be in (0, 1], got {ppo.filter_value}.")
+        need(rollout.group_size >= 2, "ppo.filter compares the rewards within a group: set rollout.group_size >= 2 "
+             f"(got {rollout.group_size}) or ppo.filter none.")
+
+
+def check_grpo(cfg: RunConfig) -> None:
+    """Recipe grpo: groups of >= 2, the filter's fraction and gigpo's discount in range."""
+    if cfg.recipe != "grpo":
+        return
+    grpo = cfg.grpo
+    need(cfg.rollout.group_size >= 2, "recipe grpo needs rollout.group_size >= 2 (advantages are relative to "
+         f"the group), got {cfg.rollout.group_size}.")
+    need(0 < grpo.filter_value <= 1, f"grpo.filter_value must be in (0, 1], got {grpo.filter_value}.")
+    need(0 <= grpo.gigpo_gamma <= 1, f"grpo.gigpo_gamma must be in [0, 1], got {grpo.gigpo_gamma}.")
+
+
+def check_model_inputs(cfg: RunConfig) -> None:
+    """Image pixel bounds ordered; the context limit leaves room for a turn's reply."""
+    model = cfg.model
     for name in ("min_pixels", "max_pixels", "max_context_tokens"):
-        need(getattr(m, name) is None or getattr(m, name) >= 1, f"model.{name} must be >= 1 or null, got {getattr(m, name)}.")
-    need(m.min_pixels is None or m.max_pixels is None or m.min_pixels <= m.max_pixels,
-         f"model.min_pixels ({m.min_pixels}) must be <= model.max_pixels ({m.max_pixels}).")
-    need(m.max_context_tokens is None or m.max_context_tokens > r.max_new_tokens,
-         f"model.max_context_tokens ({m.max_context_tokens}) must exceed rollout.max_new_tokens ({r.max_new_tokens}): "
+        value = getattr(model, name)
+        need(value is None or value >= 1, f"model.{name} must be >= 1 or null, got {value}.")
+    need(model.min_pixels is None or model.max_pixels is None or model.min_pixels <= model.max_pixels,
+         f"model.min_pixels ({model.min_pixels}) must be <= model.max_pixels ({model.max_pixels}).")
+    max_new = cfg.rollout.max_new_tokens
+    need(model.max_context_tokens is None or model.max_context_tokens > max_new,
+         f"model.max_context_tokens ({model.max_context_tokens}) must exceed rollout.max_new_tokens ({max_new}): "
          "a turn needs room for its prompt and its reply.")
+
+
+def check_hub(cfg: RunConfig) -> None:
     need(cfg.hub.every >= 1, f"hub.every must be >= 1, got {cfg.hub.every}.")
     need(not cfg.hub.repo_id or cfg.hub.repo_id.count("/") == 1,
          f"hub.repo_id must look like OWNER/NAME, got {cfg.hub.repo_id!r}.")
-    if cfg.recipe == "grpo" and u.kl_coef > 0 and u.kl_in != "loss":
+
+
+def check_grpo_kl(cfg: RunConfig) -> None:
+    """Recipe grpo with a KL term: the KL goes in the loss."""
+    if cfg.recipe == "grpo" and cfg.update.kl_coef > 0 and cfg.update.kl_in != "loss":
         raise ConfigError("recipe grpo puts the KL in the loss: set update.kl_in=loss (or update.kl_coef=0).")
+
+
+def check_sft(cfg: RunConfig) -> None:
+    """Recipe sft has steps; batch size, random-action fraction and answer weight in range."""
+    sft = cfg.sft
     if cfg.recipe == "sft":
-        need(cfg.sft.steps > 0, "recipe sft needs sft.steps > 0.")
-    need(cfg.sft.batch_size >= 1, f"sft.batch_size must be >= 1, got {cfg.sft.batch_size}.")
-    need(0 <= cfg.sft.random_action_frac <= 1, "sft.random_action_frac must be in [0, 1].")
-    need(cfg.sft.answer_weight > 0, f"sft.answer_weight must be > 0 (1 = plain token mean), got {cfg.sft.answer_weight}.")
+        need(sft.steps > 0, "recipe sft needs sft.steps > 0.")
+    need(sft.batch_size >= 1, f"sft.batch_size must be >= 1, got {sft.batch_size}.")
+    need(0 <= sft.random_action_frac <= 1, "sft.random_action_frac must be in [0, 1].")
+    need(sft.answer_weight > 0, f"sft.answer_weight must be > 0 (1 = plain token mean), got {sft.answer_weight}.")
+
+
+def check_log(cfg: RunConfig) -> None:
     need(cfg.log.keep_last >= 1, f"log.keep_last must be >= 1, got {cfg.log.keep_last}.")
+
+
+#: the rules between fields, in the order they run (the first that fails raises). model, envs and
+#: grpo have two each, kept in this order so that a config with several errors names the same one first
+SECTION_CHECKS = (check_model_shape, check_steps, check_env_counts, check_rollout, check_env_servers, check_update,
+                  check_ppo, check_grpo, check_model_inputs, check_hub, check_grpo_kl, check_sft, check_log)
+
+
+def validate(cfg: RunConfig) -> RunConfig:
+    """Check every number's range (:data:`vagent.recipes.config.ranges.RANGES`), the run name and the
+    rules between fields (:data:`SECTION_CHECKS`); raise ConfigError naming the field and the fix."""
+    check_ranges(cfg)
+    check_name(cfg.name)
+    for check in SECTION_CHECKS:
+        check(cfg)
     return cfg
 
 
@@ -96,7 +166,7 @@ def validate(cfg: RunConfig) -> RunConfig:
 PRETRAIN_ENV_DEFAULTS = {"format": "grounding_worldmodeling", "render": "vision", "description_style": "symbolic"}
 
 
-def pretrain_env_entries(m: ModelConfig, envs: Sequence[EnvEntry]) -> list[EnvEntry]:
+def pretrain_env_entries(model: ModelConfig, envs: Sequence[EnvEntry]) -> list[EnvEntry]:
     """The envs a tiny model is caption-pretrained on: each env name of the run once, in order,
     with the model's own env settings (:data:`PRETRAIN_ENV_DEFAULTS`, ``image_size`` =
     ``tiny_image_size``, then ``tiny_pretrain_env_config``), not the run's env config: the
@@ -104,10 +174,11 @@ def pretrain_env_entries(m: ModelConfig, envs: Sequence[EnvEntry]) -> list[EnvEn
     from vagent.envs.registry import env_class  # lazy: the registry loads PIL
 
     out = []
-    for name in dict.fromkeys(e.name for e in envs):
+    for name in dict.fromkeys(entry.name for entry in envs):
         declared = field_types(env_class(name).Config)
-        config = {k: v for k, v in {**PRETRAIN_ENV_DEFAULTS, "image_size": m.tiny_image_size}.items() if k in declared}
-        out.append(EnvEntry(name=name, config={**config, **m.tiny_pretrain_env_config}))
+        defaults = {**PRETRAIN_ENV_DEFAULTS, "image_size": model.tiny_image_size}
+        config = {key: value for key, value in defaults.items() if key in declared}
+        out.append(EnvEntry(name=name, config={**config, **model.tiny_pretrain_env_config}))
     return out
 
 
@@ -118,20 +189,21 @@ def validate_envs(cfg: RunConfig) -> RunConfig:
     left to its server to check."""
     from vagent.envs.registry import list_envs, make_config  # lazy: the registry loads PIL
 
-    for i, e in enumerate(cfg.envs):
-        if e.urls and e.name not in list_envs():
+    for i, entry in enumerate(cfg.envs):
+        if entry.urls and entry.name not in list_envs():
             continue
         try:
-            make_config(e.name, **e.config)
+            make_config(entry.name, **entry.config)
         except KeyError as exc:  # unknown env name: the message lists the registered ones
             raise ConfigError(f"envs.{i}.name: {str(exc).strip(chr(34) + chr(39))}") from exc
         except (ConfigError, ValueError, TypeError) as exc:
             raise ConfigError(f"envs.{i}.config: {exc}") from exc
-    m = cfg.model
-    if m.path == "tiny" and m.tiny_pretrain_steps > 0:  # the caption boards' envs, before the build
-        for e in pretrain_env_entries(m, [e for e in cfg.envs if not e.urls or e.name in list_envs()]):
+    model = cfg.model
+    if model.path == "tiny" and model.tiny_pretrain_steps > 0:  # the caption boards' envs, before the build
+        local = [entry for entry in cfg.envs if not entry.urls or entry.name in list_envs()]
+        for entry in pretrain_env_entries(model, local):
             try:
-                make_config(e.name, **e.config)
+                make_config(entry.name, **entry.config)
             except (ConfigError, ValueError, TypeError) as exc:
-                raise ConfigError(f"model.tiny_pretrain_env_config ({e.name} caption boards): {exc}") from exc
+                raise ConfigError(f"model.tiny_pretrain_env_config ({entry.name} caption boards): {exc}") from exc
     return cfg
