@@ -18,16 +18,16 @@ def describe_rows(cls: type | None = None, prefix: str = "") -> list[tuple[str, 
     flattened (``envs`` items as ``envs.N.*``)."""
     cls = cls or RunConfig
     rows = []
-    for name, tp, default, doc in describe(cls):
-        sub = field_class(cls, name)
+    for name, type_name, default, doc in describe(cls):
+        section_class = field_class(cls, name)
         if name == "envs":
             rows.append((f"{prefix}envs", "list of EnvEntry", None, doc, True))
             rows += describe_rows(EnvEntry, prefix + "envs.N.")
-        elif sub is not None and dataclasses.is_dataclass(sub):
-            rows.append((f"{prefix}{name}", sub.__name__, None, doc, True))
-            rows += describe_rows(sub, prefix + name + ".")
+        elif section_class is not None and dataclasses.is_dataclass(section_class):
+            rows.append((f"{prefix}{name}", section_class.__name__, None, doc, True))
+            rows += describe_rows(section_class, prefix + name + ".")
         else:
-            rows.append((f"{prefix}{name}", tp, default, doc, False))
+            rows.append((f"{prefix}{name}", type_name, default, doc, False))
     return rows
 
 
@@ -60,13 +60,13 @@ def describe_all() -> str:
     """Every config field with type, the default run's value (and the class default where it
     differs) and doc (``vagent train --describe``)."""
     lines = []
-    for k, tp, default, doc, section in describe_rows():
+    for key, type_name, default, doc, section in describe_rows():
         if section:
-            lines.append(f"{k}:  # {doc}")
+            lines.append(f"{key}:  # {doc}")
             continue
-        used, plain = _value_cells(k, default)
+        used, plain = _value_cells(key, default)
         note = "" if plain is None else f" (class default {plain!r})"
-        lines.append(f"{k} ({tp}) = {used!r}{note}  # {doc}")
+        lines.append(f"{key} ({type_name}) = {used!r}{note}  # {doc}")
     return "\n".join(lines)
 
 
@@ -76,13 +76,13 @@ def configuration_markdown() -> str:
     out: list[str] = []
     header = ["| key | type | default run | meaning |", "|---|---|---|---|"]
     out += ["### top level", ""] + header
-    for k, tp, default, doc, section in describe_rows():
+    for key, type_name, default, doc, section in describe_rows():
         if section:
-            out += ["", f"### `{k}` ({tp})", "", doc[0].upper() + doc[1:] + ".", ""] + header
+            out += ["", f"### `{key}` ({type_name})", "", doc[0].upper() + doc[1:] + ".", ""] + header
         else:
-            used, plain = _value_cells(k, default)
+            used, plain = _value_cells(key, default)
             note = "" if plain is None else f" (class default `{plain!r}`)"
-            out.append(f"| `{k}` | {tp} | `{used!r}`{note} | {doc.replace('|', '/')} |")
+            out.append(f"| `{key}` | {type_name} | `{used!r}`{note} | {doc.replace('|', '/')} |")
     return "\n".join(out) + "\n"
 
 

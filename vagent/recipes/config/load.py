@@ -24,7 +24,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         raise ConfigError(f"override {text!r} is not key=value (e.g. ppo.estimator=turn_gae).")
     key, _, raw = text.partition("=")
     key = key.strip()
-    if not key or any(not p for p in key.split(".")):
+    if not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override {text!r} has an empty key part.")
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
@@ -43,11 +43,11 @@ def _set_path(tree: dict, path: list[str], value: Any, cls: type | None) -> None
         if isinstance(node, list):
             if not part.isdigit() or int(part) >= len(node):
                 raise ConfigError(f"override '{'.'.join(path)}': '{part}' must be an index below {len(node)}.")
-            idx = int(part)
+            index = int(part)
             if last:
-                node[idx] = value
+                node[index] = value
                 return
-            node = node[idx]
+            node = node[index]
             cls = _list_item_class(cls)
             continue
         if not isinstance(node, dict):
@@ -72,16 +72,16 @@ def field_class(cls: type | None, name: str) -> type | None:
     """The dataclass of field ``name`` of config class ``cls`` (a list field: its list type; else None)."""
     if cls is None or not dataclasses.is_dataclass(cls):
         return None
-    tp = field_types(cls).get(name)
-    if dataclasses.is_dataclass(tp):
-        return tp
-    if typing.get_origin(tp) in (list, tuple):
-        return tp  # resolved to the item class when indexed
+    field_type = field_types(cls).get(name)
+    if dataclasses.is_dataclass(field_type):
+        return field_type
+    if typing.get_origin(field_type) in (list, tuple):
+        return field_type  # resolved to the item class when indexed
     return None
 
 
-def _list_item_class(tp: Any) -> type | None:
-    args = typing.get_args(tp) if tp is not None else ()
+def _list_item_class(list_type: Any) -> type | None:
+    args = typing.get_args(list_type) if list_type is not None else ()
     return args[0] if args and dataclasses.is_dataclass(args[0]) else None
 
 

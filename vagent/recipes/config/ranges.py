@@ -169,7 +169,7 @@ def _values(tree: Any, parts: list[str], where: str) -> Iterator[tuple[str, Any]
 def class_default(key: str, cfg: Any) -> Any:
     """The dataclass default of dotted ``key`` in ``cfg``'s config class (``envs.N.*``: the default of
     the class of ``cfg``'s first list item there; ``cfg`` has one, since a value was found). Takes the
-    classes from ``cfg`` so that this module does not import ``vagent.recipes.config`` (which imports it)."""
+    classes from ``cfg``, so that it serves any config tree the :data:`RANGES` keys reach."""
     node: Any = type(cfg)()
     live: Any = cfg
     for part in key.split("."):
@@ -183,21 +183,21 @@ def class_default(key: str, cfg: Any) -> Any:
 
 def check_ranges(cfg: Any) -> None:
     """Raise ConfigError for the first numeric field outside its :data:`RANGES` row."""
-    for key, rng in RANGES.items():
+    for key, bounds in RANGES.items():
         for where, value in _values(cfg, key.split("."), ""):
-            if value is None or rng.contains(value):
+            if value is None or bounds.contains(value):
                 continue
             what = "a finite number" if isinstance(value, float) else "an integer"
-            why = f" ({rng.why})" if rng.why else ""
+            why = f" ({bounds.why})" if bounds.why else ""
             default = class_default(key, cfg)
-            raise ConfigError(f"{where} must be {what} in {rng.text()}{why}, got {value!r}. Set {where}= a value in "
+            raise ConfigError(f"{where} must be {what} in {bounds.text()}{why}, got {value!r}. Set {where}= a value in "
                               f"that range (the default is {'null' if default is None else default!r}).")
 
 
 def ranges_markdown() -> str:
     """The table of docs/configuration.md's "Value ranges" (tests keep it current)."""
     rows = ["| key | range | note |", "|---|---|---|"]
-    rows += [f"| `{k}` | {r.text()} | {r.why} |" for k, r in RANGES.items()]
+    rows += [f"| `{key}` | {bounds.text()} | {bounds.why} |" for key, bounds in RANGES.items()]
     return "\n".join(rows) + "\n"
 
 
@@ -213,18 +213,19 @@ def check_name(name: str) -> None:
 
 def check_out_dir(out_dir: str) -> None:
     """out_dir must be a folder, or a path whose nearest existing parent is a writable folder."""
-    p = Path(out_dir).expanduser()
-    if p.exists() and not p.is_dir():
-        raise ConfigError(f"out_dir {str(p)!r} is a file, not a folder; set out_dir= a folder (it is created if "
+    path = Path(out_dir).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"out_dir {str(path)!r} is a file, not a folder; set out_dir= a folder (it is created if "
                           "missing), e.g. out_dir=runs.")
-    q = p
-    while not q.exists() and q != q.parent:
-        q = q.parent
-    if not q.is_dir():
-        raise ConfigError(f"out_dir {str(p)!r} cannot be created: {str(q)!r} is a file. Set out_dir= a folder.")
-    if not os.access(q, os.W_OK | os.X_OK):
-        raise ConfigError(f"out_dir {str(p)!r} cannot be written: no write permission on {str(q)!r}. Set out_dir= a "
-                          "folder you can write to.")
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(f"out_dir {str(path)!r} cannot be created: {str(existing)!r} is a file. "
+                          "Set out_dir= a folder.")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"out_dir {str(path)!r} cannot be written: no write permission on {str(existing)!r}. "
+                          "Set out_dir= a folder you can write to.")
 
 
 def read_config_text(path: Path) -> str:
