@@ -20,6 +20,13 @@ from __future__ import annotations
 import argparse
 import sys
 
+import yaml
+
+from vagent.config import ConfigError
+from vagent.envs import make_config
+from vagent.plugins import PluginImportError, import_modules
+from vagent.recipes.config import describe_all, load_config
+
 
 def add_parser(subparsers) -> None:
     train = subparsers.add_parser(
@@ -82,44 +89,20 @@ def _error(msg: str) -> int:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from vagent.config import ConfigError
-    from vagent.recipes.config import load_config
-    from vagent.recipes.sft import DataError
-
     if args.describe:
-        from vagent.recipes.config import describe_all
-
         print(describe_all())
         return 0
     if args.nproc is not None or args.nnodes > 1:
         return launch_job(args)
-    from vagent.distributed import barrier, shutdown_world, world
+    from vagent.distributed import barrier, shutdown_world, world  # heavy (torch): `vagent --help` stays fast
+    from vagent.recipes.sft import DataError  # heavy (torch)
+    from vagent.runs import TrainingError  # heavy (torch)
 
     try:
-        from vagent.runs import TrainingError
-
-        if args.resume:
-            if args.config or args.overrides:
-                return _error("--resume continues a run with its saved config.yaml; drop --config and overrides.")
-            from vagent.recipes.run import train
-
-            train(resume=args.resume, quiet=args.quiet)
-            barrier("end of run")  # a job: every rank is done before any destroys the process group
-            return 0
-        if args.imports:  # --import: imported before the config's envs are checked, saved for --resume
-            from vagent.plugins import PluginImportError, import_modules
-
-            try:
-                import_modules(args.imports)
-            except PluginImportError as exc:
-                raise ConfigError(f"--import: {exc}") from exc
-        cfg = load_config(args.config, args.overrides)
-        cfg.imports += [m for m in args.imports if m not in cfg.imports]
-        from vagent.recipes.run import train
-        from vagent.runs.progress import ConfigSource
-
-        train(cfg, quiet=args.quiet, source=ConfigSource(args.config, tuple(args.overrides)))
-        barrier("end of run")
+        if args.resume and (args.config or args.overrides):
+            return _error("--resume continues a run with its saved config.yaml; drop --config and overrides.")
+        _train(args)
+        barrier("end of run")  # a job: every rank is done before any destroys the process group
         return 0
     except (ConfigError, DataError, TrainingError, FileNotFoundError, ImportError) as exc:
         return _error(f"{world().tag()}: {exc}" if world().distributed else str(exc))
@@ -127,24 +110,43 @@ def run_train(args: argparse.Namespace) -> int:
         shutdown_world()  # every exit path (a gloo job that skips it aborts about 1 exit in 3)
 
 
+def _train(args: argparse.Namespace) -> None:
+    """``train`` of ``--resume RUN_DIR``, or of the config and overrides after the ``--import``
+    modules (imported before the config's envs are checked; saved in the config for --resume)."""
+    from vagent.recipes.run import train  # heavy (torch, the recipes)
+    from vagent.runs.progress import ConfigSource  # heavy (vagent.runs imports torch)
+
+    if args.resume:
+        train(resume=args.resume, quiet=args.quiet)
+        return
+    if args.imports:
+        try:
+            import_modules(args.imports)
+        except PluginImportError as exc:
+            raise ConfigError(f"--import: {exc}") from exc
+    cfg = load_config(args.config, args.overrides)
+    cfg.imports += [m for m in args.imports if m not in cfg.imports]
+    train(cfg, quiet=args.quiet, source=ConfigSource(args.config, tuple(args.overrides)))
+
+
 def launch_job(args: argparse.Namespace) -> int:
     """``vagent train --nproc N ...``: the same command as a torchrun job (vagent.distributed.launch)."""
-    from vagent.distributed import launched_by_torchrun
-    from vagent.distributed.launch import launch
+    from vagent.distributed import launched_by_torchrun  # heavy (torch)
+    from vagent.distributed.launch import launch  # heavy (torch)
 
     if launched_by_torchrun():
         return _error("--nproc/--nnodes start a torchrun job; this process already is a worker of one "
                       "(drop them when you run torchrun yourself).")
     if args.resume:  # before starting any process: a live job's run directory, a finished run
-        from vagent.runs import existing_run_dir
-        from vagent.runs.lock import RunDirLocked, check_unlocked
+        from vagent.runs import existing_run_dir  # heavy (torch)
+        from vagent.runs.lock import RunDirLocked, check_unlocked  # heavy (vagent.runs imports torch)
 
         try:
             run = existing_run_dir(args.resume)
             check_unlocked(run.root)
         except (FileNotFoundError, RunDirLocked) as exc:
             return _error(str(exc))
-        from vagent.recipes.run import finished
+        from vagent.recipes.run import finished  # heavy (torch, the recipes)
 
         if finished(run, quiet=args.quiet):
             return 0
@@ -165,11 +167,7 @@ def launch_job(args: argparse.Namespace) -> int:
 
 
 def run_demos(args: argparse.Namespace) -> int:
-    import yaml
-
-    from vagent.config import ConfigError
-    from vagent.plugins import PluginImportError, import_modules
-    from vagent.recipes.demos import DemoSettings, default_random_frac, write_demos
+    from vagent.recipes.demos import DemoSettings, default_random_frac, write_demos  # heavy (numpy)
 
     try:
         import_modules(args.imports)
@@ -188,8 +186,6 @@ def run_demos(args: argparse.Namespace) -> int:
                             reasoning_objects=tuple(args.reasoning_objects),
                             reasoning_plan=not args.no_reasoning_plan)
     try:
-        from vagent.envs import make_config
-
         make_config(args.env, **env_config)
         summary = write_demos(settings, args.out)
     except (ConfigError, KeyError, ValueError, TypeError) as exc:

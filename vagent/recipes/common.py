@@ -90,10 +90,10 @@ def check_remote_envs(cfg: RunConfig, say: Any) -> None:
 
 def sampling_for(cfg: RunConfig, step: int, greedy: bool = False):
     """The rollout's SamplingConfig at ``step`` (seed derived from the run seed and the step)."""
-    r = cfg.rollout
+    rollout_cfg = cfg.rollout
     return SamplingConfig(
-        temperature=0.0 if greedy else r.temperature, top_p=r.top_p, top_k=r.top_k,
-        max_new_tokens=r.max_new_tokens, stop=stop_strings(cfg), seed=derive_seed(cfg.seed, "sample", step),
+        temperature=0.0 if greedy else rollout_cfg.temperature, top_p=rollout_cfg.top_p, top_k=rollout_cfg.top_k,
+        max_new_tokens=rollout_cfg.max_new_tokens, stop=stop_strings(cfg), seed=derive_seed(cfg.seed, "sample", step),
     )
 
 
@@ -128,14 +128,14 @@ def use_bf16(setting: str, device: torch.device) -> bool:
 
 def load_model(cfg: RunConfig, path: Path, device: torch.device):
     """``load_policy`` with the run's dtype / LoRA / checkpointing; errors name the fix."""
-    lora = None
-    if cfg.model.lora_rank > 0:
-        lora = LoraSettings(r=cfg.model.lora_rank, alpha=int(cfg.model.lora_alpha), dropout=cfg.model.lora_dropout)
+    model_cfg, lora = cfg.model, None
+    if model_cfg.lora_rank > 0:
+        lora = LoraSettings(r=model_cfg.lora_rank, alpha=int(model_cfg.lora_alpha), dropout=model_cfg.lora_dropout)
     try:
-        m = cfg.model
-        loaded = load_policy(path, dtype=m.dtype, device=device, lora=lora, gradient_checkpointing=m.gradient_checkpointing,
-                             trust_remote_code=m.trust_remote_code, min_pixels=m.min_pixels, max_pixels=m.max_pixels,
-                             attn_implementation=m.attn_implementation)
+        loaded = load_policy(path, dtype=model_cfg.dtype, device=device, lora=lora,
+                             gradient_checkpointing=model_cfg.gradient_checkpointing,
+                             trust_remote_code=model_cfg.trust_remote_code, min_pixels=model_cfg.min_pixels,
+                             max_pixels=model_cfg.max_pixels, attn_implementation=model_cfg.attn_implementation)
     except (FileNotFoundError, NotADirectoryError) as exc:
         raise ModelError(f"model.path: {exc}") from exc
     if cfg.model.freeze_vision:

@@ -40,13 +40,13 @@ def spec_blocks(n_specs: int, n_ranks: int) -> list[tuple[int, int]]:
 def rollout_on_ranks(specs: Sequence[Any], policy: Any, sampling: Any, *, group_size: int = 1, **kw) -> Any:
     """``vagent.rollout.loop.rollout`` of ``specs``, shared between the ranks of a job (see the
     module docstring); one process: exactly ``rollout(specs, ...)``."""
-    w = world()
-    if not w.distributed:
+    job = world()
+    if not job.distributed:
         return rollout(specs, policy, sampling, group_size=group_size, **kw)
-    lo, hi = spec_blocks(len(specs), w.size)[w.rank]
+    lo, hi = spec_blocks(len(specs), job.size)[job.rank]
     mine = RolloutResult([], {})
     if hi > lo:  # ranks draw from different streams (the same seed would reuse one rank's noise)
-        sampling = dataclasses.replace(sampling, seed=derive_seed(sampling.seed, "rank", w.rank))
+        sampling = dataclasses.replace(sampling, seed=derive_seed(sampling.seed, "rank", job.rank))
         mine = rollout(list(specs[lo:hi]), policy, sampling, group_size=group_size, **kw)
     for ep in mine:  # the single-process ids: group = spec index, trajectory = group * size + member
         member = ep.traj_id - ep.group_id * group_size

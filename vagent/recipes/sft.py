@@ -44,9 +44,11 @@ from PIL import Image
 from vagent.distributed import Padding, all_reduce_sum, barrier, rank_micro_batches, world
 from vagent.envs.base import IMAGE_PLACEHOLDER
 from vagent.recipes.batching import accumulation_weight
+from vagent.recipes.config import EnvEntry, RunConfig
 from vagent.recipes.demos import DemoSettings, play_demo
 from vagent.recipes.optim import autocast, clip_grads, derive_seed, make_optimizer, make_scheduler
 from vagent.recipes.scoring import hidden_after_prefix, policy_forward, shared_prefix
+from vagent.recipes.session import Session
 from vagent.recipes.sharding import policy_export, shard_for_training
 from vagent.rollout.batch import TokenBatch
 from vagent.rollout.encoding import append_reply, encode_pending, flat_ids, flat_pixels
@@ -64,7 +66,7 @@ class DataError(ValueError):
 class Chat:
     """One SFT sample: messages (system first) with their images, from ``source`` (file:line)."""
 
-    messages: list  # list[vagent.rollout.policy.Message]
+    messages: list[Message]
     source: str
 
 
@@ -83,42 +85,53 @@ def read_chats(path: str | Path, limit: int | None = None) -> list[Chat]:
             rec = json.loads(line)
         except json.JSONDecodeError as exc:
             raise DataError(f"{where}: not valid JSON ({exc}).") from exc
-        if not isinstance(rec, dict) or not isinstance(rec.get("messages"), list):
-            raise DataError(f'{where}: expected an object with "messages": [...] (and "images": [...]).')
-        unknown = set(rec) - {"messages", "images", "meta"}
-        if unknown:
-            raise DataError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: messages, images, meta.")
-        image_paths = rec.get("images", [])
-        if not isinstance(image_paths, list):
-            raise DataError(f'{where}: "images" must be a list of paths relative to the file.')
-        images = []
-        for p in image_paths:
-            full = path.parent / p
-            if not full.is_file():
-                raise DataError(f"{where}: image {p!r} not found (looked at {full}); paths are relative to the JSONL file.")
-            with Image.open(full) as im:
-                images.append(im.convert("RGB"))
-        messages, k = [], 0
-        for i, m in enumerate(rec["messages"]):
-            if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant") or not isinstance(m.get("content"), str):
-                raise DataError(f'{where}: messages[{i}] must be {{"role": system|user|assistant, "content": str}}, got {m!r:.80}.')
-            n = m["content"].count(IMAGE_PLACEHOLDER)
-            if n and m["role"] != "user":
-                raise DataError(f"{where}: messages[{i}] ({m['role']}) has {IMAGE_PLACEHOLDER}; only user messages carry images.")
-            messages.append(Message(m["role"], m["content"], tuple(images[k:k + n])))
-            k += n
-        if k != len(images):
-            raise DataError(f"{where}: {k} {IMAGE_PLACEHOLDER} placeholder(s) but {len(images)} image(s).")
-        if not messages or messages[0].role != "system":
-            raise DataError(f"{where}: the first message must be the system prompt (RL prompts start with it).")
-        if not any(m.role == "assistant" for m in messages):
-            raise DataError(f"{where}: no assistant message to learn from.")
-        chats.append(Chat(messages, where))
+        chats.append(chat_of_record(rec, where, path.parent))
         if limit is not None and len(chats) >= limit:
             break
     if not chats:
         raise DataError(f"{path}: no chats in the file.")
     return chats
+
+
+def chat_of_record(rec: Any, where: str, root: Path) -> Chat:
+    """One line of a chat file, checked: known keys, the images (relative to ``root``) one per
+    placeholder of the user messages, a system message first and an assistant message to learn from."""
+    if not isinstance(rec, dict) or not isinstance(rec.get("messages"), list):
+        raise DataError(f'{where}: expected an object with "messages": [...] (and "images": [...]).')
+    unknown = set(rec) - {"messages", "images", "meta"}
+    if unknown:
+        raise DataError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: messages, images, meta.")
+    images = _load_images(rec.get("images", []), where, root)
+    messages, k = [], 0
+    for i, m in enumerate(rec["messages"]):
+        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant") or not isinstance(m.get("content"), str):
+            raise DataError(f'{where}: messages[{i}] must be {{"role": system|user|assistant, "content": str}}, got {m!r:.80}.')
+        n = m["content"].count(IMAGE_PLACEHOLDER)
+        if n and m["role"] != "user":
+            raise DataError(f"{where}: messages[{i}] ({m['role']}) has {IMAGE_PLACEHOLDER}; only user messages carry images.")
+        messages.append(Message(m["role"], m["content"], tuple(images[k:k + n])))
+        k += n
+    if k != len(images):
+        raise DataError(f"{where}: {k} {IMAGE_PLACEHOLDER} placeholder(s) but {len(images)} image(s).")
+    if not messages or messages[0].role != "system":
+        raise DataError(f"{where}: the first message must be the system prompt (RL prompts start with it).")
+    if not any(m.role == "assistant" for m in messages):
+        raise DataError(f"{where}: no assistant message to learn from.")
+    return Chat(messages, where)
+
+
+def _load_images(image_paths: Any, where: str, root: Path) -> list[Image.Image]:
+    """The images of a chat record (paths relative to the chat file's folder ``root``), as RGB."""
+    if not isinstance(image_paths, list):
+        raise DataError(f'{where}: "images" must be a list of paths relative to the file.')
+    images = []
+    for rel in image_paths:
+        full = root / rel
+        if not full.is_file():
+            raise DataError(f"{where}: image {rel!r} not found (looked at {full}); paths are relative to the JSONL file.")
+        with Image.open(full) as im:
+            images.append(im.convert("RGB"))
+    return images
 
 
 def encode_chat(chat: Chat, encoder: Any):
@@ -218,33 +231,32 @@ def sft_loss(model: torch.nn.Module, batch: Any, micro_tokens: int, chunk: int, 
         mb = batch.select(rows)
         with autocast(device, bf16):
             hidden = hidden_after_prefix(model, mb, prefix) if prefix is not None else None
-            lp, _ = policy_forward(model, mb, chunk, hidden=hidden)
-        m = mb.loss_mask
-        mw = weights[list(rows)][:, :m.shape[1]]  # select() trims the rows to their longest
-        nll = -(lp * mw).sum() / mw.sum().clamp(min=1e-8)
-        w = accumulation_weight(mw, weights, "token-mean")  # this micro-batch's share of the weight
+            logprobs, _ = policy_forward(model, mb, chunk, hidden=hidden)
+        mb_weights = weights[list(rows)][:, :mb.loss_mask.shape[1]]  # select() trims the rows to their longest
+        nll = -(logprobs * mb_weights).sum() / mb_weights.sum().clamp(min=1e-8)
+        share = accumulation_weight(mb_weights, weights, "token-mean")  # this micro-batch's share of the weight
         if isinstance(rows, Padding):  # a rank without rows left joins the collectives with weight 0
-            w = 0.0
+            share = 0.0
         if backward:
-            (nll * w).backward()
-        total_loss += float(nll.detach()) * w
+            (nll * share).backward()
+        total_loss += float(nll.detach()) * share
         if not isinstance(rows, Padding):
-            correct += float(((lp.detach() > np.log(0.5)) & m).sum())  # the target had p > 0.5
+            correct += float(((logprobs.detach() > np.log(0.5)) & mb.loss_mask).sum())  # the target had p > 0.5
     total_loss, correct = all_reduce_sum([total_loss, correct], "sft loss")  # one process: unchanged
     return {"loss": total_loss, "token_accuracy": correct / max(1.0, float(total_mask.sum()))}
 
 
-def demo_settings(cfg: Any, entry: Any, n: int | None = None) -> Any:
+def demo_settings(cfg: RunConfig, entry: EnvEntry, n: int | None = None) -> DemoSettings:
     """The :class:`~vagent.recipes.demos.DemoSettings` of a run's env entry: its env and config,
     the run's ``sft.*`` demonstration fields, ``n`` episodes (default ``sft.demos_per_env``)."""
-    s = cfg.sft
-    return DemoSettings(env=entry.name, env_config=dict(entry.config), n=s.demos_per_env if n is None else n,
-                        random_action_frac=s.random_action_frac, max_turns=s.max_turns,
-                        actions_per_turn=s.actions_per_turn or None, objects=tuple(s.describe_objects),
-                        reasoning_objects=tuple(s.reasoning_objects), reasoning_plan=s.reasoning_plan)
+    sft_cfg = cfg.sft
+    return DemoSettings(env=entry.name, env_config=dict(entry.config), n=sft_cfg.demos_per_env if n is None else n,
+                        random_action_frac=sft_cfg.random_action_frac, max_turns=sft_cfg.max_turns,
+                        actions_per_turn=sft_cfg.actions_per_turn or None, objects=tuple(sft_cfg.describe_objects),
+                        reasoning_objects=tuple(sft_cfg.reasoning_objects), reasoning_plan=sft_cfg.reasoning_plan)
 
 
-def demo_chats_path(session: Any) -> Path:
+def demo_chats_path(session: Session) -> Path:
     """Write solver demonstrations for every env entry into the run dir (once) and return the file
     (several processes: rank 0 writes them, the others wait and read the same file)."""
     cfg = session.cfg
@@ -275,58 +287,74 @@ def demo_chats_path(session: Any) -> Path:
     return out
 
 
-def train_sft(session: Any, start_step: int = 0, resume_from: str | None = None) -> None:
+def train_sft(session: Session, start_step: int = 0, resume_from: str | None = None) -> None:
     """Run SFT steps ``start_step + 1 .. sft.steps`` on the session's policy (``start_step`` updates
     were done before: a resume; see the module docstring)."""
-    cfg, s = session.cfg, session.cfg.sft
-    model, encoder = session.loaded.model, session.loaded.encoder
+    cfg, sft_cfg = session.cfg, session.cfg.sft
+    model = session.loaded.model
     # 1. data: the JSONL file, or solver demonstrations written into the run dir
-    path = Path(s.data).expanduser() if s.data else demo_chats_path(session)
+    convs, answer_id = sft_data(session)
+    # 2. sharding (several processes), optimizer and schedule (resumed from an SFT checkpoint if any)
+    shard_for_training(session)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = make_optimizer(params, sft_cfg.lr, cfg.update.weight_decay)
+    sched = make_scheduler(opt, cfg.update.warmup_steps, sft_cfg.steps, cfg.update.lr_schedule)
+    if resume_from is not None:
+        load_checkpoint(resume_from, {"policy": model}, {"sft": opt}, {"sft": sched})
+    model.train()
+    bar = StepProgress(sft_cfg.steps, "SFT", session.console, cfg.log.progress, start=start_step)
+    try:
+        for step in range(start_step, sft_cfg.steps):
+            # 3. one update: batch -> loss, gradients -> clip -> AdamW and lr steps -> log -> checkpoint
+            t0 = time.perf_counter()
+            rows, epoch = batch_rows(len(convs), sft_cfg.batch_size, step, cfg.seed)
+            batch = sft_batch([convs[r] for r in rows], session.loaded.encoder.pad_token_id).to(session.device)
+            weights = None if sft_cfg.answer_weight == 1.0 else answer_weights(batch, answer_id, sft_cfg.answer_weight)
+            opt.zero_grad(set_to_none=True)
+            stats = sft_loss(model, batch, cfg.update.micro_batch_tokens, cfg.update.logprob_chunk,
+                             session.bf16, session.device, weights=weights, shared=sft_cfg.shared_prefix)
+            grad_norm = clip_grads(params, cfg.update.grad_clip)
+            completed = step + 1  # SFT step `completed`: after that many updates
+            check_finite({"sft/loss": stats["loss"], "sft/grad_norm": grad_norm}, "sft", completed,
+                         session.last_checkpoint)
+            lr = opt.param_groups[0]["lr"]
+            opt.step()
+            check_module_finite(model, "policy weights after the update", "sft", completed, session.last_checkpoint)
+            sched.step()
+            dt = time.perf_counter() - t0
+            session.logger.log(completed, {
+                "sft/loss": stats["loss"], "sft/token_accuracy": stats["token_accuracy"], "sft/grad_norm": grad_norm,
+                "sft/lr": lr, "sft/epoch": float(epoch), "perf/sft_step_time_s": dt,
+                "perf/sft_tokens_per_s": batch.num_tokens / dt}, phase="sft")
+            bar.update(completed, {"loss": stats["loss"], "acc": stats["token_accuracy"]})
+            if completed == sft_cfg.steps or (cfg.log.checkpoint_every and completed % cfg.log.checkpoint_every == 0):
+                save_sft_checkpoint(session, model, opt, sched, completed)
+    finally:
+        bar.close()
+
+
+def sft_data(session: Session) -> tuple[list[Conversation], int | None]:
+    """The encoded chats of ``sft.data`` (or of the run's solver demonstrations) and the id of
+    ``<answer>`` (checked to be one token when ``sft.answer_weight`` needs it)."""
+    sft_cfg, encoder = session.cfg.sft, session.loaded.encoder
+    path = Path(sft_cfg.data).expanduser() if sft_cfg.data else demo_chats_path(session)
     chats = read_chats(path)
     convs = [encode_chat(c, encoder) for c in chats]
     n_tokens = sum(sum(len(x.input_ids) for x in c.segments) for c in convs)
     session.console.print(f"SFT data: {len(convs)} chats, {n_tokens} tokens from {path}")
     answer_id = encoder.tokenizer.convert_tokens_to_ids("<answer>")
-    if s.answer_weight != 1.0 and (answer_id is None or answer_id == encoder.tokenizer.unk_token_id):
-        raise ValueError(f"sft.answer_weight={s.answer_weight} needs '<answer>' to be one token of the "
+    if sft_cfg.answer_weight != 1.0 and (answer_id is None or answer_id == encoder.tokenizer.unk_token_id):
+        raise ValueError(f"sft.answer_weight={sft_cfg.answer_weight} needs '<answer>' to be one token of the "
                          "model's tokenizer; it is not: set sft.answer_weight: 1.0")
-    # 2. sharding (several processes), optimizer and schedule (resumed from an SFT checkpoint if any)
-    shard_for_training(session)
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = make_optimizer(params, s.lr, cfg.update.weight_decay)
-    sched = make_scheduler(opt, cfg.update.warmup_steps, s.steps, cfg.update.lr_schedule)
-    if resume_from is not None:
-        load_checkpoint(resume_from, {"policy": model}, {"sft": opt}, {"sft": sched})
-    model.train()
-    bar = StepProgress(s.steps, "SFT", session.console, cfg.log.progress, start=start_step)
-    try:
-        for step in range(start_step, s.steps):
-            t0 = time.perf_counter()
-            rows, epoch = batch_rows(len(convs), s.batch_size, step, cfg.seed)
-            batch = sft_batch([convs[r] for r in rows], encoder.pad_token_id).to(session.device)
-            weights = None if s.answer_weight == 1.0 else answer_weights(batch, answer_id, s.answer_weight)
-            opt.zero_grad(set_to_none=True)
-            stats = sft_loss(model, batch, cfg.update.micro_batch_tokens, cfg.update.logprob_chunk,
-                             session.bf16, session.device, weights=weights, shared=s.shared_prefix)
-            grad_norm = clip_grads(params, cfg.update.grad_clip)
-            done = step + 1  # SFT step `done`: after `done` updates
-            check_finite({"sft/loss": stats["loss"], "sft/grad_norm": grad_norm}, "sft", done,
-                         session.last_checkpoint)
-            lr = opt.param_groups[0]["lr"]
-            opt.step()
-            check_module_finite(model, "policy weights after the update", "sft", done, session.last_checkpoint)
-            sched.step()
-            dt = time.perf_counter() - t0
-            metrics = {"sft/loss": stats["loss"], "sft/token_accuracy": stats["token_accuracy"],
-                       "sft/grad_norm": grad_norm, "sft/lr": lr, "sft/epoch": float(epoch),
-                       "perf/sft_step_time_s": dt, "perf/sft_tokens_per_s": batch.num_tokens / dt}
-            session.logger.log(done, metrics, phase="sft")
-            bar.update(done, {"loss": stats["loss"], "acc": stats["token_accuracy"]})
-            if done == s.steps or (cfg.log.checkpoint_every and done % cfg.log.checkpoint_every == 0):
-                ck = save_checkpoint(session.run.checkpoints, "sft", done, {"policy": model}, {"sft": opt},
-                                     {"sft": sched}, data_position={"sft_step": done},
-                                     keep_last=cfg.log.keep_last,
-                                     export=policy_export(session, model))
-                session.last_checkpoint = str(ck)
-    finally:
-        bar.close()
+    return convs, answer_id
+
+
+def save_sft_checkpoint(session: Session, model: torch.nn.Module, opt: torch.optim.Optimizer, sched: Any,
+                        completed: int) -> None:
+    """The checkpoint after SFT step ``completed`` (policy, optimizer, schedule, the data position,
+    the policy exported as a model directory); it becomes the session's last checkpoint."""
+    log = session.cfg.log
+    ck = save_checkpoint(session.run.checkpoints, "sft", completed, {"policy": model}, {"sft": opt},
+                         {"sft": sched}, data_position={"sft_step": completed}, keep_last=log.keep_last,
+                         export=policy_export(session, model))
+    session.last_checkpoint = str(ck)

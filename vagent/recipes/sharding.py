@@ -36,9 +36,9 @@ def shard_for_training(session: Session, critic: Any = None, ref: Any = None) ->
     policy itself (see the module docstring). Build optimizers after this."""
     if not world().distributed:
         return
-    d, device = session.cfg.dist, session.device
-    kw = dict(bf16=session.bf16 and device.type == "cuda", cpu_offload=d.cpu_offload,
-              reshard_after_forward=d.reshard_after_forward)
+    dist_cfg, device = session.cfg.dist, session.device
+    kw = dict(bf16=session.bf16 and device.type == "cuda", cpu_offload=dist_cfg.cpu_offload,
+              reshard_after_forward=dist_cfg.reshard_after_forward)
     shares = critic is not None and critic.shares_backbone
     shard_model(session.loaded.model, also=[critic] if shares else [], **kw)
     if critic is not None and not shares:

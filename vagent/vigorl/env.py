@@ -240,6 +240,20 @@ def _step_info(parsed: GroundedReply, valid: bool, accuracy: float, **extra: Any
     return info
 
 
+def _reference_answer(clock: EpisodeClock, task: TaskView | None) -> list[str]:
+    """``optimal_actions`` of both envs: the correct answer (bbox centre in shown pixels, or the
+    text answer); [] after the end."""
+    clock.require_started()
+    return [] if clock.over else [D.reference_answer(task.example, task.shown)]
+
+
+def _shown_task(task: TaskView | None) -> TaskView:
+    """The ``task`` property of both envs: the current example as shown (after ``reset``)."""
+    if task is None:
+        raise EnvError("vigorl: call reset(seed) first.")
+    return task
+
+
 #: upper bounds checked by make() and the env server (vagent/envs/limits.py; docs/envs.md)
 SEARCH_BOUNDS = {"canvas_size": (64, 2048), "image_size": (16, 1024)}
 
@@ -306,16 +320,13 @@ class VigorlSearchEnv:
 
     def optimal_actions(self) -> list[str]:
         """The correct answer (bbox centre in shown pixels, or the text answer); [] after the end."""
-        self._clock.require_started()
-        return [] if self._clock.over else [D.reference_answer(self._task.example, self._task.shown)]
+        return _reference_answer(self._clock, self._task)
 
     # for the MCTS and the traces: the example and what the model sees
     @property
     def task(self) -> TaskView:
         """The current example as shown (after ``reset``)."""
-        if self._task is None:
-            raise EnvError("vigorl: call reset(seed) first.")
-        return self._task
+        return _shown_task(self._task)
 
 
 class VigorlZoomEnv:
@@ -423,15 +434,12 @@ class VigorlZoomEnv:
 
     def optimal_actions(self) -> list[str]:
         """The correct answer (answering at once is optimal with the bonus off); [] after the end."""
-        self._clock.require_started()
-        return [] if self._clock.over else [D.reference_answer(self._task.example, self._task.shown)]
+        return _reference_answer(self._clock, self._task)
 
     @property
     def task(self) -> TaskView:
         """The current example as shown (after ``reset``)."""
-        if self._task is None:
-            raise EnvError("vigorl: call reset(seed) first.")
-        return self._task
+        return _shown_task(self._task)
 
     # -- helpers ----------------------------------------------------------------------------
     def _zooms_left(self) -> int:
