@@ -29,6 +29,11 @@ from vagent.recipes.config import describe_all, load_config
 
 
 def add_parser(subparsers) -> None:
+    _add_train_parser(subparsers)
+    _add_demos_parser(subparsers)
+
+
+def _add_train_parser(subparsers) -> None:
     train = subparsers.add_parser(
         "train", help="train a policy (PPO / GRPO / SFT); no arguments = the default FrozenLake run",
         description="Train a policy. Without --config the default preset runs (tiny VLM, SFT warm start, "
@@ -55,6 +60,8 @@ def add_parser(subparsers) -> None:
                       help="rendezvous address, the same on every host: node rank 0's address and a free port")
     train.set_defaults(func=run_train)
 
+
+def _add_demos_parser(subparsers) -> None:
     demos = subparsers.add_parser(
         "demos", help="write solver demonstrations as SFT chat data (JSONL + PNG frames)",
         description="Play N episodes with the env's solver and write them in the SFT chat format, "

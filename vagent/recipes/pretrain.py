@@ -63,19 +63,11 @@ def caption_records(env_entries: Sequence[Any], n_per_env: int, seed: int, image
         rng = np.random.default_rng(derive_seed(seed, "captions", i))
         if first_board + n_per_env > 50_000:
             raise ValueError(f"caption boards {first_board}..{first_board + n_per_env} exceed the 50000 reserved per env")
-        for s in split_seeds("train", n_per_env, offset=500_000 + 50_000 * i + first_board):
-            obs, _ = env.reset(s)
-            for _ in range(int(rng.integers(0, 3))):  # a few random moves: more player positions
-                move = render_response(env.config.format, {"think": "x", "observation": "x", "reasoning": "x",
-                                                           "prediction": "x", "answer": names[int(rng.integers(len(names)))]})
-                result = env.step(move)
-                if result.terminated or result.truncated:
-                    obs, _ = env.reset(s)
-                    break
-                obs = result.obs
+        for board in split_seeds("train", n_per_env, offset=500_000 + 50_000 * i + first_board):
+            obs = _after_random_moves(env, board, rng, names)
             paths = []
             for j, im in enumerate(obs.images):
-                name = f"{e.name}_{s}_{j}.png"
+                name = f"{e.name}_{board}_{j}.png"
                 im.save(image_dir / name)
                 paths.append(f"{image_dir.name}/{name}")
             state = env.state()
@@ -87,6 +79,21 @@ def caption_records(env_entries: Sequence[Any], n_per_env: int, seed: int, image
                                          {"role": "assistant", "content": target}], "images": paths})
         env.close()
     return records
+
+
+def _after_random_moves(env: Any, board: int, rng: np.random.Generator, names: Sequence[str]) -> Any:
+    """The observation of board ``board`` after 0-2 random moves (more player positions); the
+    board as reset when a move ends the episode."""
+    obs, _ = env.reset(board)
+    for _ in range(int(rng.integers(0, 3))):
+        move = render_response(env.config.format, {"think": "x", "observation": "x", "reasoning": "x",
+                                                   "prediction": "x", "answer": names[int(rng.integers(len(names)))]})
+        result = env.step(move)
+        if result.terminated or result.truncated:
+            obs, _ = env.reset(board)
+            break
+        obs = result.obs
+    return obs
 
 
 def encode_caption(record: dict, root: Path, encoder: Any):
@@ -145,15 +152,7 @@ def pretrain_captions(model_dir: Path, env_entries: Sequence[Any], steps: int, *
                 bar.update(step + 1, {"loss": stats["loss"], "token_accuracy": stats["token_accuracy"]})
         finally:
             bar.close()
-        if root_of(model) is None:
-            model.save_pretrained(model_dir)
-        else:  # sharded: gather the full weights on rank 0, which saves them
-            full = full_state_dict(model, to_all_ranks=False)
-            if world().is_main:
-                copy = load_policy(model_dir).model
-                copy.load_state_dict(full)
-                copy.save_pretrained(model_dir)
-            barrier("pretrained model saved")
+        save_in_place(model, model_dir)
     summary = {"steps": steps, "final_loss": stats.get("loss"), "final_token_accuracy": stats.get("token_accuracy"),
                "captions": len(records), "seconds": round(time.perf_counter() - t0, 1)}
     path = Path(model_dir) / "vagent_pretrain.json"
@@ -162,3 +161,17 @@ def pretrain_captions(model_dir: Path, env_entries: Sequence[Any], steps: int, *
         stages[stage] = summary
         path.write_text(json.dumps(stages, indent=2) + "\n")
     return summary
+
+
+def save_in_place(model: torch.nn.Module, model_dir: Path) -> None:
+    """``save_pretrained`` into ``model_dir``; a sharded model's full weights are gathered on rank
+    0, which loads them into a fresh copy and saves that."""
+    if root_of(model) is None:
+        model.save_pretrained(model_dir)
+        return
+    full = full_state_dict(model, to_all_ranks=False)
+    if world().is_main:
+        copy = load_policy(model_dir).model
+        copy.load_state_dict(full)
+        copy.save_pretrained(model_dir)
+    barrier("pretrained model saved")
