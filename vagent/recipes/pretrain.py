@@ -140,10 +140,7 @@ def pretrain_captions(model_dir: Path, env_entries: Sequence[Any], steps: int, *
         try:
             for step in range(steps):
                 rows = rng.choice(len(records), size=min(batch_size, len(records)), replace=False)
-                for r in rows:
-                    if r not in convs:
-                        convs[r] = encode_caption(records[r], work, loaded.encoder)
-                batch = sft_batch([convs[r] for r in rows], loaded.encoder.pad_token_id)
+                batch = sft_batch(_encoded(rows, records, convs, work, loaded.encoder), loaded.encoder.pad_token_id)
                 opt.zero_grad(set_to_none=True)
                 stats = sft_loss(model, batch, micro_batch_tokens, 1024, False, torch.device("cpu"))
                 torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -155,12 +152,24 @@ def pretrain_captions(model_dir: Path, env_entries: Sequence[Any], steps: int, *
         save_in_place(model, model_dir)
     summary = {"steps": steps, "final_loss": stats.get("loss"), "final_token_accuracy": stats.get("token_accuracy"),
                "captions": len(records), "seconds": round(time.perf_counter() - t0, 1)}
-    path = Path(model_dir) / "vagent_pretrain.json"
     if world().is_main:
-        stages = json.loads(path.read_text()) if path.is_file() else {}
-        stages[stage] = summary
-        path.write_text(json.dumps(stages, indent=2) + "\n")
+        record_stage(Path(model_dir) / "vagent_pretrain.json", stage, summary)
     return summary
+
+
+def _encoded(rows: Sequence[int], records: list[dict], convs: dict[int, Any], root: Path, encoder: Any) -> list:
+    """The Conversations of caption ``rows``, each encoded the first time it is drawn (kept in ``convs``)."""
+    for r in rows:
+        if r not in convs:
+            convs[r] = encode_caption(records[r], root, encoder)
+    return [convs[r] for r in rows]
+
+
+def record_stage(path: Path, stage: str, summary: dict) -> None:
+    """Add (or replace) ``stage``'s summary in the JSON file ``path`` (``vagent_pretrain.json``)."""
+    stages = json.loads(path.read_text()) if path.is_file() else {}
+    stages[stage] = summary
+    path.write_text(json.dumps(stages, indent=2) + "\n")
 
 
 def save_in_place(model: torch.nn.Module, model_dir: Path) -> None:

@@ -58,18 +58,18 @@ from vagent.runs import (
     Console, MetricsLogger, TrainingError, existing_run_dir, is_disk_full, is_oom, load_checkpoint, new_run_dir,
     oom_message, plot_run, read_metrics, startup_arithmetic,
 )
-from vagent.runs.checkpoint import select_checkpoint
+from vagent.runs.checkpoint import CheckpointInfo, select_checkpoint
 from vagent.runs.environment import record_environment
 from vagent.runs.errors import disk_full_error
-from vagent.runs.hub import start_hub_upload
+from vagent.runs.hub import HubUploader, start_hub_upload
 from vagent.runs.lock import RunDirLocked, lock_run_dir
 from vagent.runs.manifest import remove_stale_temporaries
-from vagent.runs.progress import config_summary, library_output_to_log
+from vagent.runs.progress import ConfigSource, config_summary, library_output_to_log
 from vagent.runs.rundir import RunDir
 
 
 def train(cfg: RunConfig | None = None, resume: str | Path | None = None, quiet: bool = False,
-          source: Any = None) -> Path:
+          source: ConfigSource | None = None) -> Path:
     """Run (or resume) a training run; returns its run directory. Errors raise
     :class:`vagent.runs.TrainingError` (or ConfigError) with the fix in the message. ``source``: a
     :class:`vagent.runs.progress.ConfigSource` (the --config file and overrides ``cfg`` came from),
@@ -132,7 +132,7 @@ def hold_run_dir(root: Path, owned: ExitStack, console: Console) -> None:
 
 
 def _train(cfg: RunConfig, run: RunDir | None, resuming: bool, console: Console, t_start: float,
-           owned: ExitStack, source: Any = None) -> Path:
+           owned: ExitStack, source: ConfigSource | None = None) -> Path:
     """``train`` after the run directory to resume (if any) and the console are known; ``owned``
     holds the run directory's lock (a new run's is taken here, when the directory is made).
     Set-up (seeds, device, model, run directory, checkpoint, loggers) -> SFT -> RL -> finish
@@ -185,7 +185,7 @@ def _checked_model(cfg: RunConfig, console: Console, device: torch.device) -> tu
 
 
 def _open_run_dir(cfg: RunConfig, run: RunDir | None, resuming: bool, console: Console, owned: ExitStack,
-                  source: Any) -> RunDir:
+                  source: ConfigSource | None) -> RunDir:
     """A new run's directory (rank 0 writes it with config.yaml; train.log gets the lines printed
     so far) and its lock; then the config summary and, on rank 0, the environment record."""
     world = current_world()
@@ -203,7 +203,7 @@ def _open_run_dir(cfg: RunConfig, run: RunDir | None, resuming: bool, console: C
     return run
 
 
-def _checkpoint_to_resume(run: RunDir, console: Console) -> Any:
+def _checkpoint_to_resume(run: RunDir, console: Console) -> CheckpointInfo | None:
     """The newest intact checkpoint, or None: rank 0 deletes killed saves' temporary folders, checks
     the checkpoints (manifests) and tells the job which one."""
     world, latest = current_world(), None
@@ -215,7 +215,7 @@ def _checkpoint_to_resume(run: RunDir, console: Console) -> Any:
     return latest
 
 
-def _cut_metrics_back(logger: MetricsLogger | SilentLogger, latest: Any, resuming: bool, console: Console) -> None:
+def _cut_metrics_back(logger: MetricsLogger | SilentLogger, latest: CheckpointInfo | None, resuming: bool, console: Console) -> None:
     """A resume: metrics.jsonl loses the records written after the checkpoint (all of them when
     there is none yet), and the console says where the run continues from."""
     if latest is not None:
@@ -233,7 +233,7 @@ def _cut_metrics_back(logger: MetricsLogger | SilentLogger, latest: Any, resumin
         console.print("resuming: no checkpoint yet, starting over in the same run directory")
 
 
-def _sft_then_rl(session: Session, latest: Any) -> None:
+def _sft_then_rl(session: Session, latest: CheckpointInfo | None) -> None:
     """The SFT warm start (``sft.steps > 0``; skipped when a checkpoint has it done), then PPO or
     GRPO (``recipe``). A TrainingError is printed (a full disk is said once, by ``train``, with the
     resume command); an out-of-memory error becomes one that names the fix for its phase."""
@@ -263,7 +263,7 @@ def _sft_then_rl(session: Session, latest: Any) -> None:
         raise
 
 
-def _restore_sft_result(session: Session, latest: Any) -> None:
+def _restore_sft_result(session: Session, latest: CheckpointInfo | None) -> None:
     """A resume past SFT: an SFT checkpoint gives the policy its weights and RNG; an RL one needs
     the SFT result first, as the reference model and the critic's initial backbone are the SFT
     result in the uninterrupted run (the RL checkpoint then restores policy, critic and RNG)."""
@@ -283,7 +283,7 @@ def _restore_sft_result(session: Session, latest: Any) -> None:
             session.console.print("warning: no SFT checkpoint left in the run; the KL reference is the base model")
 
 
-def _stop(session: Session, hub: Any, failing: bool) -> None:
+def _stop(session: Session, hub: HubUploader | None, failing: bool) -> None:
     """Close the hub upload (it uploads the last checkpoint if it is not up yet: a bounded wait) and
     the metrics logger, then plot (rank 0). While an error propagates (``failing``), a failure here
     is logged as a warning instead of hiding it."""

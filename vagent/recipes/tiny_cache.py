@@ -85,19 +85,25 @@ def prepare_model(m: ModelConfig, envs: Sequence[EnvEntry] = (),
         if (out / "config.json").is_file():
             say(f"reusing {out.name}, built by another process")
             return out
-        for stale in out.parent.glob(glob.escape(out.name) + ".tmp-*"):  # left by a killed build
-            say(f"removing {stale.name}, left by an interrupted build")
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp = Path(tempfile.mkdtemp(prefix=out.name + ".tmp-", dir=out.parent))
-        try:
-            with _sigterm_interrupts():
-                build_tiny(m, envs, tmp, out.name, say)
-            tmp.rename(out)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)  # gone already after a successful rename
+        _build_into_place(m, envs, out, say)
     finally:
         lock.release()
     return out
+
+
+def _build_into_place(m: ModelConfig, envs: Sequence[EnvEntry], out: Path, say: Callable[[str], None]) -> None:
+    """Under the cache's lock: delete killed builds' folders, build into a temporary folder of our
+    own and rename it to ``out`` (the folder is removed if the build raises or is interrupted)."""
+    for stale in out.parent.glob(glob.escape(out.name) + ".tmp-*"):  # left by a killed build
+        say(f"removing {stale.name}, left by an interrupted build")
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".tmp-", dir=out.parent))
+    try:
+        with _sigterm_interrupts():
+            build_tiny(m, envs, tmp, out.name, say)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone already after a successful rename
 
 
 @contextlib.contextmanager
