@@ -12,7 +12,7 @@ A group is ``rollout.group_size`` episodes of the same env, seed and config. Eac
     5. update      PPO-clip with clip-higher / dual-clip, entropy bonus, KL to the reference in
                    the loss (k3), epochs x mini-batches x micro-batches
     6. log         rollout/ reward/ filter/ loss/ actor/ optim/ perf/; validation every val.every
-                   steps (and at step 0); samples, checkpoint, plots (``ppo.after_step``)
+                   steps (and at step 0); samples, checkpoint, plots (``tail.after_step``)
 
 Steps count updates done: the k-th update is RL step k (1..steps), as in ``ppo.py``.
 
@@ -32,43 +32,131 @@ How it departs from GRPO (DeepSeekMath) / ViGoRL:
 
 from __future__ import annotations
 
-import time
+from typing import Callable
 
 import torch
 from torch import Tensor
 
+from vagent.models.value import reference_model
 from vagent.recipes.batching import filter_groups
+from vagent.recipes.config import GRPOConfig, GRPOEstimator, RunConfig
 from vagent.recipes.optim import make_optimizer, make_scheduler
-from vagent.recipes.ppo import after_step, batch_mode, log_validation
-from vagent.recipes.rollouts import reward_metrics, train_rollout
-from vagent.recipes.scoring import rl_temperature, score_logprobs
+from vagent.recipes.rollouts import reward_metrics
+from vagent.recipes.scoring import rl_temperature, score_batch
 from vagent.recipes.session import Session
 from vagent.recipes.sharding import policy_to_copy, shard_for_training
+from vagent.recipes.stages import Scores, StepClock, StepOutcome, TrainState
+from vagent.recipes.tail import after_step, behaviour_logprobs, log_validation, start_rollouts, token_batch
 from vagent.recipes.update import UpdateContext, actor_update
+from vagent.rl.advantages import (
+    gigpo_advantages, grpo_advantages, masked_mean, reinforce_pp_advantages, rloo_advantages,
+)
+from vagent.rl.losses import kl_penalty
+from vagent.rollout.batch import TokenBatch
+from vagent.rollout.finish import RolloutResult
+from vagent.runs import StepProgress
 
 
-def trajectory_advantages(cfg, batch) -> Tensor:
-    """Advantages [B, L] from the trajectory scores, one value per trajectory on its M=1 tokens."""
-    from vagent.rl.advantages import grpo_advantages, reinforce_pp_advantages, rloo_advantages
+def train_grpo(session: Session, start_step: int = 0, resume_from: str | None = None) -> dict[str, float]:
+    """Run GRPO steps ``start_step + 1 .. steps`` (``start_step`` updates were done before: a
+    resume); returns the last validation metrics run by this call."""
+    cfg, update_cfg = session.cfg, session.cfg.update
+    model, device = session.loaded.model, session.device
+    temperature = rl_temperature(cfg)  # log-probs at the rollout's sampling temperature
 
+    # --- set-up: reference model (only with a KL term), sharding (several processes), optimizer, schedule
+    ref = reference_model(policy_to_copy(session)) if update_cfg.kl_coef > 0 else None
+    shard_for_training(session, ref=ref)
+    params = [q for q in model.parameters() if q.requires_grad]
+    opt = make_optimizer(params, update_cfg.actor_lr, update_cfg.weight_decay)
+    sched = make_scheduler(opt, update_cfg.warmup_steps, cfg.steps, update_cfg.lr_schedule)
+    state = TrainState({"policy": model}, {"actor": opt}, {"actor": sched})
+    if resume_from is not None:
+        state.load(resume_from)
+    policy, driver = start_rollouts(session)
+    bar = StepProgress(cfg.steps, cfg.recipe.upper(), session.console, cfg.log.progress, start=start_step)
+    last_val: dict[str, float] = {}
+    try:
+        if cfg.val.every and start_step == 0:  # step 0: the policy before RL (after SFT)
+            last_val = log_validation(session, policy, 0)
+        for step in range(start_step, cfg.steps):  # `step` updates done; this one makes RL step step + 1
+            clock = StepClock()
+
+            # 1-3. rollout (each episode's score is the sum of its turn rewards); the reward-variance
+            #      filter keeps the groups whose rewards vary most
+            episodes = driver.get(step)
+            batch, filter_scale, filter_metrics = filter_groups(cfg, token_batch(session, episodes))
+            clock.update_starts()
+
+            # 4. group-relative advantages per trajectory, broadcast over its sampled tokens
+            advantages = trajectory_advantages(cfg, batch) * filter_scale
+
+            # scoring passes (no grad): log pi_old, log pi_ref
+            scores = score_batch(model, None, ref, batch, update_cfg, temperature)
+
+            # 5. update
+            ctx = UpdateContext(device, session.bf16, cfg.seed, step, session.last_checkpoint, temperature)
+            stats = actor_update(model, params, opt, batch, advantages, behaviour_logprobs(cfg, batch, scores),
+                                 scores.ref_logprobs, update_cfg, ctx)
+            stats["optim/actor_lr"] = opt.param_groups[0]["lr"]
+            sched.step()
+            clock.stop()
+
+            # 6. log, validate, save samples and checkpoint
+            metrics = grpo_metrics(cfg, episodes, batch, scores, advantages, filter_metrics | stats, clock)
+            outcome = StepOutcome(step + 1, metrics, episodes, batch, scores.old_logprobs, advantages)
+            last_val = after_step(session, outcome, policy, state, bar) or last_val
+    finally:
+        bar.close()
+        driver.close()
+    return last_val
+
+
+def grpo_metrics(cfg: RunConfig, episodes: RolloutResult, batch: TokenBatch, scores: Scores, advantages: Tensor,
+                 stats: dict[str, float], clock: StepClock) -> dict[str, float]:
+    """A GRPO step's record (docs/metrics.md): rollout, reward, filter, loss/optim stats, then the
+    batch's and the timings."""
+    M = batch.loss_mask
+    metrics = {**episodes.metrics, **reward_metrics(episodes), **stats}
+    metrics.update({
+        "actor/logprob_diff": float(masked_mean((scores.old_logprobs - batch.old_logprobs).abs(), M)),
+        "actor/advantage_abs_mean": float(masked_mean(advantages.abs(), M)),
+        "rollout/batch_rows": float(batch.batch_size),
+        "rollout/batch_tokens": float(batch.num_tokens),
+        "rollout/sampled_tokens": float(M.sum()),
+        "perf/step_time_s": clock.step_s,
+        "perf/update_time_s": clock.update_s,
+        "perf/update_tokens_per_s": batch.num_tokens * cfg.update.epochs / max(1e-9, clock.update_s),
+    })
+    if scores.ref_logprobs is not None:
+        kl = kl_penalty(scores.old_logprobs, scores.ref_logprobs, cfg.update.kl_kind)
+        metrics["actor/kl_ref"] = float(masked_mean(kl, M))
+    return metrics
+
+
+def trajectory_advantages(cfg: RunConfig, batch: TokenBatch) -> Tensor:
+    """Advantages [B, L] of the configured ``grpo.estimator``, from the trajectory scores: one value
+    per trajectory (or per trajectory and turn, gigpo) on its rows' M=1 tokens."""
     trajs, row_traj = torch.unique(batch.traj_ids, return_inverse=True)  # [T], [B] -> trajectory slot
     first = torch.full((trajs.numel(),), batch.batch_size, dtype=torch.long, device=row_traj.device)
     first = first.scatter_reduce(0, row_traj, torch.arange(batch.batch_size, device=row_traj.device), "amin")
     scores, groups = batch.scores[first], batch.group_ids[first]  # [T]
-    ones = torch.ones(trajs.numel(), 1, dtype=torch.bool, device=scores.device)  # one "token" per trajectory
-    g = cfg.grpo
-    if g.estimator == "gigpo":
-        return gigpo_token_advantages(cfg, batch, row_traj, scores, groups)
-    if g.estimator == "grpo":
-        a, _ = grpo_advantages(scores, groups, ones, norm_by_std=g.norm_by_std)
-    elif g.estimator == "rloo":
-        a, _ = rloo_advantages(scores, groups, ones)
-    else:
-        a, _ = reinforce_pp_advantages(scores, groups, ones)
-    return a[:, 0][row_traj][:, None] * batch.loss_mask  # A of each row's trajectory, on M
+    return GRPO_ESTIMATORS[cfg.grpo.estimator](cfg.grpo, batch, row_traj, scores, groups)
 
 
-def gigpo_token_advantages(cfg, batch, row_traj: Tensor, scores: Tensor, groups: Tensor) -> Tensor:
+def _per_trajectory(estimator: Callable[..., tuple[Tensor, Tensor]], *options: str):
+    """An estimator over trajectory scores [T] (one "token" per trajectory) as a table entry: its
+    A of each row's trajectory, on the row's M=1 tokens; ``options`` name the grpo config fields it takes."""
+    def advantages(grpo: GRPOConfig, batch: TokenBatch, row_traj: Tensor, scores: Tensor, groups: Tensor) -> Tensor:
+        ones = torch.ones(scores.numel(), 1, dtype=torch.bool, device=scores.device)
+        kwargs = {name: getattr(grpo, name) for name in options}
+        a, _ = estimator(scores, groups, ones, **kwargs)
+        return a[:, 0][row_traj][:, None] * batch.loss_mask
+    return advantages
+
+
+def gigpo_token_advantages(grpo: GRPOConfig, batch: TokenBatch, row_traj: Tensor, scores: Tensor,
+                           groups: Tensor) -> Tensor:
     """GiGPO advantages [B, L] (``vagent.rl.gigpo_advantages``) on each row's M=1 tokens.
 
     Laid out per trajectory and turn: ``step_rewards`` [T, K] (turn k's reward, from its turn-end
@@ -77,8 +165,6 @@ def gigpo_token_advantages(cfg, batch, row_traj: Tensor, scores: Tensor, groups:
     sampled tokens of turn k (``batch.turn_index``). row_traj [B]: trajectory slot of each row;
     scores, groups [T]: per trajectory.
     """
-    from vagent.rl.advantages import gigpo_advantages
-
     M = batch.loss_mask
     n_traj, K = scores.numel(), int(batch.turn_index.max()) + 1
     ends = (batch.turn_end_mask & M).nonzero(as_tuple=True)  # (row, position) of each turn's last token
@@ -92,99 +178,16 @@ def gigpo_token_advantages(cfg, batch, row_traj: Tensor, scores: Tensor, groups:
     n_steps = torch.tensor([len(k) for k in steps], device=M.device)
     step_mask = torch.arange(K, device=M.device)[None, :] < n_steps[:, None]  # [T, K]
     turn_ids = torch.arange(K, device=M.device).expand(n_traj, K)
-    g = cfg.grpo
-    a, _ = gigpo_advantages(scores, groups, step_rewards, steps, step_mask, turn_ids, gamma=g.gigpo_gamma,
-                            omega=g.gigpo_omega, norm_by_std=g.norm_by_std)
+    a, _ = gigpo_advantages(scores, groups, step_rewards, steps, step_mask, turn_ids, gamma=grpo.gigpo_gamma,
+                            omega=grpo.gigpo_omega, norm_by_std=grpo.norm_by_std)
     return a[row_traj[:, None], batch.turn_index.clamp(min=0)] * M  # A of each token's (trajectory, turn)
 
 
-def train_grpo(session: Session, start_step: int = 0, resume_from: str | None = None) -> dict[str, float]:
-    """Run GRPO steps ``start_step + 1 .. steps`` (``start_step`` updates were done before: a
-    resume); returns the last validation metrics run by this call."""
-    from vagent.models.value import reference_model
-    from vagent.rl.advantages import masked_mean
-    from vagent.rl.losses import kl_penalty
-    from vagent.rollout.batch import build_token_batch
-    from vagent.rollout.driver import make_driver
-    from vagent.rollout.hf_policy import HFPolicy
-    from vagent.runs import StepProgress, load_checkpoint
-
-    cfg, u = session.cfg, session.cfg.update
-    loaded, device = session.loaded, session.device
-    model = loaded.model
-    T, chunk = u.micro_batch_tokens, u.logprob_chunk
-    tau = rl_temperature(cfg)  # log-probs at the rollout's sampling temperature
-
-    # --- set-up: reference model (only with a KL term), sharding (several processes), optimizer, schedule
-    ref = reference_model(policy_to_copy(session)) if u.kl_coef > 0 else None
-    shard_for_training(session, ref=ref)
-    params = [q for q in model.parameters() if q.requires_grad]
-    opt = make_optimizer(params, u.actor_lr, u.weight_decay)
-    sched = make_scheduler(opt, u.warmup_steps, cfg.steps, u.lr_schedule)
-    modules, optimizers, schedulers = {"policy": model}, {"actor": opt}, {"actor": sched}
-    if resume_from is not None:
-        load_checkpoint(resume_from, modules, optimizers, schedulers)
-    policy = HFPolicy(loaded, prefix_cache=cfg.rollout.prefix_cache, max_context_tokens=cfg.model.max_context_tokens)
-    reasoning = session.reasoning_reward()
-    # where training rollouts are generated (rollout.engine / replicas / schedule / overlap); the
-    # default is train_rollout(session, policy, step, reasoning) with this in-process policy
-    driver = make_driver(cfg, loaded, policy,
-                         lambda pol, k, unshard: train_rollout(session, pol, k, reasoning, unshard=unshard),
-                         model_dir=session.model_dir, fresh_model=session.load_fresh_model)
-    bar = StepProgress(cfg.steps, cfg.recipe.upper(), session.console, cfg.log.progress, start=start_step)
-    last_val: dict[str, float] = {}
-    try:
-        if cfg.val.every and start_step == 0:  # step 0: the policy before RL (after SFT)
-            last_val = log_validation(session, policy, 0)
-        for step in range(start_step, cfg.steps):  # `step` updates done; this one makes RL step step + 1
-            t_step = time.perf_counter()
-
-            # 1-2. rollout; each episode's score is the sum of its turn rewards
-            episodes = driver.get(step)
-            full = build_token_batch(episodes, mode=batch_mode(cfg), pad_token_id=loaded.encoder.pad_token_id).to(device)
-
-            # 3. reward-variance filter (groups whose rewards vary most)
-            batch, scale, filter_metrics = filter_groups(cfg, full)
-            M = batch.loss_mask
-            t_update = time.perf_counter()
-
-            # 4. group-relative advantages per trajectory, broadcast over its sampled tokens
-            advantages = trajectory_advantages(cfg, batch) * scale
-
-            # scoring passes (no grad): log pi_old, log pi_ref
-            old_logprobs, ref_logprobs = score_logprobs(model, ref, batch, T, chunk, tau)
-
-            # 5. update
-            ctx = UpdateContext(device, session.bf16, cfg.seed, step, session.last_checkpoint, tau)
-            # overlap 1: the batch was sampled one update ago; the ratio is against its behaviour log-probs
-            behaviour = batch.old_logprobs * M if cfg.rollout.overlap else old_logprobs
-            stats = actor_update(model, params, opt, batch, advantages, behaviour, ref_logprobs, u, ctx)
-            lr = opt.param_groups[0]["lr"]
-            sched.step()
-            t_end = time.perf_counter()
-
-            # 6. log
-            metrics = dict(episodes.metrics)
-            metrics.update(reward_metrics(episodes))
-            metrics.update(filter_metrics)
-            metrics.update(stats)
-            metrics.update({
-                "optim/actor_lr": lr,
-                "actor/logprob_diff": float(masked_mean((old_logprobs - batch.old_logprobs).abs(), M)),
-                "actor/advantage_abs_mean": float(masked_mean(advantages.abs(), M)),
-                "rollout/batch_rows": float(batch.batch_size),
-                "rollout/batch_tokens": float(batch.num_tokens),
-                "rollout/sampled_tokens": float(M.sum()),
-                "perf/step_time_s": t_end - t_step,
-                "perf/update_time_s": t_end - t_update,
-                "perf/update_tokens_per_s": batch.num_tokens * u.epochs / max(1e-9, t_end - t_update),
-            })
-            if ref_logprobs is not None:
-                metrics["actor/kl_ref"] = float(masked_mean(kl_penalty(old_logprobs, ref_logprobs, u.kl_kind), M))
-            dump = dict(batch=batch, logprobs=old_logprobs, advantages=advantages)
-            last_val = after_step(session, step + 1, metrics, episodes, dump, policy, modules, optimizers,
-                                  schedulers, bar) or last_val
-    finally:
-        bar.close()
-        driver.close()
-    return last_val
+#: ``grpo.estimator`` -> (grpo config, batch, row -> trajectory slot [B], scores [T], groups [T]) -> A [B, L]
+#: (tests/recipes/test_estimator_tables.py: one entry per Literal value)
+GRPO_ESTIMATORS: dict[GRPOEstimator, Callable[[GRPOConfig, TokenBatch, Tensor, Tensor, Tensor], Tensor]] = {
+    "grpo": _per_trajectory(grpo_advantages, "norm_by_std"),
+    "rloo": _per_trajectory(rloo_advantages),
+    "reinforce_pp": _per_trajectory(reinforce_pp_advantages),
+    "gigpo": gigpo_token_advantages,
+}

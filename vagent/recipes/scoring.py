@@ -16,14 +16,25 @@ process ``on_root(model, fn, ...)`` is just ``fn(...)``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from vagent.distributed import on_root
-from vagent.recipes.batching import per_row
+from transformers import DynamicCache
 
+from vagent.distributed import on_root
+from vagent.models.forward import (
+    backbone_of, explicit_position_ids, forward_hidden, forward_logits, model_inputs, mrope_image_token_id, unwrap,
+)
+from vagent.recipes.batching import per_row
+from vagent.recipes.stages import Scores
+from vagent.rl.losses import entropy_from_logits, logprobs_from_logits
+
+if TYPE_CHECKING:
+    from vagent.models.value import ReferenceModel, ValueModel
+    from vagent.recipes.config import RunConfig, UpdateConfig
+    from vagent.rollout.batch import TokenBatch
 
 
 def shift_right(x: Tensor) -> Tensor:
@@ -33,19 +44,19 @@ def shift_right(x: Tensor) -> Tensor:
     return out
 
 
-def rl_temperature(cfg: Any) -> float:
+def rl_temperature(cfg: RunConfig) -> float:
     """The temperature RL scores log-probs at: the training rollouts' (1.0 when they are greedy)."""
     t = float(cfg.rollout.temperature)
     return t if t > 0 else 1.0
 
 
-def policy_forward(model: torch.nn.Module, mb: Any, chunk: int, with_entropy: bool = False,
+def policy_forward(model: torch.nn.Module, mb: TokenBatch, chunk: int, with_entropy: bool = False,
                    temperature: float = 1.0, hidden: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
     """See :func:`_policy_forward` (this runs it through the model's FSDP2 root when sharded)."""
     return on_root(model, _policy_forward, model, mb, chunk, with_entropy, temperature, hidden)
 
 
-def _policy_forward(model: torch.nn.Module, mb: Any, chunk: int, with_entropy: bool = False,
+def _policy_forward(model: torch.nn.Module, mb: TokenBatch, chunk: int, with_entropy: bool = False,
                     temperature: float = 1.0, hidden: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
     """(logprobs [B, L], entropy [B, L] or None) of a micro-batch, aligned with its tokens.
 
@@ -59,9 +70,6 @@ def _policy_forward(model: torch.nn.Module, mb: Any, chunk: int, with_entropy: b
     skips most of the [B, L, V] logits and their log-softmax, forward and backward. ``hidden``
     [B, L, H]: the backbone's last hidden states of ``mb`` when the caller already has them.
     """
-    from vagent.models.forward import forward_logits
-    from vagent.rl.losses import entropy_from_logits, logprobs_from_logits
-
     B, L = mb.input_ids.shape
     want = mb.loss_mask[:, 1:].bool()  # logits at t - 1 predict token t
     logits = head_only_logits(model, mb, want, hidden)
@@ -89,7 +97,7 @@ class SharedPrefix:
     kv: list  # per layer (keys [1, heads, length, d], values [1, heads, length, d])
 
 
-def common_prefix_length(batch: Any, image_token_id: int | None) -> int:
+def common_prefix_length(batch: TokenBatch, image_token_id: int | None) -> int:
     """Tokens at the start of every row of ``batch`` that are identical, real (attention 1), not
     an image placeholder and not needed to predict a loss token: the part whose states
     :func:`shared_prefix` may compute once. 0 when the rows differ at once."""
@@ -107,7 +115,7 @@ def common_prefix_length(batch: Any, image_token_id: int | None) -> int:
 
 
 @torch.no_grad()
-def shared_prefix(model: torch.nn.Module, batch: Any, min_length: int = 32) -> SharedPrefix | None:
+def shared_prefix(model: torch.nn.Module, batch: TokenBatch, min_length: int = 32) -> SharedPrefix | None:
     """The backbone's key/value states of the tokens all rows of ``batch`` share, from ONE forward of
     one row, or None when fewer than ``min_length`` tokens are shared or the backbone returns no cache.
 
@@ -116,8 +124,6 @@ def shared_prefix(model: torch.nn.Module, batch: Any, min_length: int = 32) -> S
     forward values are the full forward's; the gradient does not flow into the prefix's states
     (a stop-gradient on the shared context), which is the departure from the exact SFT gradient.
     """
-    from vagent.models.forward import backbone_of, explicit_position_ids, model_inputs, mrope_image_token_id
-
     n = common_prefix_length(batch, mrope_image_token_id(model))
     if n < min_length:
         return None
@@ -130,15 +136,11 @@ def shared_prefix(model: torch.nn.Module, batch: Any, min_length: int = 32) -> S
     return SharedPrefix(n, [(layer.keys, layer.values) for layer in cache.layers])
 
 
-def hidden_after_prefix(model: torch.nn.Module, mb: Any, prefix: SharedPrefix) -> Tensor:
+def hidden_after_prefix(model: torch.nn.Module, mb: TokenBatch, prefix: SharedPrefix) -> Tensor:
     """Last hidden states [B, L, H] of micro-batch ``mb`` whose first ``prefix.length`` tokens are
     the shared prefix: the backbone runs on the rest only, attending to the cached prefix states;
     prefix positions hold zeros (no loss token is predicted from them, see
     :func:`common_prefix_length`)."""
-    from transformers import DynamicCache
-
-    from vagent.models.forward import backbone_of, explicit_position_ids, model_inputs
-
     n, B = prefix.length, mb.input_ids.shape[0]
     positions = explicit_position_ids(model, mb.input_ids, mb.attention_mask, mb.image_grid_thw)
     cache = DynamicCache(ddp_cache_data=[(k.expand(B, -1, -1, -1), v.expand(B, -1, -1, -1)) for k, v in prefix.kv])
@@ -152,13 +154,12 @@ def hidden_after_prefix(model: torch.nn.Module, mb: Any, prefix: SharedPrefix) -
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
 
 
-def head_only_logits(model: torch.nn.Module, mb: Any, want: Tensor, hidden: Tensor | None = None) -> Tensor | None:
+def head_only_logits(model: torch.nn.Module, mb: TokenBatch, want: Tensor,
+                     hidden: Tensor | None = None) -> Tensor | None:
     """Logits [N, V] of the positions ``want`` [B, L - 1] (row-major order): the backbone's last
     hidden states there (``hidden``, or a backbone forward) through the output embeddings, or None
     when the model's logits are not plainly ``lm_head(hidden)`` (then the caller runs the full
     forward)."""
-    from vagent.models.forward import forward_hidden, unwrap
-
     base = unwrap(model)
     head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
     configs = [base.config, getattr(base.config, "text_config", None)]
@@ -170,8 +171,8 @@ def head_only_logits(model: torch.nn.Module, mb: Any, want: Tensor, hidden: Tens
     return head(hidden[:, :-1][want])
 
 
-def score_logprobs(model: torch.nn.Module, ref: Any, batch: Any, max_tokens: int, chunk: int,
-                   temperature: float) -> tuple[Tensor, Tensor | None]:
+def score_logprobs(model: torch.nn.Module, ref: ReferenceModel | None, batch: TokenBatch, max_tokens: int,
+                   chunk: int, temperature: float) -> tuple[Tensor, Tensor | None]:
     """The scoring passes shared by PPO and GRPO (no grad): (log pi_old, log pi_ref or None) [B, L]
     at the rollout temperature; ``ref`` is a reference model handle or None (no KL)."""
     model.eval()
@@ -179,7 +180,8 @@ def score_logprobs(model: torch.nn.Module, ref: Any, batch: Any, max_tokens: int
     return old, score_reference(ref, batch, max_tokens, chunk, temperature)
 
 
-def score_reference(ref: Any, batch: Any, max_tokens: int, chunk: int, temperature: float) -> Tensor | None:
+def score_reference(ref: ReferenceModel | None, batch: TokenBatch, max_tokens: int, chunk: int,
+                    temperature: float) -> Tensor | None:
     """log pi_ref [B, L] at the rollout temperature (no grad), or None when there is no reference."""
     if ref is None:
         return None
@@ -188,7 +190,7 @@ def score_reference(ref: Any, batch: Any, max_tokens: int, chunk: int, temperatu
 
 
 @torch.no_grad()
-def score_shared(model: torch.nn.Module, critic: Any, batch: Any, max_tokens: int, chunk: int,
+def score_shared(model: torch.nn.Module, critic: ValueModel, batch: TokenBatch, max_tokens: int, chunk: int,
                  temperature: float, max_feature_bytes: int = 2**31) -> tuple[Tensor, Tensor, Tensor | None]:
     """The scoring pass of a critic that shares the policy's backbone: ONE backbone forward per
     micro-batch gives (log pi_old [B, L], raw critic outputs [B, L], features [B, L, H] or None).
@@ -200,8 +202,6 @@ def score_shared(model: torch.nn.Module, critic: Any, batch: Any, max_tokens: in
     for 256 rows of 8k tokens of a 2048-wide model, so above ``max_feature_bytes`` they are not
     kept (None) and the critic update runs the backbone (without a graph) instead.
     """
-    from vagent.models.forward import forward_hidden
-
     model.eval()
     B, L = batch.input_ids.shape
     keep = B * L * critic.value_head.in_features * 4 <= max_feature_bytes
@@ -215,6 +215,30 @@ def score_shared(model: torch.nn.Module, critic: Any, batch: Any, max_tokens: in
     return out[0], out[1], out[2] if keep else None
 
 
-def critic_forward(critic: torch.nn.Module, mb: Any) -> Tensor:
+def critic_forward(critic: torch.nn.Module, mb: TokenBatch) -> Tensor:
     """Raw critic outputs [B, L] float32 (``out[:, t]``: value of the prefix ending at t)."""
     return on_root(critic, critic, mb.input_ids, mb.attention_mask, mb.pixel_values, mb.image_grid_thw)
+
+
+def score_batch(model: torch.nn.Module, critic: ValueModel | None, ref: ReferenceModel | None, batch: TokenBatch,
+                update_cfg: UpdateConfig, temperature: float) -> Scores:
+    """Stage 3 of an RL step, the no-grad scoring passes: log pi_old and log pi_ref (with a
+    reference model) at the rollout temperature, and with a critic V_old before each sampled token
+    and V(final observation) of truncated rows. A critic that shares the policy's backbone reads
+    its values off the policy's pass and keeps that pass's features for its head's update."""
+    max_tokens, chunk = update_cfg.micro_batch_tokens, update_cfg.logprob_chunk
+    if critic is None:
+        old, ref_logprobs = score_logprobs(model, ref, batch, max_tokens, chunk, temperature)
+        return Scores(old, ref_logprobs)
+    critic.eval()
+    features = None
+    if critic.shares_backbone:
+        old, raw_values, features = score_shared(model, critic, batch, max_tokens, chunk, temperature)
+        ref_logprobs = score_reference(ref, batch, max_tokens, chunk, temperature)
+    else:
+        old, ref_logprobs = score_logprobs(model, ref, batch, max_tokens, chunk, temperature)
+        raw_values = per_row(batch, max_tokens, lambda mb: critic_forward(critic, mb))
+    values = shift_right(raw_values) * batch.loss_mask  # V before each sampled token
+    final = raw_values.gather(1, batch.bootstrap_index.clamp(min=0)[:, None])[:, 0]  # [B]
+    final = torch.where(batch.truncated, final, torch.zeros_like(final))
+    return Scores(old, ref_logprobs, values, final, features)

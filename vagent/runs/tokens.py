@@ -37,13 +37,18 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from vagent.runs.samples import folder_bytes
+
+if TYPE_CHECKING:
+    from vagent.recipes.config import LogConfig
+    from vagent.rollout.batch import TokenBatch
+    from vagent.models.processor import ChatEncoder
 
 SCHEMA = 1
 FLOAT_FIELDS = ("logprobs", "advantages", "values", "returns", "entropy")
@@ -70,12 +75,12 @@ def _floats(x: np.ndarray) -> list[float | None]:
     return out
 
 
-def _pieces(encoder: Any, ids: set[int]) -> dict[str, str]:
+def _pieces(encoder: ChatEncoder, ids: set[int]) -> dict[str, str]:
     tok = encoder.tokenizer
     return {str(i): tok.decode([i], skip_special_tokens=False) for i in sorted(ids)}
 
 
-def dump_rows(batch: Any, episodes: range | list[int], arrays: Mapping[str, Tensor | None]) -> list[dict]:
+def dump_rows(batch: TokenBatch, episodes: range | list[int], arrays: Mapping[str, Tensor | None]) -> list[dict]:
     """The row records of the batch rows whose ``episode_index`` is in ``episodes``.
 
     arrays: name -> [B, L] tensor (or None: left out), aligned with ``batch.input_ids``.
@@ -108,7 +113,8 @@ def dump_rows(batch: Any, episodes: range | list[int], arrays: Mapping[str, Tens
     return rows
 
 
-def save_token_rows(folder: str | Path, step: int, log: Any, batch: Any, encoder: Any, *, logprobs: Tensor,
+def save_token_rows(folder: str | Path, step: int, log: LogConfig, batch: TokenBatch, encoder: ChatEncoder, *,
+                    logprobs: Tensor,
                     advantages: Tensor, values: Tensor | None = None, returns: Tensor | None = None,
                     entropy: Tensor | None = None) -> Path | None:
     """Write ``step_<6-digit step>.tokens.json`` (see the module docstring) for the first

@@ -1,0 +1,103 @@
+"""The typed records an RL step hands from stage to stage (torchtune's ``GRPOTrajectory`` manner).
+
+One RL step of ``ppo.py`` / ``grpo.py`` reads::
+
+    episodes  = driver.get(step)                       rollout       -> RolloutResult (list of Episode)
+    batch     = token_batch(session, episodes)         token rows    -> TokenBatch [B, L]
+    scores    = score_batch(...)                       scoring       -> Scores
+    estimate  = ppo_advantages(...) / grpo: a tensor   advantages    -> Advantages
+    stats     = critic_update(...), actor_update(...)  update        -> dict of loss/ actor/ critic/ stats
+    outcome   = StepOutcome(...)                       log, save     -> after_step (``vagent.recipes.tail``)
+
+Every tensor is [B, L] (rows x positions of the ``TokenBatch``) unless its comment says otherwise;
+``M`` is the batch's ``loss_mask`` (1 on the tokens the policy sampled).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from torch import Tensor
+
+from vagent.runs import load_checkpoint
+
+if TYPE_CHECKING:
+    import torch
+
+    from vagent.rollout.batch import TokenBatch
+    from vagent.rollout.finish import RolloutResult
+
+
+@dataclass(frozen=True)
+class Scores:
+    """What the no-grad scoring passes give a step (``vagent.recipes.scoring.score_batch``)."""
+
+    old_logprobs: Tensor  # log pi_old of each token, the trainer's forward at the rollout temperature
+    ref_logprobs: Tensor | None = None  # log pi_ref; None without a KL term (update.kl_coef 0)
+    values: Tensor | None = None  # V before each sampled token (critic shifted right, x M); None: no critic
+    final_values: Tensor | None = None  # [B] V(final observation) of truncated rows, 0 on the others
+    features: Tensor | None = None  # [B, L, H] a shared critic's backbone features for its head's update
+
+
+@dataclass(frozen=True)
+class Advantages:
+    """The advantage stage of PPO (``vagent.recipes.ppo.ppo_advantages``)."""
+
+    advantages: Tensor  # what the actor trains on: whitened over M (ppo.whiten_advantages), x filter scale
+    raw: Tensor  # the estimator's advantages before whitening (logged as critic/advantage_*)
+    returns: Tensor  # the critic's targets, defined on critic_mask
+    critic_mask: Tensor  # where the value loss trains: M, turn ends (turn_gae) or anchors (no_concat_gae)
+    kl_ref: float | None = None  # mean per-token KL to the reference over M (actor/kl_ref); None: no reference
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What RL step ``step`` hands to logging, samples and checkpointing (``tail.after_step``)."""
+
+    step: int  # RL steps done, this one included (1..steps)
+    metrics: dict[str, float]  # the step's record in metrics.jsonl
+    episodes: RolloutResult  # the episodes of the rollout (the errored ones included)
+    batch: TokenBatch  # the batch the update trained on (after the filter)
+    logprobs: Tensor  # log pi_old
+    advantages: Tensor
+    values: Tensor | None = None  # PPO only
+    returns: Tensor | None = None  # PPO only
+
+
+@dataclass
+class TrainState:
+    """What a checkpoint saves and ``--resume`` loads, by name: ``policy`` / ``critic`` modules,
+    ``actor`` / ``critic`` optimizers and their learning-rate schedules."""
+
+    modules: dict[str, torch.nn.Module]
+    optimizers: dict[str, torch.optim.Optimizer]
+    schedulers: dict[str, torch.optim.lr_scheduler.LRScheduler]
+
+    def load(self, checkpoint: str) -> None:
+        """Restore every module, optimizer and schedule from ``checkpoint`` (a resume)."""
+        load_checkpoint(checkpoint, self.modules, self.optimizers, self.schedulers)
+
+
+@dataclass
+class StepClock:
+    """The three times a step's perf/ metrics use: its start, the update's start and the end."""
+
+    start: float = field(default_factory=time.perf_counter)
+    update: float = 0.0
+    end: float = 0.0
+
+    def update_starts(self) -> None:
+        self.update = time.perf_counter()
+
+    def stop(self) -> None:
+        self.end = time.perf_counter()
+
+    @property
+    def step_s(self) -> float:
+        return self.end - self.start
+
+    @property
+    def update_s(self) -> float:
+        return self.end - self.update

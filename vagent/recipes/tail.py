@@ -1,0 +1,140 @@
+"""What PPO and GRPO share around their step: the rollout set-up, the token batch, the behaviour
+log-probs, validation, and the step's tail (log, validate, save samples, checkpoint, plot).
+
+``ppo.py`` and ``grpo.py`` differ in scoring, advantages and update; everything before and after
+those stages is here, once.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from torch import Tensor
+
+from vagent.distributed import generation_mode
+from vagent.recipes.rollouts import train_rollout, validation_rollout, validation_turns
+from vagent.recipes.session import Session
+from vagent.recipes.sharding import policy_export
+from vagent.recipes.stages import Scores, StepOutcome, TrainState
+from vagent.rollout.batch import TokenBatch, build_token_batch
+from vagent.rollout.driver import RolloutDriver, make_driver
+from vagent.rollout.hf_policy import HFPolicy
+from vagent.runs import StepProgress, plot_run, save_checkpoint, save_rollouts, save_token_rows
+from vagent.runs.rundir import due
+from vagent.runs.samples import save_validation
+
+if TYPE_CHECKING:
+    from vagent.recipes.config import RunConfig
+    from vagent.rollout.finish import RolloutResult
+
+
+def batch_mode(cfg: RunConfig) -> str:
+    """The ``build_token_batch`` mode of the rollout settings."""
+    if cfg.rollout.mode == "no_concat":
+        return "no_concat"
+    return "window" if cfg.rollout.window is not None else "concat"
+
+
+def start_rollouts(session: Session) -> tuple[HFPolicy, RolloutDriver]:
+    """(the in-process policy validation uses, the driver of the training rollouts).
+
+    Where training rollouts are generated follows ``rollout.engine / replicas / schedule /
+    overlap``; the default is ``train_rollout(session, policy, step, reasoning)`` with this
+    in-process policy."""
+    cfg, loaded = session.cfg, session.loaded
+    policy = HFPolicy(loaded, prefix_cache=cfg.rollout.prefix_cache, max_context_tokens=cfg.model.max_context_tokens)
+    reasoning = session.reasoning_reward()
+    driver = make_driver(cfg, loaded, policy,
+                         lambda pol, k, unshard: train_rollout(session, pol, k, reasoning, unshard=unshard),
+                         model_dir=session.model_dir, fresh_model=session.load_fresh_model)
+    return policy, driver
+
+
+def token_batch(session: Session, episodes: RolloutResult) -> TokenBatch:
+    """The episodes' token rows (concat / window / no_concat, as configured) on the run's device."""
+    pad = session.loaded.encoder.pad_token_id
+    return build_token_batch(episodes, mode=batch_mode(session.cfg), pad_token_id=pad).to(session.device)
+
+
+def behaviour_logprobs(cfg: RunConfig, batch: TokenBatch, scores: Scores) -> Tensor:
+    """The log-probs the PPO ratio is taken against: log pi_old, or with ``rollout.overlap: 1``
+    (the batch was sampled one update ago) the sampling-time (behaviour) log-probs on M."""
+    return batch.old_logprobs * batch.loss_mask if cfg.rollout.overlap else scores.old_logprobs
+
+
+def log_validation(session: Session, policy: HFPolicy, step: int) -> dict[str, float]:
+    """Validate (greedy, val split), log ``val/*`` at ``step`` (= RL steps completed) and, when
+    ``log.rollouts_every`` is on, save every validation episode as ``rollouts/val_<6-digit step>.jsonl``
+    (``vagent.runs.samples.save_validation``; docs/viewer.md)."""
+    # plain lines (the RL bar may be live): every 20 s of a long validation, with ETA, and at its end
+    turns = validation_turns(session.cfg)
+    progress = StepProgress(turns, f"validation @ step {step}", session.console, enabled=False, every=turns,
+                            interval_s=20.0)
+    with generation_mode(session.loaded.model):
+        result = validation_rollout(policy, session.cfg, progress)
+    metrics = result.metrics
+    session.logger.log(step, metrics, phase="rl")
+    if session.cfg.log.rollouts_every:
+        save_validation(session.run.rollouts, step, result.episodes, session.cfg.log.rollouts_max_mb)
+    session.console.print(
+        f"validation @ step {step}: success {metrics.get('val/success_rate', 0):.3f}, "
+        f"return {metrics.get('val/return', 0):.3f}, format {metrics.get('val/format_accuracy', 0):.3f} "
+        f"({metrics['val/time_s']:.1f}s)"
+    )
+    return metrics
+
+
+def after_step(session: Session, outcome: StepOutcome, policy: HFPolicy, state: TrainState,
+               bar: StepProgress) -> dict[str, float] | None:
+    """After RL step ``outcome.step`` (1..steps): log its metrics, validate on the ``val.every``
+    schedule, save its rollouts and token rows, then checkpoint and redraw plots on their
+    schedules; returns the validation metrics if it ran. Everything labelled with the step is
+    written before that step's checkpoint (a resume keeps it)."""
+    cfg, log, step = session.cfg, session.cfg.log, outcome.step
+    session.logger.log(step, outcome.metrics, phase="rl")
+    report_errors(session, outcome)
+    bar.update(step, shown_values(cfg, outcome, session))
+    val = log_validation(session, policy, step) if due(cfg.val.every, step, cfg.steps) else None
+    if due(log.rollouts_every, step, cfg.steps):  # the episodes update `step` trained on, for `vagent view`
+        save_rollouts(session.run.rollouts, step, outcome.episodes, log.rollouts_n, log.rollouts_max_mb)
+        save_token_rows(session.run.rollouts, step, log, outcome.batch, session.loaded.encoder,
+                        logprobs=outcome.logprobs, advantages=outcome.advantages, values=outcome.values,
+                        returns=outcome.returns)
+    if step == cfg.steps or due(log.checkpoint_every, step, cfg.steps):  # the last step always
+        ck = save_checkpoint(
+            session.run.checkpoints, "rl", step, state.modules, state.optimizers, state.schedulers,
+            data_position={"rl_step": step}, keep_last=log.keep_last,
+            export=policy_export(session, state.modules["policy"]),
+        )
+        session.last_checkpoint = str(ck)
+    if due(log.plot_every, step, cfg.steps):
+        plot_run(session.run.metrics, session.run.plots)
+    return val
+
+
+def report_errors(session: Session, outcome: StepOutcome) -> None:
+    """Episodes that failed are counted in rollout/errors and left out of the batch: say what happened."""
+    errors = [e for e in outcome.episodes if e.error is not None]
+    if errors:
+        first = errors[0].error.strip().splitlines()
+        session.console.print(f"step {outcome.step}: {len(errors)} episode(s) failed and were left out; first: "
+                              f"{first[0]} ... {first[-1] if len(first) > 1 else ''}")
+
+
+#: the progress bar's fields and the metrics they show
+_SHOWN = {"reward": "reward/mean", "success": "rollout/success_rate", "policy_loss": "loss/policy",
+          "value_loss": "loss/value"}
+
+
+def shown_values(cfg: RunConfig, outcome: StepOutcome, session: Session) -> dict[str, float | str]:
+    """The progress bar's values of a step; PPO's also say whether the actor is still in the critic's
+    warm-up (and the console says when it ends)."""
+    metrics, step = outcome.metrics, outcome.step
+    shown: dict[str, float | str] = {name: metrics[k] for name, k in _SHOWN.items() if k in metrics}
+    if "actor/updated" in metrics:
+        warmup = cfg.ppo.critic_warmup_steps
+        shown["actor"] = "updated" if metrics["actor/updated"] else f"critic-warm-up({step}/{warmup})"
+        if warmup and metrics["actor/updated"] and step == warmup + 1:
+            session.console.print(f"RL step {step}: the critic's warm-up is over ({warmup} step(s)); the actor "
+                                  "updates from this step on")
+    return shown
