@@ -39,6 +39,7 @@ from vagent.distributed import barrier, full_state_dict, root_of, shard_model, w
 from vagent.envs import make
 from vagent.envs.formats import render_response
 from vagent.models.loading import load_policy
+from vagent.models.processor import ChatEncoder
 from vagent.recipes.optim import derive_seed, make_optimizer, make_scheduler
 from vagent.recipes.sft import reply_token_ids, sft_batch, sft_loss
 from vagent.rollout.encoding import append_reply, encode_pending
@@ -96,7 +97,7 @@ def _after_random_moves(env: Any, board: int, rng: np.random.Generator, names: S
     return obs
 
 
-def encode_caption(record: dict, root: Path, encoder: Any):
+def encode_caption(record: dict, root: Path, encoder: ChatEncoder) -> Conversation:
     """A Conversation for a caption record: user turn (mask 0) then the target ids (mask 1)."""
     images = []
     for p in record["images"]:
@@ -128,7 +129,7 @@ def pretrain_captions(model_dir: Path, env_entries: Sequence[Any], steps: int, *
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derive_seed(seed, "pretrain", *tag))
         loaded = load_policy(model_dir)
-        convs: dict[int, Any] = {}  # encoded when first drawn: a stage draws ~63% of its boards
+        convs: dict[int, Conversation] = {}  # encoded when first drawn: a stage draws ~63% of its boards
         model = shard_model(loaded.model)  # several processes: FSDP2; one: the model itself
         model.train()
         params = [p for p in model.parameters() if p.requires_grad]
@@ -157,7 +158,8 @@ def pretrain_captions(model_dir: Path, env_entries: Sequence[Any], steps: int, *
     return summary
 
 
-def _encoded(rows: Sequence[int], records: list[dict], convs: dict[int, Any], root: Path, encoder: Any) -> list:
+def _encoded(rows: Sequence[int], records: list[dict], convs: dict[int, Conversation], root: Path,
+             encoder: ChatEncoder) -> list[Conversation]:
     """The Conversations of caption ``rows``, each encoded the first time it is drawn (kept in ``convs``)."""
     for r in rows:
         if r not in convs:

@@ -22,7 +22,8 @@ from vagent.distributed import gather_objects, generation_mode, world
 from vagent.recipes.common import sampling_for, train_env_specs, val_env_specs
 from vagent.recipes.optim import derive_seed
 from vagent.recipes.session import Session
-from vagent.rollout.loop import RolloutResult, rollout, rollout_metrics
+from vagent.rollout.loop import EnvSpec, RolloutResult, rollout, rollout_metrics
+from vagent.rollout.policy import SamplingConfig
 from vagent.runs.errors import NonFiniteError, check_module_finite
 
 
@@ -37,7 +38,8 @@ def spec_blocks(n_specs: int, n_ranks: int) -> list[tuple[int, int]]:
     return out
 
 
-def rollout_on_ranks(specs: Sequence[Any], policy: Any, sampling: Any, *, group_size: int = 1, **kw) -> Any:
+def rollout_on_ranks(specs: Sequence[EnvSpec], policy: Any, sampling: SamplingConfig, *, group_size: int = 1,
+                     **kw: Any) -> RolloutResult:
     """``vagent.rollout.loop.rollout`` of ``specs``, shared between the ranks of a job (see the
     module docstring); one process: exactly ``rollout(specs, ...)``."""
     job = world()
@@ -164,7 +166,7 @@ def reward_metrics(episodes: Sequence[Any]) -> dict[str, float]:
     }
 
 
-def train_rollout(session: Session, policy: Any, step: int, reasoning: Any, unshard: bool = True) -> Any:
+def train_rollout(session: Session, policy: Any, step: int, reasoning: Any, unshard: bool = True) -> RolloutResult:
     """The training rollout of RL ``step`` (sampled, train-split seeds of the step). ``unshard``: the
     policy generates with the trainer's model, gathered once for the rollout when sharded (False
     for a separate generator: engine replicas or vLLM, which leave the trainer's parameters alone).

@@ -43,6 +43,7 @@ from PIL import Image
 
 from vagent.distributed import Padding, all_reduce_sum, barrier, rank_micro_batches, world
 from vagent.envs.base import IMAGE_PLACEHOLDER
+from vagent.models.processor import ChatEncoder
 from vagent.recipes.batching import accumulation_weight
 from vagent.recipes.config import EnvEntry, RunConfig
 from vagent.recipes.demos import DemoSettings, play_demo
@@ -134,7 +135,7 @@ def _load_images(image_paths: Any, where: str, root: Path) -> list[Image.Image]:
     return images
 
 
-def encode_chat(chat: Chat, encoder: Any):
+def encode_chat(chat: Chat, encoder: ChatEncoder) -> Conversation:
     """A :class:`Conversation` whose segments are exactly what the RL policy would have built if it
     had sampled the assistant texts' token ids (mask 1 on them, 0 on everything else)."""
     conv = Conversation(messages=[])
@@ -149,7 +150,7 @@ def encode_chat(chat: Chat, encoder: Any):
     return conv
 
 
-def reply_token_ids(encoder: Any, text: str) -> list[int]:
+def reply_token_ids(encoder: ChatEncoder, text: str) -> list[int]:
     """The ids of an assistant reply text (no special tokens added)."""
     ids = list(encoder.tokenizer(text, add_special_tokens=False)["input_ids"])
     if not ids:
@@ -157,7 +158,7 @@ def reply_token_ids(encoder: Any, text: str) -> list[int]:
     return ids
 
 
-def sft_batch(convs: Sequence[Any], pad_token_id: int):
+def sft_batch(convs: Sequence[Conversation], pad_token_id: int) -> TokenBatch:
     """A :class:`TokenBatch` of conversations (RL-only fields zero): rows right-padded."""
     B = len(convs)
     L = max(len(flat_ids(c.segments)) for c in convs)
@@ -201,7 +202,7 @@ def batch_rows(n_chats: int, batch_size: int, step: int, seed: int) -> tuple[lis
     return rows, epoch
 
 
-def answer_weights(batch: Any, answer_token_id: int, weight: float) -> torch.Tensor:
+def answer_weights(batch: TokenBatch, answer_token_id: int, weight: float) -> torch.Tensor:
     """Per-token loss weights [B, L]: 1 on loss tokens, ``weight`` on a reply's ``<answer>`` tag
     and every loss token after it in that reply (the actions and ``</answer>``); 0 elsewhere."""
     rows = []
@@ -214,7 +215,7 @@ def answer_weights(batch: Any, answer_token_id: int, weight: float) -> torch.Ten
     return torch.tensor(rows, dtype=torch.float32, device=batch.loss_mask.device)
 
 
-def sft_loss(model: torch.nn.Module, batch: Any, micro_tokens: int, chunk: int, bf16: bool,
+def sft_loss(model: torch.nn.Module, batch: TokenBatch, micro_tokens: int, chunk: int, bf16: bool,
              device: torch.device, backward: bool = True, weights: torch.Tensor | None = None,
              shared: bool = False) -> dict[str, float]:
     """Token-mean NLL over the loss mask (weighted by ``weights`` [B, L] when given: sum(w * nll) /
