@@ -46,7 +46,7 @@ from vagent.recipes.scoring import rl_temperature, score_batch
 from vagent.recipes.session import Session
 from vagent.recipes.sharding import policy_to_copy, shard_for_training
 from vagent.recipes.stages import Scores, StepClock, StepOutcome, TrainState
-from vagent.recipes.tail import after_step, behaviour_logprobs, log_validation, start_rollouts, token_batch
+from vagent.recipes.tail import StepLoop, behaviour_logprobs, token_batch
 from vagent.recipes.update import UpdateContext, actor_update
 from vagent.rl.advantages import (
     gigpo_advantages, grpo_advantages, masked_mean, reinforce_pp_advantages, rloo_advantages,
@@ -54,7 +54,6 @@ from vagent.rl.advantages import (
 from vagent.rl.losses import kl_penalty
 from vagent.rollout.batch import TokenBatch
 from vagent.rollout.finish import RolloutResult
-from vagent.runs import StepProgress
 
 
 def train_grpo(session: Session, start_step: int = 0, resume_from: str | None = None) -> dict[str, float]:
@@ -73,18 +72,13 @@ def train_grpo(session: Session, start_step: int = 0, resume_from: str | None = 
     state = TrainState({"policy": model}, {"actor": opt}, {"actor": sched})
     if resume_from is not None:
         state.load(resume_from)
-    policy, driver = start_rollouts(session)
-    bar = StepProgress(cfg.steps, cfg.recipe.upper(), session.console, cfg.log.progress, start=start_step)
-    last_val: dict[str, float] = {}
-    try:
-        if cfg.val.every and start_step == 0:  # step 0: the policy before RL (after SFT)
-            last_val = log_validation(session, policy, 0)
-        for step in range(start_step, cfg.steps):  # `step` updates done; this one makes RL step step + 1
+    with StepLoop(session, start_step) as loop:
+        for step in loop.steps():
             clock = StepClock()
 
             # 1-3. rollout (each episode's score is the sum of its turn rewards); the reward-variance
             #      filter keeps the groups whose rewards vary most
-            episodes = driver.get(step)
+            episodes = loop.driver.get(step)
             batch, filter_scale, filter_metrics = filter_groups(cfg, token_batch(session, episodes))
             clock.update_starts()
 
@@ -105,11 +99,8 @@ def train_grpo(session: Session, start_step: int = 0, resume_from: str | None = 
             # 6. log, validate, save samples and checkpoint
             metrics = grpo_metrics(cfg, episodes, batch, scores, advantages, filter_metrics | stats, clock)
             outcome = StepOutcome(step + 1, metrics, episodes, batch, scores.old_logprobs, advantages)
-            last_val = after_step(session, outcome, policy, state, bar) or last_val
-    finally:
-        bar.close()
-        driver.close()
-    return last_val
+            loop.finish(outcome, state)
+    return loop.last_val
 
 
 def grpo_metrics(cfg: RunConfig, episodes: RolloutResult, batch: TokenBatch, scores: Scores, advantages: Tensor,

@@ -59,7 +59,7 @@ from vagent.recipes.scoring import rl_temperature, score_batch
 from vagent.recipes.session import Session
 from vagent.recipes.sharding import policy_to_copy, shard_for_training
 from vagent.recipes.stages import Advantages, Scores, StepClock, StepOutcome, TrainState
-from vagent.recipes.tail import after_step, behaviour_logprobs, log_validation, start_rollouts, token_batch
+from vagent.recipes.tail import StepLoop, behaviour_logprobs, token_batch
 from vagent.recipes.update import UpdateContext, actor_update, critic_update
 from vagent.rl.advantages import (
     anchor_mask, bi_level_gae, masked_gae, masked_mean, masked_whiten, no_concat_gae, turn_gae,
@@ -67,7 +67,6 @@ from vagent.rl.advantages import (
 from vagent.rl.losses import kl_penalty
 from vagent.rollout.batch import TokenBatch
 from vagent.rollout.finish import RolloutResult
-from vagent.runs import StepProgress
 
 
 def train_ppo(session: Session, start_step: int = 0, resume_from: str | None = None) -> dict[str, float]:
@@ -81,18 +80,13 @@ def train_ppo(session: Session, start_step: int = 0, resume_from: str | None = N
     nets = ppo_models(session)
     if resume_from is not None:
         nets.state.load(resume_from)
-    policy, driver = start_rollouts(session)
-    bar = StepProgress(cfg.steps, cfg.recipe.upper(), session.console, cfg.log.progress, start=start_step)
-    last_val: dict[str, float] = {}
-    try:
-        if cfg.val.every and start_step == 0:  # step 0: the policy before RL (after SFT)
-            last_val = log_validation(session, policy, 0)
-        for step in range(start_step, cfg.steps):  # `step` updates done; this one makes RL step step + 1
+    with StepLoop(session, start_step) as loop:
+        for step in loop.steps():
             clock = StepClock()
 
             # 1-2. rollout; turn rewards (env + reasoning judges) sit on each turn's last token;
             #      the reward-variance filter (off by default) keeps the groups whose rewards vary most
-            episodes = driver.get(step)
+            episodes = loop.driver.get(step)
             batch, filter_scale, filter_metrics = filter_groups(cfg, token_batch(session, episodes), ppo_cfg)
             clock.update_starts()
 
@@ -121,11 +115,8 @@ def train_ppo(session: Session, start_step: int = 0, resume_from: str | None = N
             metrics = ppo_metrics(cfg, episodes, batch, scores, estimate, filter_metrics | stats, actor_on, clock)
             outcome = StepOutcome(step + 1, metrics, episodes, batch, scores.old_logprobs, estimate.advantages,
                                   scores.values, estimate.returns)
-            last_val = after_step(session, outcome, policy, nets.state, bar) or last_val
-    finally:
-        bar.close()
-        driver.close()
-    return last_val
+            loop.finish(outcome, nets.state)
+    return loop.last_val
 
 
 @dataclass

@@ -7,7 +7,7 @@ those stages is here, once.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 from torch import Tensor
 
@@ -48,6 +48,36 @@ def start_rollouts(session: Session) -> tuple[HFPolicy, RolloutDriver]:
                          lambda pol, k, unshard: train_rollout(session, pol, k, reasoning, unshard=unshard),
                          model_dir=session.model_dir, fresh_model=session.load_fresh_model)
     return policy, driver
+
+
+class StepLoop:
+    """The frame of an RL loop, as a context manager: the rollout set-up (``start_rollouts``) and
+    progress bar on entry, the driver and bar closed on exit; ``steps()`` validates at step 0 (the
+    policy after SFT) on a fresh run, then yields the number of updates done before each step;
+    ``finish(outcome, state)`` runs the step's tail and keeps the last validation's metrics."""
+
+    def __init__(self, session: Session, start_step: int) -> None:
+        self.session, self.start_step = session, start_step
+        self.policy, self.driver = start_rollouts(session)
+        cfg = session.cfg
+        self.bar = StepProgress(cfg.steps, cfg.recipe.upper(), session.console, cfg.log.progress, start=start_step)
+        self.last_val: dict[str, float] = {}
+
+    def __enter__(self) -> StepLoop:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.close()
+        self.driver.close()
+
+    def steps(self) -> Iterator[int]:
+        cfg = self.session.cfg
+        if cfg.val.every and self.start_step == 0:  # step 0: the policy before RL (after SFT)
+            self.last_val = log_validation(self.session, self.policy, 0)
+        yield from range(self.start_step, cfg.steps)  # `step` updates done; this one makes RL step step + 1
+
+    def finish(self, outcome: StepOutcome, state: TrainState) -> None:
+        self.last_val = after_step(self.session, outcome, self.policy, state, self.bar) or self.last_val
 
 
 def token_batch(session: Session, episodes: RolloutResult) -> TokenBatch:
