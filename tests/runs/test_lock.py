@@ -1,7 +1,7 @@
 """One writer per run directory (vagent.runs.lock), with real processes: a second ``vagent train
---resume`` (or ``--nproc 2 --resume``) on a directory whose job is alive is refused with that job's
-PID; once the job is SIGKILLed its lock is free and the next resume takes it over, saying whose it
-was."""
+--resume`` (or ``--nproc 2 --resume``) on a directory whose lock a live process holds is refused
+with that process's PID; once it is SIGKILLed its lock is free and the next resume takes it over,
+saying whose it was."""
 
 from __future__ import annotations
 
@@ -39,6 +39,11 @@ def _train(*args: str, **kw) -> subprocess.Popen:
                             env=dict(os.environ, PYTHONUNBUFFERED="1"), **kw)
 
 
+#: holds the lock of the run directory argv[1] until killed
+_HOLD = ("import sys, time\nfrom vagent.runs.lock import lock_run_dir\nlock = lock_run_dir(sys.argv[1])\n"
+         "print('held', flush=True)\ntime.sleep(3600)")
+
+
 def _holder_pid(path: Path, job: subprocess.Popen, timeout_s: float = 120.0) -> int:
     deadline = time.time() + timeout_s
     while time.time() < deadline:
@@ -59,11 +64,14 @@ def test_second_resume_is_refused_and_a_dead_holders_lock_is_taken_over(tmp_path
     # the model does not exist: a resume that gets the lock fails at the model, after taking it
     cfg = load_config(None, ["steps=1", "sft.steps=0", f"model.path={tmp_path / 'no-model'}", "log.tensorboard=false"])
     (run / "config.yaml").write_text(config_to_yaml(cfg))
-    first = _train("--resume", str(run))
+    # the live job: a process holding the run directory's lock as `vagent train` does (lock_run_dir), for
+    # as long as the test needs (a `vagent train --resume` of this config would release it at once)
+    first = subprocess.Popen([sys.executable, "-c", _HOLD, str(run)], stdout=subprocess.PIPE, text=True,
+                             start_new_session=True)
     try:
+        assert first.stdout.readline().strip() == "held"
         pid = _holder_pid(run / LOCK_NAME, first)
         assert pid == first.pid
-        first.send_signal(signal.SIGSTOP)  # alive, holding the lock, for as long as the test needs
         second = subprocess.run([sys.executable, "-m", "vagent", "train", "--resume", str(run)], capture_output=True,
                                 text=True, timeout=120)
         assert second.returncode == 1, second.stdout + second.stderr
