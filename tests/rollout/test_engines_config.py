@@ -174,7 +174,7 @@ def test_gathered_lora_state_is_merged_like_peft_for_vllm(tiny_dir):
     import copy
 
     from vagent.models.loading import LoraSettings, load_policy
-    from vagent.rollout.driver import _base_model_keys, merge_lora_into_state
+    from vagent.rollout.replicas import _base_model_keys, merge_lora_into_state
 
     policy = load_policy(tiny_dir, lora=LoraSettings(r=4, alpha=8, dropout=0.0)).model
     g = torch.Generator().manual_seed(0)

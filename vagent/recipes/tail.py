@@ -123,7 +123,7 @@ def after_step(session: Session, outcome: StepOutcome, policy: HFPolicy, state: 
     cfg, log, step = session.cfg, session.cfg.log, outcome.step
     session.logger.log(step, outcome.metrics, phase="rl")
     report_errors(session, outcome)
-    bar.update(step, shown_values(cfg, outcome, session))
+    bar.update(step, shown_values(session, outcome))
     val = log_validation(session, policy, step) if due(cfg.val.every, step, cfg.steps) else None
     if due(log.rollouts_every, step, cfg.steps):  # the episodes update `step` trained on, for `vagent view`
         save_rollouts(session.run.rollouts, step, outcome.episodes, log.rollouts_n, log.rollouts_max_mb)
@@ -156,10 +156,10 @@ _SHOWN = {"reward": "reward/mean", "success": "rollout/success_rate", "policy_lo
           "value_loss": "loss/value"}
 
 
-def shown_values(cfg: RunConfig, outcome: StepOutcome, session: Session) -> dict[str, float | str]:
+def shown_values(session: Session, outcome: StepOutcome) -> dict[str, float | str]:
     """The progress bar's values of a step; PPO's also say whether the actor is still in the critic's
     warm-up (and the console says when it ends)."""
-    metrics, step = outcome.metrics, outcome.step
+    cfg, metrics, step = session.cfg, outcome.metrics, outcome.step
     shown: dict[str, float | str] = {name: metrics[k] for name, k in _SHOWN.items() if k in metrics}
     if "actor/updated" in metrics:
         warmup = cfg.ppo.critic_warmup_steps

@@ -58,8 +58,7 @@ from vagent.rollout.policy import Policy
 from vagent.rollout.records import Episode
 # the generators and the weight push live in vagent.rollout.replicas; these names stay importable here
 from vagent.rollout.replicas import (  # noqa: F401 -- re-exported
-    STARTUP_TIMEOUT_S, FreshModel, PushedEngine, _base_model_keys, engine_replicas, merge_lora_into_state, push_weights,
-    saved_model_dir, vllm_settings,
+    FreshModel, PushedEngine, engine_replicas, merge_lora_into_state, push_weights, saved_model_dir, vllm_settings,
 )
 
 if TYPE_CHECKING:  # torch, the model loader and the run config stay out of `import vagent.rollout.driver`
