@@ -36,7 +36,7 @@ import sys
 import time
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -46,10 +46,11 @@ from vagent.distributed import broadcast_object, init_world, rank_device
 from vagent.distributed import world as current_world
 from vagent.models.loading import LoadedModel, count_parameters
 from vagent.recipes.common import check_compatible, check_remote_envs, load_model, resolve_device, use_bf16
-from vagent.recipes.config import RunConfig, config_to_yaml, load_config
+from vagent.recipes.config import RunConfig, load_config
 from vagent.recipes.config.ranges import check_out_dir
 from vagent.recipes.grpo import train_grpo
 from vagent.recipes.ppo import train_ppo
+from vagent.recipes.resume import resume_config, write_new_run_files
 from vagent.recipes.session import Session, SilentLogger
 from vagent.recipes.sft import train_sft
 from vagent.recipes.tiny_cache import prepare_model_once
@@ -58,31 +59,36 @@ from vagent.runs import (
     Console, MetricsLogger, TrainingError, existing_run_dir, is_disk_full, is_oom, load_checkpoint, new_run_dir,
     oom_message, plot_run, read_metrics, startup_arithmetic,
 )
-from vagent.runs.checkpoint import CheckpointInfo, select_checkpoint
+from vagent.runs.checkpoint import CheckpointInfo, select_checkpoint, trained_from
 from vagent.runs.environment import record_environment
 from vagent.runs.errors import disk_full_error
 from vagent.runs.hub import HubUploader, start_hub_upload
+from vagent.runs.identity import RunIdentity
 from vagent.runs.lock import RunDirLocked, lock_run_dir
 from vagent.runs.manifest import remove_stale_temporaries
+from vagent.runs.metrics import torn_last_record
 from vagent.runs.progress import ConfigSource, config_summary, library_output_to_log
-from vagent.runs.rundir import RunDir
+from vagent.runs.rundir import RunDir, write_atomic
 
 
 def train(cfg: RunConfig | None = None, resume: str | Path | None = None, quiet: bool = False,
-          source: ConfigSource | None = None) -> Path:
+          source: ConfigSource | None = None, overrides: Sequence[str] = ()) -> Path:
     """Run (or resume) a training run; returns its run directory. Errors raise
     :class:`vagent.runs.TrainingError` (or ConfigError) with the fix in the message. ``source``: a
     :class:`vagent.runs.progress.ConfigSource` (the --config file and overrides ``cfg`` came from),
-    so that the config summary lists what they set."""
+    so that the config summary lists what they set. ``overrides``: with ``resume``, the changes of
+    fields that may change (``steps=6``; :mod:`vagent.recipes.resume`), recorded in the run."""
     t_start = time.time()
-    run = None
+    run, identity, said = None, None, []
     if resume is not None:
         if cfg is not None:
-            raise ConfigError("--resume continues a run with its saved config.yaml; do not pass a config or overrides.")
+            raise ConfigError("--resume continues a run with its saved config.yaml; do not pass a config.")
         run = existing_run_dir(resume)
         if finished(run, quiet or os.environ.get("RANK", "0") != "0"):  # a job's rank 0 says it, once
             return run.root
-        cfg = load_config(run.config)
+        cfg, identity = resume_config(run, overrides, said.append)  # before any model work
+    elif overrides:
+        raise ConfigError("overrides without --resume belong in load_config (the config of a new run).")
     cfg = cfg if cfg is not None else load_config()
     if run is None:
         check_out_dir(cfg.out_dir)  # before any model work
@@ -95,7 +101,9 @@ def train(cfg: RunConfig | None = None, resume: str | Path | None = None, quiet:
                 hold_run_dir(run.root, owned, console)
                 if finished(run, quiet=not world.is_main or quiet):  # it finished while this one started
                     return run.root
-            return _train(cfg, run, resume is not None, console, t_start, owned, source)
+                for line in said:
+                    console.print(line)
+            return _train(cfg, run, identity, console, t_start, owned, source)
         except BaseException as exc:
             if not is_disk_full(exc):
                 raise
@@ -131,17 +139,17 @@ def hold_run_dir(root: Path, owned: ExitStack, console: Console) -> None:
         raise RunDirLocked(refused)
 
 
-def _train(cfg: RunConfig, run: RunDir | None, resuming: bool, console: Console, t_start: float,
+def _train(cfg: RunConfig, run: RunDir | None, identity: RunIdentity | None, console: Console, t_start: float,
            owned: ExitStack, source: ConfigSource | None = None) -> Path:
     """``train`` after the run directory to resume (if any) and the console are known; ``owned``
     holds the run directory's lock (a new run's is taken here, when the directory is made).
     Set-up (seeds, device, model, run directory, checkpoint, loggers) -> SFT -> RL -> finish
-    (loggers closed, plots, summary.json)."""
-    world = current_world()
+    (loggers closed, plots, summary.json). ``identity``: the resumed run's (None: a new run)."""
+    world, resuming = current_world(), identity is not None
     device, bf16 = _seed_and_device(cfg)
     model_dir, loaded = _checked_model(cfg, console, device)
-    run = _open_run_dir(cfg, run, resuming, console, owned, source)
-    latest = _checkpoint_to_resume(run, console)
+    run, identity = _open_run_dir(cfg, run, identity, console, owned, source)
+    latest = _checkpoint_to_resume(run, console, identity)
     logger = MetricsLogger(run.root, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb,
                            wandb_project=cfg.log.wandb_project, run_name=run.root.name) if world.is_main else SilentLogger()
     _cut_metrics_back(logger, latest, resuming, console)
@@ -184,14 +192,15 @@ def _checked_model(cfg: RunConfig, console: Console, device: torch.device) -> tu
     return model_dir, loaded
 
 
-def _open_run_dir(cfg: RunConfig, run: RunDir | None, resuming: bool, console: Console, owned: ExitStack,
-                  source: ConfigSource | None) -> RunDir:
-    """A new run's directory (rank 0 writes it with config.yaml; train.log gets the lines printed
-    so far) and its lock; then the config summary and, on rank 0, the environment record."""
-    world = current_world()
+def _open_run_dir(cfg: RunConfig, run: RunDir | None, identity: RunIdentity | None, console: Console,
+                  owned: ExitStack, source: ConfigSource | None) -> tuple[RunDir, RunIdentity | None]:
+    """A new run's directory (rank 0 writes it with run.json and config.yaml; train.log gets the
+    lines printed so far) and its lock; then the config summary and, on rank 0, the environment
+    record. Returns the run directory and its identity (None on ranks other than 0)."""
+    world, resuming = current_world(), identity is not None
     if run is None and world.is_main:  # rank 0 alone writes the run directory
         run = new_run_dir(cfg.out_dir, cfg.name)
-        run.config.write_text(config_to_yaml(cfg))
+        identity = write_new_run_files(run, cfg)
         console.attach(run.log)  # with the lines printed so far (the model build's)
     if world.distributed:
         run = RunDir(Path(broadcast_object(str(run.root) if world.is_main else None, "run directory")))
@@ -200,16 +209,16 @@ def _open_run_dir(cfg: RunConfig, run: RunDir | None, resuming: bool, console: C
     console.print(*config_summary(cfg, load_config(), run.config, source=source))
     if world.is_main:
         record_environment(run.root, say=console.print)  # threads, CPU kernels, versions (a resume compares)
-    return run
+    return run, identity
 
 
-def _checkpoint_to_resume(run: RunDir, console: Console) -> CheckpointInfo | None:
-    """The newest intact checkpoint, or None: rank 0 deletes killed saves' temporary folders, checks
-    the checkpoints (manifests) and tells the job which one."""
+def _checkpoint_to_resume(run: RunDir, console: Console, identity: RunIdentity | None) -> CheckpointInfo | None:
+    """The newest intact checkpoint of this run, or None: rank 0 settles killed saves' temporary
+    folders, checks the checkpoints (manifests, identities) and tells the job which one."""
     world, latest = current_world(), None
     if world.is_main:
         remove_stale_temporaries(run.checkpoints, say=console.print)
-        latest = select_checkpoint(run.checkpoints, say=console.print)
+        latest = select_checkpoint(run.checkpoints, say=console.print, run=identity)
     if world.distributed:
         latest = broadcast_object(latest, "checkpoint to resume")
     return latest
@@ -218,6 +227,10 @@ def _checkpoint_to_resume(run: RunDir, console: Console) -> CheckpointInfo | Non
 def _cut_metrics_back(logger: MetricsLogger | SilentLogger, latest: CheckpointInfo | None, resuming: bool, console: Console) -> None:
     """A resume: metrics.jsonl loses the records written after the checkpoint (all of them when
     there is none yet), and the console says where the run continues from."""
+    torn = torn_last_record(logger.path) if resuming and isinstance(logger, MetricsLogger) else 0
+    if torn:
+        console.print(f"warning: the last record of {logger.path} was cut ({torn} bytes without a line end: the "
+                      "process was killed or the disk filled while writing it); it is dropped")
     if latest is not None:
         dropped = logger.truncate_after(("sft", "rl"), latest.phase, latest.step)
         console.print(f"resuming from {latest.path} ({latest.phase} step {latest.step}); "
@@ -273,14 +286,20 @@ def _restore_sft_result(session: Session, latest: CheckpointInfo | None) -> None
     if latest.phase == "sft":
         load_checkpoint(latest.path, {"policy": policy})
     elif session.cfg.sft.steps > 0:
-        world = current_world()
-        sft_ckpt = select_checkpoint(session.run.checkpoints, "sft", say=session.console.print) if world.is_main else None
-        if world.distributed:
+        world, reference = current_world(), trained_from(latest.path)  # the SFT checkpoint RL trained from
+        sft_ckpt = reference if reference is not None else (
+            _newest_sft(session) if world.is_main else None)  # an older vagent's checkpoint names none
+        if world.distributed and reference is None:
             sft_ckpt = broadcast_object(sft_ckpt, "SFT checkpoint")
         if sft_ckpt is not None:
-            load_checkpoint(sft_ckpt.path, {"policy": policy})
+            load_checkpoint(sft_ckpt, {"policy": policy})
         else:
             session.console.print("warning: no SFT checkpoint left in the run; the KL reference is the base model")
+
+
+def _newest_sft(session: Session) -> Path | None:
+    found = select_checkpoint(session.run.checkpoints, "sft", say=session.console.print)
+    return found.path if found is not None else None
 
 
 def _stop(session: Session, hub: HubUploader | None, failing: bool) -> None:
@@ -305,7 +324,7 @@ def _stop(session: Session, hub: HubUploader | None, failing: bool) -> None:
 def _write_summary(run: RunDir, wall_s: float, ranks: int, console: Console) -> None:
     """summary.json (written last: a run that has it is finished) and its lines on the console."""
     summary = summarize(run, wall_s, ranks=ranks)
-    (run.root / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_atomic(run.root / "summary.json", json.dumps(summary, indent=2) + "\n")
     console.print(format_summary(summary))
 
 

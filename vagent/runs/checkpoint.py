@@ -39,6 +39,7 @@ one-process checkpoint resumes in one process.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -52,8 +53,12 @@ import numpy as np
 import torch
 
 from vagent.runs.errors import DiskFullError, TrainingError, is_disk_full
+from vagent.runs.identity import (
+    CHECKPOINT_FILE, IdentityError, RunIdentity, checkpoint_identity, read_checkpoint_identity, read_run_identity,
+)
 from vagent.runs.manifest import (
-    MANIFEST, WriterLock, check_zip_files, remove_stale_temporaries, verify_manifest, write_manifest,
+    MANIFEST, WriterLock, check_zip_files, fsync_dir, read_manifest, remove_stale_temporaries, replace_folder,
+    verify_manifest, write_manifest,
 )
 
 PHASES = ("sft", "rl")
@@ -152,6 +157,7 @@ def save_checkpoint(
         if export is not None:
             export(tmp / "policy")
         _save(state, tmp / "state.pt")
+        _write_identity(tmp, d, phase, step)
         write_manifest(tmp)  # the commit point: last, after every file is on disk
         lock.unlink()
         _publish(tmp, final, d, phase, keep_last)
@@ -192,25 +198,40 @@ def _writing(tmp: Path, final: Path) -> Iterator[WriterLock]:
 
 
 def _publish(tmp: Path, final: Path, d: Path, phase: str, keep_last: int) -> None:
-    """Move a complete checkpoint folder into place atomically, then keep the newest ``keep_last``
-    checkpoints of ``phase``."""
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    _fsync_dir(d)
+    """Move a complete checkpoint folder into place atomically (a folder of the same step, e.g. a
+    damaged one, is moved aside first and removed after: :func:`vagent.runs.manifest.replace_folder`),
+    then keep the newest ``keep_last`` checkpoints of ``phase``."""
+    replace_folder(tmp, final)
     for old in [c for c in list_checkpoints(d) if c.phase == phase][:-keep_last]:
         shutil.rmtree(old.path, ignore_errors=True)
 
 
-def _fsync_dir(d: Path) -> None:
+def _write_identity(tmp: Path, d: Path, phase: str, step: int) -> None:
+    """``identity.json`` of a checkpoint written into a run directory (``d`` = ``<run>/checkpoints``
+    whose ``run.json`` names the run); nothing outside one. An RL checkpoint names the SFT
+    checkpoint it trained from: the newest one in ``d`` (SFT always checkpoints its last step,
+    which RL starts from)."""
     try:
-        fd = os.open(d, os.O_RDONLY)
-    except OSError:
+        run = read_run_identity(d.parent)
+    except IdentityError:
+        run = None
+    if run is None:
         return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    _save_json(tmp / CHECKPOINT_FILE, checkpoint_identity(run, phase, step, _trained_from(d) if phase == "rl" else None))
+
+
+def _trained_from(d: Path) -> dict | None:
+    sft = [c for c in list_checkpoints(d) if c.phase == "sft"]
+    if not sft:
+        return None
+    files, problem = read_manifest(sft[-1].path) if (sft[-1].path / MANIFEST).is_file() else ({}, "none")
+    policy = files.get("policy.pt") or files.get("dcp/.metadata")
+    return {"checkpoint": sft[-1].path.name, "policy_sha256": policy[1] if policy and problem is None else ""}
+
+
+def _save_json(path: Path, obj: Any) -> None:
+    with open(path, "w") as f:
+        f.write(json.dumps(obj, indent=1) + "\n")
 
 
 def load_checkpoint(
@@ -327,31 +348,102 @@ def is_verified(path: str | Path) -> bool:
     return (Path(path) / MANIFEST).is_file()
 
 
-def select_checkpoint(ckpt_dir: str | Path, phase: str | None = None,
-                      say: Callable[[str], None] = print) -> CheckpointInfo | None:
-    """The newest intact checkpoint (of ``phase``, or any) in ``ckpt_dir``, None if there is none.
+def select_checkpoint(ckpt_dir: str | Path, phase: str | None = None, say: Callable[[str], None] = print,
+                      run: RunIdentity | None = None) -> CheckpointInfo | None:
+    """The newest intact checkpoint (of ``phase``, or any) in ``ckpt_dir`` that belongs to ``run``,
+    None if there is none.
 
-    A damaged newer one is reported through ``say`` (which file, what is wrong) and skipped: the run
-    resumes from the newest intact one and writes the later steps again. If every checkpoint is
-    damaged, :class:`CheckpointError` lists them (never a silent start from scratch)."""
+    A damaged newer one is reported through ``say`` (which file, what is wrong) and skipped, and so
+    is one that is not this run's state (:func:`identity_problem`: another run's, relabelled, or an
+    RL checkpoint whose SFT checkpoint is gone): the run resumes from the newest one left and
+    writes the later steps again. If every checkpoint is skipped, :class:`CheckpointError` lists
+    them (never a silent start from scratch)."""
     found = [c for c in list_checkpoints(ckpt_dir) if phase is None or c.phase == phase]
-    damaged: list[str] = []
+    skipped: list[str] = []
     for c in reversed(found):
         problem = check_checkpoint(c.path)
         if problem is not None:
-            damaged.append(f"{c.path.name}: {problem}")
+            skipped.append(f"{c.path.name}: {problem}")
             say(f"warning: checkpoint {c.path} is damaged ({problem}); it is skipped")
             continue
-        if damaged:
+        problem = identity_problem(c, run)
+        if problem is not None:
+            skipped.append(f"{c.path.name}: {problem}")
+            say(f"warning: checkpoint {c.path} is skipped: {problem}")
+            continue
+        if skipped:
             say(f"warning: resuming from {c.path.name}, the newest intact checkpoint; the steps after it run again")
         if not is_verified(c.path):
             say(f"warning: checkpoint {c.path} has no manifest (written by an older vagent): resuming from it "
                 "unverified (its .pt files pass their CRC check)")
         return c
-    if damaged:
-        raise CheckpointError(f"no intact checkpoint in {ckpt_dir}: " + "; ".join(damaged) + ". Restore the folder "
+    if skipped:
+        raise CheckpointError(f"no intact checkpoint in {ckpt_dir}: " + "; ".join(skipped) + ". Restore the folder "
                               "from a copy, or delete the damaged checkpoints to start the run over.")
     return None
+
+
+def identity_problem(c: CheckpointInfo, run: RunIdentity | None) -> str | None:
+    """None when checkpoint ``c`` holds the state its folder name says, of run ``run``; else why
+    not. Checked: its ``identity.json`` (run id, config's state hash, phase and step) against the
+    run and the folder name, its ``state.pt`` step against the folder name, and for an RL
+    checkpoint that the SFT checkpoint it trained from is there, intact and the same. A checkpoint
+    without ``identity.json`` (an older vagent's, or saved outside a run directory) is checked by
+    its state.pt step only."""
+    ident, problem = read_checkpoint_identity(c.path)
+    if problem is not None:
+        return problem
+    held = _held_step(c.path)
+    if held is not None and held != (c.phase, c.step):
+        return (f"its state.pt holds {held[0]} step {held[1]} but its folder is named {c.path.name} "
+                "(renamed or copied over another step's folder)")
+    if ident is None or run is None:
+        return None
+    if (ident["phase"], ident["step"]) != (c.phase, c.step):
+        return (f"its {CHECKPOINT_FILE} says {ident['phase']} step {ident['step']} but its folder is named "
+                f"{c.path.name} (renamed or copied over another step's folder)")
+    if ident["run_id"] != run.run_id:
+        return (f"it belongs to another run (run id {ident['run_id'][:12]}, this run's is {run.run_id[:12]}): "
+                "copied in from another run directory?")
+    if ident["state_hash"] != run.state_hash:
+        return ("it was trained under another config (its state hash differs from config.yaml's): a config change, "
+                "not damage; restore the run's config.yaml to resume from it")
+    tf = ident.get("trained_from")
+    return None if tf is None else _lineage_problem(c.path.parent / tf["checkpoint"], tf["policy_sha256"])
+
+
+def _lineage_problem(sft: Path, policy_sha256: str) -> str | None:
+    """Whether SFT checkpoint ``sft`` is still the one an RL checkpoint trained from."""
+    if not (sft / MANIFEST).is_file():
+        return f"it trained from {sft.name} (its KL reference), which is gone; it falls back with it"
+    problem = check_checkpoint(sft)
+    if problem is not None:
+        return f"it trained from {sft.name} (its KL reference), which is damaged ({problem}); it falls back with it"
+    files, _ = read_manifest(sft)
+    policy = files.get("policy.pt") or files.get("dcp/.metadata")
+    if policy is None or policy[1] != policy_sha256:
+        return f"it trained from another {sft.name} than the one in the run (its policy differs); it falls back with it"
+    return None
+
+
+def _held_step(p: Path) -> tuple[str, int] | None:
+    """(phase, step) that ``p/state.pt`` holds (read memory-mapped: the optimizer states are not
+    loaded); None when it cannot be read (the integrity checks say why)."""
+    try:
+        state = torch.load(p / "state.pt", map_location="cpu", weights_only=False, mmap=True)
+    except Exception:
+        return None
+    if not isinstance(state, dict) or state.get("phase") not in PHASES or type(state.get("step")) is not int:
+        return None
+    return state["phase"], state["step"]
+
+
+def trained_from(path: str | Path) -> Path | None:
+    """The SFT checkpoint RL checkpoint ``path`` trained from (its identity's ``trained_from``); None
+    when it names none."""
+    ident, _ = read_checkpoint_identity(Path(path))
+    tf = ident.get("trained_from") if ident else None
+    return Path(path).parent / tf["checkpoint"] if tf else None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -409,6 +501,7 @@ def _save_sharded(d: Path, phase: str, step: int, modules: Mapping[str, torch.nn
                 "extra": dict(extra or {}), "world_size": w.size, "format": "dcp",
             }
             _save(state, tmp / "state.pt")
+            _write_identity(tmp, d, phase, step)
             write_manifest(tmp)  # every rank's files: the commit point
             lock.unlink()
             _publish(tmp, final, d, phase, keep_last)

@@ -14,10 +14,16 @@ died). The lock is per open file, not per process; its descriptor is not inherit
 (Python's default), so a Ray cluster that rank 0 starts does not keep it after rank 0 is gone.
 ``flock`` on a network filesystem (NFS, Lustre) is shared between hosts where the filesystem
 supports it (Linux NFS since 2.6.12 maps it to NFS locks).
+
+The same exclusive ``flock`` is also taken on the run directory itself (a descriptor of the
+directory), which a user cannot delete by accident while the run lives: deleting ``run.lock`` does
+not let a second writer in (it is refused all the same; ``run.lock`` only names the holder). Where
+a filesystem cannot lock a directory, the file's lock is the one that holds.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -71,6 +77,29 @@ def _try_flock(f) -> bool:
         return False
 
 
+_NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, errno.EBADF, errno.EINVAL)
+
+
+def _lock_dir(root: Path) -> tuple[int, bool]:
+    """(descriptor of directory ``root``, whether its exclusive flock was taken); the descriptor is
+    -1 where the directory cannot be locked (the lock file then holds alone)."""
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return -1, True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return fd, True
+    except BlockingIOError:
+        os.close(fd)
+        return -1, False
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in _NO_LOCKS:
+            return -1, True
+        raise
+
+
 def _refusal(root: Path, holder: LockHolder | None) -> str:
     who = holder.describe() if holder is not None else "another process (it has not written its PID yet)"
     pid = f"kill {holder.pid}" if holder is not None and holder.pid > 0 else "stop it"
@@ -82,8 +111,8 @@ def _refusal(root: Path, holder: LockHolder | None) -> str:
 class RunLock:
     """The held lock of one run directory (a context manager; :meth:`release` is idempotent)."""
 
-    def __init__(self, root: Path, f) -> None:
-        self.root, self._f = root, f
+    def __init__(self, root: Path, f, dir_fd: int = -1) -> None:
+        self.root, self._f, self._dir_fd = root, f, dir_fd
 
     def release(self) -> None:
         if self._f is None:
@@ -93,9 +122,14 @@ class RunLock:
             f.seek(0)
             f.truncate()  # empty: the writer ended normally, nothing to take over
             f.flush()
+        except OSError:
+            pass  # run.lock was deleted or its disk is full: the locks are released all the same
         finally:
             fcntl.flock(f.fileno(), fcntl.LOCK_UN)
             f.close()
+            if self._dir_fd >= 0:
+                os.close(self._dir_fd)  # closing drops the directory's lock
+                self._dir_fd = -1
 
     def __enter__(self) -> "RunLock":
         return self
@@ -109,10 +143,13 @@ def lock_run_dir(root: str | Path, say: Callable[[str], None] = print) -> RunLoc
     holder. A free lock that still names a holder (its writer died) is taken over with a message."""
     root = Path(root)
     path = root / LOCK_NAME
+    dir_fd, free = _lock_dir(root)
     f = open(path, "a+")  # a+: create, never truncate before the lock is ours
-    if not _try_flock(f):
+    if not free or not _try_flock(f):
         holder = _read_holder(f)
         f.close()
+        if dir_fd >= 0:
+            os.close(dir_fd)
         raise RunDirLocked(_refusal(root, holder))
     previous = _read_holder(f)
     if previous is not None:
@@ -126,7 +163,7 @@ def lock_run_dir(root: str | Path, say: Callable[[str], None] = print) -> RunLoc
     f.truncate()
     f.write(json.dumps(me) + "\n")
     f.flush()
-    return RunLock(root, f)
+    return RunLock(root, f, dir_fd)
 
 
 def check_unlocked(root: str | Path) -> None:
@@ -134,6 +171,15 @@ def check_unlocked(root: str | Path) -> None:
     nothing (a launcher's check before it starts the job's processes)."""
     root = Path(root)
     path = root / LOCK_NAME
+    dir_fd, free = _lock_dir(root)
+    if dir_fd >= 0:
+        os.close(dir_fd)  # closing drops it
+    if not free:
+        holder = None
+        if path.is_file():
+            with open(path) as f:
+                holder = _read_holder(f)
+        raise RunDirLocked(_refusal(root, holder))
     if not path.is_file():
         return
     with open(path, "a+") as f:

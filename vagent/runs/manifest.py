@@ -31,11 +31,13 @@ import shutil
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 MANIFEST = "manifest.json"
 WRITER_LOCK = ".writer.lock"
-_TMP = re.compile(r"^\.tmp-(?:sft|step)_\d{6,}-(\d+|dcp)$")
+#: ``.tmp-<name>-<pid>`` (a save being written) and ``.old-<name>-<pid>`` (a checkpoint moved aside
+#: while a new copy of the same step replaces it; see vagent.runs.checkpoint._publish)
+_TMP = re.compile(r"^\.(tmp|old)-((?:sft|step)_\d{6,})-(\d+|dcp)$")
 _CHUNK = 1 << 20
 
 
@@ -74,28 +76,77 @@ def write_manifest(folder: Path) -> dict:
     return manifest
 
 
-def verify_manifest(folder: Path, under: str = "") -> str | None:
-    """None when every file listed in ``folder/manifest.json`` (those whose path starts with
-    ``under``, e.g. ``policy/``) has its size and hash; else what is wrong, naming the file. A
-    folder without a manifest is not checked here (see the module doc)."""
+MAX_MANIFEST_BYTES = 16 << 20  # a checkpoint of 10^5 files needs about 10 MB
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+#: a checkpoint's manifest must list its state and its policy (one process: policy.pt; a job: dcp/.metadata)
+REQUIRED = ("state.pt", ("policy.pt", "dcp/.metadata"))
+
+
+def read_manifest(folder: Path) -> tuple[dict[str, tuple[int, str]], str | None]:
+    """``folder/manifest.json`` as ``{relative path: (size, sha256)}``, or ``({}, problem)``.
+
+    The schema is checked, never assumed: a top-level object with ``"version": 1`` and a non-empty
+    ``"files"`` object whose keys are relative paths inside the folder (no ``..``, not absolute)
+    and whose values are ``{"size": int >= 0, "sha256": 64 hex digits}``; the file is at most
+    :data:`MAX_MANIFEST_BYTES`. Any other shape (``"policy.pt": 5``, ``null``, a list, deep
+    nesting) is a problem naming what is wrong, as a damaged file would be."""
+    path = folder / MANIFEST
     try:
-        manifest = json.loads((folder / MANIFEST).read_text())
-        files = manifest["files"]
-        if not isinstance(files, dict) or not files:
-            raise ValueError("no files listed")
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        return f"{MANIFEST} is unreadable ({type(exc).__name__}: {exc})"
-    files = {rel: want for rel, want in files.items() if rel.startswith(under)}
-    for rel, want in files.items():  # sizes first: a missing or truncated file needs no hashing
+        if path.stat().st_size > MAX_MANIFEST_BYTES:
+            return {}, f"{MANIFEST} is larger than {MAX_MANIFEST_BYTES >> 20} MB (not one vagent writes)"
+        manifest = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError) as exc:  # deep nesting: RecursionError
+        return {}, f"{MANIFEST} is unreadable ({type(exc).__name__}: {str(exc)[:120]})"
+    if not isinstance(manifest, dict) or manifest.get("version") != 1 or not isinstance(manifest.get("files"), dict):
+        return {}, f'{MANIFEST} does not have the shape {{"version": 1, "files": {{...}}}}'
+    files: dict[str, tuple[int, str]] = {}
+    for rel, want in manifest["files"].items():
+        parts = rel.split("/")
+        if not rel or rel.startswith("/") or ".." in parts or "" in parts or "\\" in rel:
+            return {}, f"{MANIFEST} lists {rel[:80]!r}, which is not a path inside the checkpoint"
+        size = want.get("size") if isinstance(want, dict) else None
+        digest = want.get("sha256") if isinstance(want, dict) else None
+        if type(size) is not int or size < 0 or not isinstance(digest, str) or not _SHA256.match(digest):
+            return {}, (f'{MANIFEST}: the entry of {rel[:80]!r} is not {{"size": bytes, "sha256": 64 hex digits}} '
+                        f"(got {str(want)[:60]})")
+        files[rel] = (size, digest)
+    return files, None
+
+
+def _missing_required(files: Mapping[str, object]) -> str | None:
+    for need in REQUIRED:
+        options = (need,) if isinstance(need, str) else need
+        if not any(o in files for o in options):
+            return f"{MANIFEST} does not list {' or '.join(options)} (every checkpoint has it)"
+    return None
+
+
+def verify_manifest(folder: Path, under: str = "") -> str | None:
+    """None when ``folder/manifest.json`` has the right shape, lists the checkpoint's state and
+    policy, and every file under ``under`` (e.g. ``policy/``; all when empty) is listed with its
+    size and hash; else what is wrong, naming the file. A file in the folder that the manifest does
+    not list is a problem too (a manifest that omits a file would leave it unchecked). A folder
+    without a manifest is not checked here (see the module doc)."""
+    listed, problem = read_manifest(folder)
+    if problem is None and not under:
+        problem = _missing_required(listed)
+    if problem is not None:
+        return problem
+    files = {rel: want for rel, want in listed.items() if rel.startswith(under)}
+    present = {rel for rel in (p.relative_to(folder).as_posix() for p in _files(folder)) if rel.startswith(under)}
+    unlisted = sorted(present - set(files))
+    if unlisted:
+        return f"{unlisted[0]} is not listed in {MANIFEST} (added after the checkpoint was written, or the manifest was replaced)"
+    for rel, (want_size, _) in files.items():  # sizes first: a missing or truncated file needs no hashing
         try:
             size = (folder / rel).stat().st_size
         except OSError:
             return f"{rel} is missing"
-        if size != want.get("size"):
-            return f"{rel} has {size} bytes, its manifest says {want.get('size')} (truncated or replaced)"
+        if size != want_size:
+            return f"{rel} has {size} bytes, its manifest says {want_size} (truncated or replaced)"
     digests = _hash_all([folder / rel for rel in files])
-    for (rel, want), digest in zip(files.items(), digests):
-        if digest != want.get("sha256"):
+    for (rel, (_, want_digest)), digest in zip(files.items(), digests):
+        if digest != want_digest:
             return f"{rel} does not match its manifest's SHA-256 (its content changed: corrupted or replaced)"
     return None
 
@@ -180,24 +231,78 @@ def _writer_pid_gone(tmp: Path) -> bool:
     """Without a lock to test: the writer is gone if the PID in the folder's name is dead, or is
     this process (which is not writing it now: it is cleaning up before a save or a resume)."""
     m = _TMP.match(tmp.name)
-    pid = m.group(1) if m else None
+    pid = m.group(3) if m else None
     if pid is None or not pid.isdigit():
         return True  # a job's folder (-dcp) without its lock: its writer ended or never locked
     return int(pid) == os.getpid() or not _pid_alive(int(pid))
 
 
 def remove_stale_temporaries(ckpt_dir: str | Path, say: Callable[[str], None] | None = None) -> list[Path]:
-    """Delete the ``.tmp-*`` folders in ``ckpt_dir`` left by writers that died (killed while
-    saving); keep those a live process is writing. Returns the removed folders."""
+    """Settle what writers that died (killed while saving) left in ``ckpt_dir``; keep what a live
+    process is writing. Returns the folders removed.
+
+    - ``.tmp-<name>-<pid>`` with a manifest that verifies is a complete checkpoint that was not
+      renamed into place yet: it becomes ``<name>`` when that is missing or damaged (the damaged
+      one moved aside first), else it is removed. Without a verified manifest it is half-written:
+      removed.
+    - ``.old-<name>-<pid>`` is a checkpoint moved aside while a new copy replaced it: removed when
+      ``<name>`` is in place, else renamed back (the replacement never arrived).
+    """
     d = Path(ckpt_dir)
     if not d.is_dir():
         return []
     removed = []
-    for p in sorted(d.iterdir()):
-        if _TMP.match(p.name) and p.is_dir() and writer_gone(p):
-            shutil.rmtree(p, ignore_errors=True)
-            if not p.exists():
-                removed.append(p)
-                if say is not None:
-                    say(f"removed {p}: a checkpoint left half-written by a process that was stopped while saving")
+    found = [(m, p) for p in d.iterdir() if (m := _TMP.match(p.name)) and p.is_dir()]
+    for m, p in sorted(found, key=lambda mp: (mp[0].group(1) != "tmp", mp[1].name)):  # new copies first
+        if not writer_gone(p):
+            continue
+        final = d / m.group(2)
+        if m.group(1) == "tmp" and (p / MANIFEST).is_file() and verify_manifest(p) is None \
+                and (not final.exists() or not (final / MANIFEST).is_file() or verify_manifest(final) is not None):
+            replace_folder(p, final)
+            if say is not None:
+                say(f"completed {final}: its writer was stopped after the checkpoint was whole, before it was renamed "
+                    "into place")
+            continue
+        if m.group(1) == "old" and not final.exists():
+            os.replace(p, final)
+            if say is not None:
+                say(f"restored {final}: it was moved aside for a new copy that was never written")
+            continue
+        shutil.rmtree(p, ignore_errors=True)
+        if not p.exists():
+            removed.append(p)
+            if say is not None and m.group(1) == "tmp":
+                say(f"removed {p}: a checkpoint left half-written by a process that was stopped while saving")
     return removed
+
+
+def replace_folder(new: Path, final: Path) -> None:
+    """Put the complete folder ``new`` at ``final``; a folder already there is replaced atomically:
+    moved aside to ``.old-<name>-<pid>``, ``new`` renamed in, the directory synced, the old one
+    removed. A process killed at any point leaves one complete ``final`` or a state that
+    :func:`remove_stale_temporaries` completes (the new copy, else the old one put back)."""
+    d = final.parent
+    aside = d / f".old-{final.name}-{os.getpid()}"
+    if aside.exists():
+        shutil.rmtree(aside)
+    if final.exists():
+        os.replace(final, aside)
+    os.replace(new, final)
+    fsync_dir(d)
+    if aside.exists():
+        shutil.rmtree(aside, ignore_errors=True)
+
+
+def fsync_dir(d: Path) -> None:
+    """Make the renames in directory ``d`` durable (a no-op where a directory cannot be opened)."""
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

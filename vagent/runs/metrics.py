@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 PREFIXES = (
-    "rollout/", "reward/", "loss/", "actor/", "critic/", "optim/", "perf/", "val/", "sft/", "filter/",
+    "rollout/", "reward/", "loss/", "actor/", "critic/", "optim/", "perf/", "val/", "sft/", "filter/", "mismatch/",
+    "correction/", "sync/",
 )
 
 
@@ -53,6 +54,25 @@ def read_metrics(path: str | Path) -> list[dict]:
         except json.JSONDecodeError:
             continue  # a line cut by SIGKILL
     return out
+
+
+def torn_last_record(path: str | Path) -> int:
+    """The length in bytes of a cut last record of ``metrics.jsonl`` (no line end, or not a JSON
+    object: the writer was killed or the disk filled mid-write); 0 when the file ends whole."""
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+    except OSError:
+        return 0
+    if size == 0:
+        return 0
+    with open(p, "rb") as f:
+        f.seek(max(0, size - (1 << 20)))
+        tail = f.read()
+    if tail.endswith(b"\n"):
+        return 0
+    last = tail.rsplit(b"\n", 1)[-1]
+    return len(last)
 
 
 def _parse_line(line: bytes) -> dict | None:

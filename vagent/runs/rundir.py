@@ -3,6 +3,8 @@
 Layout (``runs/<name>-<timestamp>/`` by default)::
 
     config.yaml            the resolved config (``--resume`` reads it back)
+    run.json               the run's identity: run id, the config it started with, the changes
+                           accepted on resume (vagent.runs.identity; checked by ``--resume``)
     metrics.jsonl          one JSON object per logged step: {"phase", "step", "time", metric: value...}
     events.out.tfevents.*  TensorBoard events (``tensorboard --logdir runs``)
     rollouts/step_<step>.jsonl + rollouts/step_<step>/*.png   sampled episodes (size-capped)
@@ -24,6 +26,7 @@ before checkpoint k, so a resume from it keeps the records up to k (docs/metrics
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +41,10 @@ class RunDir:
     @property
     def config(self) -> Path:
         return self.root / "config.yaml"
+
+    @property
+    def identity(self) -> Path:
+        return self.root / "run.json"
 
     @property
     def metrics(self) -> Path:
@@ -63,6 +70,33 @@ class RunDir:
         for p in (self.root, self.rollouts, self.checkpoints, self.plots):
             p.mkdir(parents=True, exist_ok=True)
         return self
+
+
+def write_atomic(path: str | Path, data: str | bytes) -> None:
+    """Write ``path`` whole or not at all: a temporary file beside it, flushed to disk, renamed over
+    it, the directory synced. A full disk or a kill leaves the previous content (or no file),
+    never an empty or cut one; the temporary file is removed on error."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    try:
+        fd = os.open(path.parent, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def due(every: int, step: int, last: int) -> bool:
