@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from vagent.models.packing import pack, packable, packed_inputs
+
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     """The HF ``PreTrainedModel`` inside a PEFT wrapper (LoRA layers stay in place)."""
@@ -84,8 +86,15 @@ def forward_logits(
     pixel_values: torch.Tensor | None = None,
     image_grid_thw: torch.Tensor | None = None,
     position_ids: torch.Tensor | None = None,
+    packed: bool = False,
 ) -> torch.Tensor:
-    """Logits [B, L, V] (model dtype) of a VLM or text LM; logits[:, t] predict token t + 1."""
+    """Logits [B, L, V] (model dtype) of a VLM or text LM; logits[:, t] predict token t + 1.
+
+    ``packed``: run the rows as one sequence without padding (:mod:`vagent.models.packing`; the
+    same [B, L, V], zeros at the padding; ignored when ``position_ids`` are given)."""
+    if packed and position_ids is None and packable(model):
+        p = pack(model, input_ids, attention_mask, image_grid_thw)
+        return p.unpack(model(**packed_inputs(model, p, pixel_values, image_grid_thw), use_cache=False).logits)
     kwargs = model_inputs(model, input_ids, attention_mask, pixel_values, image_grid_thw, position_ids)
     return model(**kwargs, use_cache=False).logits
 
@@ -97,8 +106,13 @@ def forward_hidden(
     pixel_values: torch.Tensor | None = None,
     image_grid_thw: torch.Tensor | None = None,
     position_ids: torch.Tensor | None = None,
+    packed: bool = False,
 ) -> torch.Tensor:
-    """Last hidden states [B, L, H] of the backbone (no LM head)."""
+    """Last hidden states [B, L, H] of the backbone (no LM head); ``packed`` as in :func:`forward_logits`."""
+    if packed and position_ids is None and packable(model):
+        p = pack(model, input_ids, attention_mask, image_grid_thw)
+        out = backbone_of(model)(**packed_inputs(model, p, pixel_values, image_grid_thw), use_cache=False)
+        return p.unpack(out.last_hidden_state)
     kwargs = model_inputs(model, input_ids, attention_mask, pixel_values, image_grid_thw, position_ids)
     return backbone_of(model)(**kwargs, use_cache=False).last_hidden_state
 

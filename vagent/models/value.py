@@ -53,9 +53,10 @@ class ValueModel(nn.Module):
         pixel_values: torch.Tensor | None = None,
         image_grid_thw: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
+        packed: bool = False,
     ) -> torch.Tensor:
         """Values [B, L] float32; values[:, t] is V of the prefix ending at token t (pads: garbage,
-        mask them).
+        mask them). ``packed``: the backbone runs the rows without padding (update.packing).
 
         A critic that shares the policy's backbone reads its features without a graph: the value
         loss trains the head only (the policy loss trains the backbone), so the backbone's
@@ -63,7 +64,7 @@ class ValueModel(nn.Module):
         grad = torch.is_grad_enabled() and not self.shares_backbone
         with torch.set_grad_enabled(grad):
             hidden = forward_hidden(self.backbone_model, input_ids, attention_mask, pixel_values,
-                                    image_grid_thw, position_ids)  # [B, L, H]
+                                    image_grid_thw, position_ids, packed=packed)  # [B, L, H]
         return self.values_from_hidden(hidden)
 
     def values_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -51,13 +51,15 @@ def rl_temperature(cfg: RunConfig) -> float:
 
 
 def policy_forward(model: torch.nn.Module, mb: TokenBatch, chunk: int, with_entropy: bool = False,
-                   temperature: float = 1.0, hidden: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+                   temperature: float = 1.0, hidden: Tensor | None = None,
+                   packed: bool = False) -> tuple[Tensor, Tensor | None]:
     """See :func:`_policy_forward` (this runs it through the model's FSDP2 root when sharded)."""
-    return on_root(model, _policy_forward, model, mb, chunk, with_entropy, temperature, hidden)
+    return on_root(model, _policy_forward, model, mb, chunk, with_entropy, temperature, hidden, packed)
 
 
 def _policy_forward(model: torch.nn.Module, mb: TokenBatch, chunk: int, with_entropy: bool = False,
-                    temperature: float = 1.0, hidden: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+                    temperature: float = 1.0, hidden: Tensor | None = None,
+                    packed: bool = False) -> tuple[Tensor, Tensor | None]:
     """(logprobs [B, L], entropy [B, L] or None) of a micro-batch, aligned with its tokens.
 
     ``logprobs[:, t]`` is log pi of token t (from logits at t - 1); ``entropy[:, t]`` the entropy
@@ -69,12 +71,15 @@ def _policy_forward(model: torch.nn.Module, mb: TokenBatch, chunk: int, with_ent
     :func:`head_only_logits`): with observations and prompts that make up most of every row, this
     skips most of the [B, L, V] logits and their log-softmax, forward and backward. ``hidden``
     [B, L, H]: the backbone's last hidden states of ``mb`` when the caller already has them.
+    ``packed``: the forward runs the rows as one sequence without padding (update.packing,
+    :mod:`vagent.models.packing`); the same numbers up to float rounding.
     """
     B, L = mb.input_ids.shape
     want = mb.loss_mask[:, 1:].bool()  # logits at t - 1 predict token t
-    logits = head_only_logits(model, mb, want, hidden)
+    logits = head_only_logits(model, mb, want, hidden, packed)
     if logits is None:  # a model whose logits are not lm_head(hidden): the full forward
-        logits = forward_logits(model, mb.input_ids, mb.attention_mask, mb.pixel_values, mb.image_grid_thw)
+        logits = forward_logits(model, mb.input_ids, mb.attention_mask, mb.pixel_values, mb.image_grid_thw,
+                                packed=packed)
         logits = logits[:, :-1][want]
     if temperature != 1.0:
         logits = logits / temperature
@@ -155,7 +160,7 @@ _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling",
 
 
 def head_only_logits(model: torch.nn.Module, mb: TokenBatch, want: Tensor,
-                     hidden: Tensor | None = None) -> Tensor | None:
+                     hidden: Tensor | None = None, packed: bool = False) -> Tensor | None:
     """Logits [N, V] of the positions ``want`` [B, L - 1] (row-major order): the backbone's last
     hidden states there (``hidden``, or a backbone forward) through the output embeddings, or None
     when the model's logits are not plainly ``lm_head(hidden)`` (then the caller runs the full
@@ -167,31 +172,36 @@ def head_only_logits(model: torch.nn.Module, mb: TokenBatch, want: Tensor,
                            for k in _LOGIT_TRANSFORMS):
         return None
     if hidden is None:
-        hidden = forward_hidden(model, mb.input_ids, mb.attention_mask, mb.pixel_values, mb.image_grid_thw)
+        hidden = forward_hidden(model, mb.input_ids, mb.attention_mask, mb.pixel_values, mb.image_grid_thw,
+                                packed=packed)
     return head(hidden[:, :-1][want])
 
 
 def score_logprobs(model: torch.nn.Module, ref: ReferenceModel | None, batch: TokenBatch, max_tokens: int,
-                   chunk: int, temperature: float) -> tuple[Tensor, Tensor | None]:
+                   chunk: int, temperature: float, packed: bool = False) -> tuple[Tensor, Tensor | None]:
     """The scoring passes shared by PPO and GRPO (no grad): (log pi_old, log pi_ref or None) [B, L]
-    at the rollout temperature; ``ref`` is a reference model handle or None (no KL)."""
+    at the rollout temperature; ``ref`` is a reference model handle or None (no KL); ``packed``:
+    forwards without padding (update.packing)."""
     model.eval()
-    old = per_row(batch, max_tokens, lambda mb: policy_forward(model, mb, chunk, temperature=temperature)[0])
-    return old, score_reference(ref, batch, max_tokens, chunk, temperature)
+    old = per_row(batch, max_tokens,
+                  lambda mb: policy_forward(model, mb, chunk, temperature=temperature, packed=packed)[0])
+    return old, score_reference(ref, batch, max_tokens, chunk, temperature, packed)
 
 
 def score_reference(ref: ReferenceModel | None, batch: TokenBatch, max_tokens: int, chunk: int,
-                    temperature: float) -> Tensor | None:
+                    temperature: float, packed: bool = False) -> Tensor | None:
     """log pi_ref [B, L] at the rollout temperature (no grad), or None when there is no reference."""
     if ref is None:
         return None
     with ref.active() as ref_model:
-        return per_row(batch, max_tokens, lambda mb: policy_forward(ref_model, mb, chunk, temperature=temperature)[0])
+        return per_row(batch, max_tokens,
+                       lambda mb: policy_forward(ref_model, mb, chunk, temperature=temperature, packed=packed)[0])
 
 
 @torch.no_grad()
 def score_shared(model: torch.nn.Module, critic: ValueModel, batch: TokenBatch, max_tokens: int, chunk: int,
-                 temperature: float, max_feature_bytes: int = 2**31) -> tuple[Tensor, Tensor, Tensor | None]:
+                 temperature: float, max_feature_bytes: int = 2**31,
+                 packed: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
     """The scoring pass of a critic that shares the policy's backbone: ONE backbone forward per
     micro-batch gives (log pi_old [B, L], raw critic outputs [B, L], features [B, L, H] or None).
 
@@ -207,7 +217,8 @@ def score_shared(model: torch.nn.Module, critic: ValueModel, batch: TokenBatch, 
     keep = B * L * critic.value_head.in_features * 4 <= max_feature_bytes
 
     def one_pass(mb):
-        hidden = forward_hidden(model, mb.input_ids, mb.attention_mask, mb.pixel_values, mb.image_grid_thw)
+        hidden = forward_hidden(model, mb.input_ids, mb.attention_mask, mb.pixel_values, mb.image_grid_thw,
+                                packed=packed)
         lp, _ = policy_forward(model, mb, chunk, temperature=temperature, hidden=hidden)
         return (lp, critic.values_from_hidden(hidden)) + ((hidden,) if keep else ())
 
@@ -215,9 +226,11 @@ def score_shared(model: torch.nn.Module, critic: ValueModel, batch: TokenBatch, 
     return out[0], out[1], out[2] if keep else None
 
 
-def critic_forward(critic: torch.nn.Module, mb: TokenBatch) -> Tensor:
-    """Raw critic outputs [B, L] float32 (``out[:, t]``: value of the prefix ending at t)."""
-    return on_root(critic, critic, mb.input_ids, mb.attention_mask, mb.pixel_values, mb.image_grid_thw)
+def critic_forward(critic: torch.nn.Module, mb: TokenBatch, packed: bool = False) -> Tensor:
+    """Raw critic outputs [B, L] float32 (``out[:, t]``: value of the prefix ending at t); ``packed``:
+    the backbone runs without padding (update.packing)."""
+    return on_root(critic, critic, mb.input_ids, mb.attention_mask, mb.pixel_values, mb.image_grid_thw,
+                   packed=packed)
 
 
 def score_batch(model: torch.nn.Module, critic: ValueModel | None, ref: ReferenceModel | None, batch: TokenBatch,
@@ -226,18 +239,18 @@ def score_batch(model: torch.nn.Module, critic: ValueModel | None, ref: Referenc
     reference model) at the rollout temperature, and with a critic V_old before each sampled token
     and V(final observation) of truncated rows. A critic that shares the policy's backbone reads
     its values off the policy's pass and keeps that pass's features for its head's update."""
-    max_tokens, chunk = update_cfg.micro_batch_tokens, update_cfg.logprob_chunk
+    max_tokens, chunk, packed = update_cfg.micro_batch_tokens, update_cfg.logprob_chunk, update_cfg.packing
     if critic is None:
-        old, ref_logprobs = score_logprobs(model, ref, batch, max_tokens, chunk, temperature)
+        old, ref_logprobs = score_logprobs(model, ref, batch, max_tokens, chunk, temperature, packed)
         return Scores(old, ref_logprobs)
     critic.eval()
     features = None
     if critic.shares_backbone:
-        old, raw_values, features = score_shared(model, critic, batch, max_tokens, chunk, temperature)
-        ref_logprobs = score_reference(ref, batch, max_tokens, chunk, temperature)
+        old, raw_values, features = score_shared(model, critic, batch, max_tokens, chunk, temperature, packed=packed)
+        ref_logprobs = score_reference(ref, batch, max_tokens, chunk, temperature, packed)
     else:
-        old, ref_logprobs = score_logprobs(model, ref, batch, max_tokens, chunk, temperature)
-        raw_values = per_row(batch, max_tokens, lambda mb: critic_forward(critic, mb))
+        old, ref_logprobs = score_logprobs(model, ref, batch, max_tokens, chunk, temperature, packed)
+        raw_values = per_row(batch, max_tokens, lambda mb: critic_forward(critic, mb, packed))
     values = shift_right(raw_values) * batch.loss_mask  # V before each sampled token
     final = raw_values.gather(1, batch.bootstrap_index.clamp(min=0)[:, None])[:, 0]  # [B]
     final = torch.where(batch.truncated, final, torch.zeros_like(final))

@@ -212,7 +212,7 @@ class ActorLoss:
         settings = self.settings
         with autocast(self.ctx.device, self.ctx.bf16):
             logp, ent = policy_forward(self.model, mb, settings.logprob_chunk, with_entropy=True,
-                                       temperature=self.ctx.temperature)
+                                       temperature=self.ctx.temperature, packed=settings.packing)
         pl = ppo_policy_loss(logp, inputs.old_logprobs, inputs.advantages, mask,
                              settings.clip_low, settings.clip_high, settings.dual_clip, settings.loss_agg)
         entropy = aggregate(ent, mask, settings.loss_agg)
@@ -251,7 +251,7 @@ class CriticLoss:
             if inputs.features is not None:
                 values = shift_right(self.critic.values_from_hidden(inputs.features))
             else:
-                values = shift_right(critic_forward(self.critic, mb))
+                values = shift_right(critic_forward(self.critic, mb, self.settings.packing))
         vl = value_loss(values, inputs.old_values, inputs.returns, mask,
                         clip=self.value_clip if self.value_clip > 0 else None, agg=self.settings.loss_agg)
         stats = vl.metrics()

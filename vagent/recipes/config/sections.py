@@ -197,6 +197,11 @@ class UpdateConfig:
     kl_in: Literal["reward", "loss"] = "reward"
     #: tokens per chunk when computing log-probs/entropy from logits (bounds memory)
     logprob_chunk: int = 1024
+    #: run each micro-batch's rows as one packed sequence (no padding; positions restart per row,
+    #: attention kept inside each row; varlen flash attention with flash_attn on a GPU) in the
+    #: scoring passes and the actor / critic updates: the same numbers up to float rounding
+    #: (docs/training.md, Packing). Off by default: rounding differs from the padded golden run
+    packing: bool = False
 
 
 @dataclass
