@@ -30,6 +30,10 @@ CASES = {
     "grpo-no_concat-rloo": ["recipe=grpo", "rollout.group_size=2", "rollout.mode=no_concat", "grpo.estimator=rloo"],
     "grpo-reinforce_pp": ["recipe=grpo", "rollout.group_size=2", "grpo.estimator=reinforce_pp",
                           "update.loss_agg=seq-mean-token-mean"],
+    "ppo-token_tis-token_rejection": ["rollout_correction.is_level=token", "rollout_correction.rs_level=token",
+                                      "rollout_correction.rs_high=1.5"],
+    "grpo-sequence_tis-veto": ["recipe=grpo", "rollout.group_size=2", "rollout_correction.is_level=sequence",
+                               "rollout_correction.veto_threshold=0.0001"],
 }
 
 
@@ -52,6 +56,18 @@ def test_one_step_updates_and_stays_finite(name, small_cfg, initial_weights):
     for key in losses:
         assert isinstance(m[key], float) and math.isfinite(m[key]), (key, m.get(key))
     assert m["actor/logprob_diff"] < 1e-3  # recomputed log pi_old matches the sampling-time log-probs
+    # the engine/trainer gap of the same tokens at the same weights (overlap 0): the same mean |diff|
+    assert m["mismatch/abs_logprob_diff_mean"] == pytest.approx(m["actor/logprob_diff"], abs=1e-9)
+    assert 0 <= m["mismatch/kl"] < 1e-4 and m["mismatch/abs_logprob_diff_max"] < 1e-2
+    assert m["mismatch/ppl_ratio"] == pytest.approx(1.0, abs=1e-3)
+    assert "mismatch/kl_image" in m and "mismatch/kl_text" in m
+    corrected = cfg.rollout_correction
+    if corrected.is_level != "none":  # HF engine = trainer up to rounding: weights ~1, nothing truncated
+        assert m["correction/is_mean"] == pytest.approx(1.0, abs=1e-3) and m["correction/is_truncated_frac"] < 0.5
+    if corrected.rs_level != "none" or corrected.veto_threshold is not None:
+        assert m["correction/rejected_token_frac"] == 0.0
+    else:
+        assert not any(k.startswith("correction/") for k in m)
     if cfg.reasoning_reward:
         assert "reward/judged_turns" in m
     ck = run / "checkpoints" / "step_000001"

@@ -109,23 +109,52 @@ def test_a_run_with_envs_on_two_env_servers_trains_one_step(tmp_path, tiny_dir, 
     assert changed(tiny_dir, run_dir)
 
 
-def test_overlap_step_generates_with_the_previous_weights_and_trains(tmp_path, tiny_dir):
+@pytest.mark.parametrize("correction", [[], ["rollout_correction.is_level=token"]], ids=["behaviour", "decoupled"])
+def test_overlap_step_generates_with_the_previous_weights_and_trains(tmp_path, tiny_dir, correction):
     pytest.importorskip("ray", reason="engine replicas need the ray extra: pip install 'vagent[ray]'")
     from vagent.recipes.run import train
 
     cfg = config(tmp_path, tiny_dir, [ENV], "steps=2", "rollout.replicas=1", "rollout.overlap=1",
-                 "rollout.temperature=1.0")
+                 "rollout.temperature=1.0", *correction)
     run_dir = train(cfg, quiet=True)
     recs = rl_records(run_dir)
     assert [r["step"] for r in recs] == [1, 2]  # RL step k = after k updates (docs/metrics.md)
     # step 1 sampled with the initial weights; step 2's batch was generated during step 1's
     # update, so with version 0 while the trainer was at version 1
     assert [(r["rollout/weights_version"], r["rollout/weights_lag"]) for r in recs] == [(0.0, 0.0), (0.0, 1.0)]
+    assert [r["mismatch/staleness"] for r in recs] == [0.0, 1.0]
     assert all(r["actor/updated"] == 1.0 for r in recs)
+    # the canary checked each push (start-up and after step 1's update) and the replica passed
+    assert all(r["sync/canary_max_abs_diff"] < 1e-3 and r["sync/canary_s"] > 0 for r in recs)
+    assert (Path(run_dir) / "canary_probe.pt").is_file()
+    # behaviour vs proximal: the same weights at step 1, one update apart at step 2
+    kl = [r["mismatch/behaviour_proximal_kl"] for r in recs]
+    assert kl[0] < 1e-6 < kl[1]
+    if correction:  # decoupled PPO: the ratio starts at 1 against the proximal policy (pi_theta = pi_prox)
+        assert all(abs(r["loss/ratio_mean"] - 1.0) < 1e-4 for r in recs)
+        assert recs[1]["correction/is_mean"] != pytest.approx(1.0, abs=1e-6)
+    else:  # against the behaviour policy, one update old at step 2
+        assert abs(recs[1]["loss/ratio_mean"] - 1.0) > 1e-4
     assert changed(tiny_dir, run_dir)
     import ray
 
     assert not ray.is_initialized()  # the driver started the cluster and shut it down
+
+
+def test_correction_and_engine_dtype_settings_are_checked_at_load(tmp_path, tiny_dir):
+    for bad, match in [("rollout_correction.is_threshold=0", "rollout_correction.is_threshold"),
+                       ("rollout_correction.is_threshold=.nan", "rollout_correction.is_threshold"),
+                       ("rollout_correction.rs_high=-1", "rollout_correction.rs_high")]:
+        with pytest.raises(ConfigError, match=match) as err:
+            config(tmp_path, tiny_dir, [ENV], bad)
+        assert "\n" not in str(err.value)  # one line
+    with pytest.raises(ConfigError, match="rs_low .* must be below"):
+        config(tmp_path, tiny_dir, [ENV], "rollout_correction.rs_low=3", "rollout_correction.rs_high=2")
+    with pytest.raises(ConfigError, match="rollout.replicas >= 1"):
+        config(tmp_path, tiny_dir, [ENV], "rollout.engine_dtype=bfloat16")
+    ok = config(tmp_path, tiny_dir, [ENV], "rollout.engine_dtype=bfloat16", "rollout.replicas=1",
+                "rollout_correction.is_level=sequence", "rollout_correction.veto_threshold=1e-4")
+    assert ok.rollout_correction.is_level == "sequence" and ok.rollout.engine_dtype == "bfloat16"
 
 
 def test_overlap_needs_a_separate_generator(tmp_path, tiny_dir):

@@ -262,6 +262,8 @@ class RemoteEngine:
         threads: torch threads per replica.
         num_cpus: Ray CPUs reserved per replica (0 lets replicas share the cluster's CPUs).
         max_concurrency: calls one replica accepts at once (its batching front merges them).
+        dtype: the replicas' parameter dtype (e.g. ``torch.bfloat16``); None = the model's. Pushed
+            weights are cast into it as they load.
     """
 
     #: ``generate`` may be called from many threads at once
@@ -269,11 +271,11 @@ class RemoteEngine:
 
     def __init__(self, model: Any, encoder: Any, *, replicas: int = 2, prefix_cache: bool = True,
                  threads: int = 1, num_cpus: float = 0, max_concurrency: int = 64,
-                 names: Sequence[str] | None = None):
+                 names: Sequence[str] | None = None, dtype: Any = None):
         named = _replica_options(replicas, names)
         ray = _running_ray()
         actor = ray.remote(EngineReplica)
-        model_ref = ray.put(_cpu_copy(model))
+        model_ref = ray.put(_cpu_copy(model, dtype))
         handles = [actor.options(num_cpus=num_cpus, max_concurrency=max_concurrency, **kw).remote(
             model_ref, encoder, prefix_cache, threads) for kw in named]
         self._setup(ray, encoder, handles, owner=True)
@@ -408,6 +410,12 @@ class RemoteEngine:
         self.weights_version = version
         return version
 
+    def generate_on(self, replica: int, requests: Sequence[GenerationRequest],
+                    params: SamplingParams) -> list[GenerationOutput]:
+        """``generate`` on replica ``replica`` only, without routing or retries (the weight canary
+        checks every replica after a push)."""
+        return self._ray.get(self.replicas[replica].generate.remote(list(requests), params))
+
     def replica_logprobs(self, replica: int, input_ids: list[int], n_prompt: int,
                          temperature: float = 1.0) -> list[float]:
         """A replica's log-probs of ``input_ids[n_prompt:]`` given the rest (weight checks)."""
@@ -466,11 +474,12 @@ def _unwrap(model: Any) -> Any:
     return unwrap(model)
 
 
-def _cpu_copy(model: Any) -> Any:
-    """A CPU copy of the (unwrapped) model in eval mode, in the trainer's dtype."""
+def _cpu_copy(model: Any, dtype: Any = None) -> Any:
+    """A CPU copy of the (unwrapped) model in eval mode, in the trainer's dtype (or ``dtype``)."""
     import copy
 
-    return copy.deepcopy(_unwrap(model)).to("cpu").eval()
+    out = copy.deepcopy(_unwrap(model)).to("cpu").eval()
+    return out if dtype is None else out.to(dtype)
 
 
 __all__ = ["RemoteEngine", "EngineReplica", "VLLMReplica", "start_ray", "join_ray", "import_ray", "token_logprobs", "RAY_HINT"]

@@ -46,7 +46,7 @@ from vagent.recipes.scoring import rl_temperature, score_batch
 from vagent.recipes.session import Session
 from vagent.recipes.sharding import policy_to_copy, shard_for_training
 from vagent.recipes.stages import Scores, StepClock, StepOutcome, TrainState
-from vagent.recipes.tail import StepLoop, behaviour_logprobs, token_batch
+from vagent.recipes.tail import StepLoop, off_policy, token_batch
 from vagent.recipes.update import UpdateContext, actor_update
 from vagent.rl.advantages import (
     gigpo_advantages, grpo_advantages, masked_mean, reinforce_pp_advantages, rloo_advantages,
@@ -88,16 +88,20 @@ def train_grpo(session: Session, start_step: int = 0, resume_from: str | None = 
             # scoring passes (no grad): log pi_old, log pi_ref
             scores = score_batch(model, None, ref, batch, update_cfg, temperature)
 
+            # the engine/trainer gap: mismatch metrics, and the rollout correction when configured
+            off = off_policy(cfg, batch, scores, session.loaded.encoder.image_token_id)
+
             # 5. update
             ctx = UpdateContext(device, session.bf16, cfg.seed, step, session.last_checkpoint, temperature)
-            stats = actor_update(model, params, opt, batch, advantages, behaviour_logprobs(cfg, batch, scores),
-                                 scores.ref_logprobs, update_cfg, ctx)
+            stats = actor_update(model, params, opt, batch, advantages, off.anchor, scores.ref_logprobs, update_cfg,
+                                 ctx, off.weights, off.loss_mask)
             stats["optim/actor_lr"] = opt.param_groups[0]["lr"]
             sched.step()
             clock.stop()
 
             # 6. log, validate, save samples and checkpoint
-            metrics = grpo_metrics(cfg, episodes, batch, scores, advantages, filter_metrics | stats, clock)
+            metrics = grpo_metrics(cfg, episodes, batch, scores, advantages, filter_metrics | off.metrics | stats,
+                                   clock)
             outcome = StepOutcome(step + 1, metrics, episodes, batch, scores.old_logprobs, advantages)
             loop.finish(outcome, state)
     return loop.last_val

@@ -59,7 +59,7 @@ from vagent.recipes.scoring import rl_temperature, score_batch
 from vagent.recipes.session import Session
 from vagent.recipes.sharding import policy_to_copy, shard_for_training
 from vagent.recipes.stages import Advantages, Scores, StepClock, StepOutcome, TrainState
-from vagent.recipes.tail import StepLoop, behaviour_logprobs, token_batch
+from vagent.recipes.tail import StepLoop, off_policy, token_batch
 from vagent.recipes.update import UpdateContext, actor_update, critic_update
 from vagent.rl.advantages import (
     anchor_mask, bi_level_gae, masked_gae, masked_mean, masked_whiten, no_concat_gae, turn_gae,
@@ -94,8 +94,10 @@ def train_ppo(session: Session, start_step: int = 0, resume_from: str | None = N
             #    reads V_old off the policy's pass and keeps its features for the critic update)
             scores = score_batch(model, nets.critic, nets.ref, batch, update_cfg, temperature)
 
-            # 4. advantages and returns (KL in the reward first); the critic's targets exist only on critic_mask
+            # 4. advantages and returns (KL in the reward first); the critic's targets exist only on critic_mask;
+            #    the engine/trainer gap: mismatch metrics, and the rollout correction when configured
             estimate = ppo_advantages(cfg, batch, scores, filter_scale)
+            off = off_policy(cfg, batch, scores, session.loaded.encoder.image_token_id)
 
             # 5. update: critic every step, actor after the critic warm-up
             ctx = UpdateContext(device, session.bf16, cfg.seed, step, session.last_checkpoint, temperature)
@@ -104,15 +106,16 @@ def train_ppo(session: Session, start_step: int = 0, resume_from: str | None = N
                                   estimate.returns, estimate.critic_mask, update_cfg, ppo_cfg.value_clip, ctx,
                                   scores.features)
             scores = replace(scores, features=None)  # [B, L, H]: free it before the actor's update
-            if actor_on:
+            if actor_on:  # the ratio's anchor, IS weights and rejections of the engine/trainer gap
                 stats.update(actor_update(model, nets.actor_params, nets.actor_opt, batch, estimate.advantages,
-                                          behaviour_logprobs(cfg, batch, scores), scores.ref_logprobs,
-                                          update_cfg, ctx))
+                                          off.anchor, scores.ref_logprobs, update_cfg, ctx, off.weights,
+                                          off.loss_mask))
             stats.update(nets.step_schedules(actor_on))
             clock.stop()
 
             # 6. log, validate, save samples and checkpoint
-            metrics = ppo_metrics(cfg, episodes, batch, scores, estimate, filter_metrics | stats, actor_on, clock)
+            metrics = ppo_metrics(cfg, episodes, batch, scores, estimate, filter_metrics | off.metrics | stats,
+                                  actor_on, clock)
             outcome = StepOutcome(step + 1, metrics, episodes, batch, scores.old_logprobs, estimate.advantages,
                                   scores.values, estimate.returns)
             loop.finish(outcome, nets.state)

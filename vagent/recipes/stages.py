@@ -6,6 +6,7 @@ One RL step of ``ppo.py`` / ``grpo.py`` reads::
     batch     = token_batch(session, episodes)         token rows    -> TokenBatch [B, L]
     scores    = score_batch(...)                       scoring       -> Scores
     estimate  = ppo_advantages(...) / grpo: a tensor   advantages    -> Advantages
+    off       = off_policy(cfg, batch, scores, ...)    mismatch      -> OffPolicy (ratio anchor, IS weights, rejections)
     stats     = critic_update(...), actor_update(...)  update        -> dict of loss/ actor/ critic/ stats
     outcome   = StepOutcome(...)                       log, save     -> after_step (``vagent.recipes.tail``)
 
@@ -50,6 +51,18 @@ class Advantages:
     returns: Tensor  # the critic's targets, defined on critic_mask
     critic_mask: Tensor  # where the value loss trains: M, turn ends (turn_gae) or anchors (no_concat_gae)
     kl_ref: float | None = None  # mean per-token KL to the reference over M (actor/kl_ref); None: no reference
+
+
+@dataclass(frozen=True)
+class OffPolicy:
+    """How the update treats the gap between the engine that sampled the batch and the trainer
+    (``vagent.recipes.tail.off_policy``): what the PPO ratio is taken against, the rollout
+    correction's weights and rejections, and the ``mismatch/`` and ``correction/`` metrics."""
+
+    anchor: Tensor  # log-probs the PPO ratio is taken against: log pi_old (or the behaviour's, overlap 1 uncorrected)
+    weights: Tensor | None  # truncated IS weights on the policy loss (rollout_correction.is_level); None = 1
+    loss_mask: Tensor  # M without the rejected tokens (rollout_correction.rs_level / veto_threshold)
+    metrics: dict[str, float]
 
 
 @dataclass(frozen=True)

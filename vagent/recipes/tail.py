@@ -1,5 +1,6 @@
-"""What PPO and GRPO share around their step: the rollout set-up, the token batch, the behaviour
-log-probs, validation, and the step's tail (log, validate, save samples, checkpoint, plot).
+"""What PPO and GRPO share around their step: the rollout set-up, the token batch, the
+engine/trainer gap (``off_policy``: ratio anchor, rollout correction, mismatch metrics),
+validation, and the step's tail (log, validate, save samples, checkpoint, plot).
 
 ``ppo.py`` and ``grpo.py`` differ in scoring, advantages and update; everything before and after
 those stages is here, once.
@@ -7,16 +8,20 @@ those stages is here, once.
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Iterator
 
 from torch import Tensor
 
 from vagent.distributed import generation_mode
+from vagent.recipes.common import train_env_specs
 from vagent.recipes.rollouts import train_rollout, validation_rollout, validation_turns
 from vagent.recipes.session import Session
 from vagent.recipes.sharding import policy_export
-from vagent.recipes.stages import Scores, StepOutcome, TrainState
+from vagent.recipes.stages import OffPolicy, Scores, StepOutcome, TrainState
+from vagent.rl.correction import CorrectionSettings, correct, k3_kl, mismatch_metrics
 from vagent.rollout.batch import TokenBatch, build_token_batch
+from vagent.rollout.canary import WeightCanary, default_tolerance, probe_for_run
 from vagent.rollout.driver import RolloutDriver, make_driver
 from vagent.rollout.hf_policy import HFPolicy
 from vagent.runs import StepProgress, plot_run, save_checkpoint, save_rollouts, save_token_rows
@@ -46,8 +51,26 @@ def start_rollouts(session: Session) -> tuple[HFPolicy, RolloutDriver]:
     reasoning = session.reasoning_reward()
     driver = make_driver(cfg, loaded, policy,
                          lambda pol, k, unshard: train_rollout(session, pol, k, reasoning, unshard=unshard),
-                         model_dir=session.model_dir, fresh_model=session.load_fresh_model)
+                         model_dir=session.model_dir, fresh_model=session.load_fresh_model,
+                         canary=weight_canary(session))
     return policy, driver
+
+
+def weight_canary(session: Session) -> WeightCanary | None:
+    """The weight-push canary of a run whose generator has weights of its own (engine replicas or
+    vLLM; ``rollout.canary``), on the run's probe (``<run>/canary_probe.pt``), with the tolerance
+    of ``rollout.canary_tolerance`` or the engine's and trainer's dtypes; None otherwise."""
+    cfg = session.cfg
+    settings = cfg.rollout
+    if not settings.canary or (settings.replicas == 0 and settings.engine == "hf"):
+        return None
+    prompts, note = probe_for_run(session.run.root, train_env_specs(cfg, 0), session.loaded.encoder)
+    trainer = str(next(session.loaded.model.parameters()).dtype).removeprefix("torch.")
+    engine = trainer if settings.engine_dtype == "auto" else settings.engine_dtype
+    tolerance = settings.canary_tolerance or default_tolerance(engine, trainer)
+    session.console.print(f"weight canary: after every push the engine ({engine}) and the trainer ({trainer}) score "
+                          f"{note}; a log-prob gap over {tolerance:g} stops the run")
+    return WeightCanary(prompts, session.loaded.model, tolerance, lambda: session.last_checkpoint)
 
 
 class StepLoop:
@@ -86,10 +109,40 @@ def token_batch(session: Session, episodes: RolloutResult) -> TokenBatch:
     return build_token_batch(episodes, mode=batch_mode(session.cfg), pad_token_id=pad).to(session.device)
 
 
-def behaviour_logprobs(cfg: RunConfig, batch: TokenBatch, scores: Scores) -> Tensor:
-    """The log-probs the PPO ratio is taken against: log pi_old, or with ``rollout.overlap: 1``
-    (the batch was sampled one update ago) the sampling-time (behaviour) log-probs on M."""
-    return batch.old_logprobs * batch.loss_mask if cfg.rollout.overlap else scores.old_logprobs
+def image_context(batch: TokenBatch, image_token_id: int | None) -> Tensor:
+    """[B, L] bool: whether an image is in the context of each position (an image placeholder at or
+    before it in its row); without a known placeholder id, whether the row has an image at all."""
+    if image_token_id is None:
+        return (batch.n_images > 0)[:, None].expand_as(batch.input_ids)
+    return (batch.input_ids == image_token_id).long().cumsum(1) > 0
+
+
+def off_policy(cfg: RunConfig, batch: TokenBatch, scores: Scores, image_token_id: int | None = None) -> OffPolicy:
+    """The engine/trainer gap of a batch and what the update does about it (docs/algorithms.md
+    "Rollout correction"): ``batch.old_logprobs`` are the engine's sampling-time log-probs,
+    ``scores.old_logprobs`` the trainer's of the same tokens.
+
+    - ``rollout.overlap: 0``: both are at the same weights, so their gap is the engines' numerics
+      (or a bad push): ``mismatch/*`` (all tokens, and split by image in context). The ratio is
+      taken against log pi_old (the trainer's).
+    - ``rollout.overlap: 1``: the batch was sampled one update ago: ``mismatch/staleness`` is logged
+      by the driver, ``mismatch/behaviour_proximal_kl`` here; without a correction the ratio is
+      taken against the behaviour (sampling-time) log-probs, as before.
+    - ``rollout_correction`` on: the ratio is taken against the trainer's log-probs (the proximal
+      policy with overlap 1: decoupled PPO), times the truncated IS weights, without the rejected
+      tokens (``vagent.rl.correction.correct``).
+    """
+    engine, trainer, M = batch.old_logprobs, scores.old_logprobs, batch.loss_mask
+    if cfg.rollout.overlap:
+        metrics = {"mismatch/behaviour_proximal_kl": k3_kl(trainer, engine, M)}
+    else:
+        metrics = mismatch_metrics(trainer, engine, M, image_context(batch, image_token_id))
+    settings = CorrectionSettings(**asdict(cfg.rollout_correction))
+    if not settings.active:
+        anchor = engine * M if cfg.rollout.overlap else trainer
+        return OffPolicy(anchor, None, M, metrics)
+    fix = correct(trainer, engine, M, settings)
+    return OffPolicy(trainer, fix.weights, fix.mask, metrics | fix.metrics)
 
 
 def log_validation(session: Session, policy: HFPolicy, step: int) -> dict[str, float]:

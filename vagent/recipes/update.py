@@ -195,6 +195,7 @@ class ActorInputs(NamedTuple):
     advantages: Tensor
     old_logprobs: Tensor
     ref_logprobs: Tensor | None  # None unless the KL penalty is in the loss
+    is_weights: Tensor | None = None  # rollout-correction IS weights on the policy loss; None = 1
 
 
 @dataclass(frozen=True)
@@ -214,7 +215,8 @@ class ActorLoss:
             logp, ent = policy_forward(self.model, mb, settings.logprob_chunk, with_entropy=True,
                                        temperature=self.ctx.temperature, packed=settings.packing)
         pl = ppo_policy_loss(logp, inputs.old_logprobs, inputs.advantages, mask,
-                             settings.clip_low, settings.clip_high, settings.dual_clip, settings.loss_agg)
+                             settings.clip_low, settings.clip_high, settings.dual_clip, settings.loss_agg,
+                             weights=inputs.is_weights)
         entropy = aggregate(ent, mask, settings.loss_agg)
         loss = pl.loss - settings.entropy_coef * entropy
         stats = pl.metrics()
@@ -269,17 +271,21 @@ def actor_update(
     ref_logprobs: Tensor | None,
     settings: UpdateConfig,
     ctx: UpdateContext,
+    is_weights: Tensor | None = None,
+    loss_mask: Tensor | None = None,
 ) -> dict[str, float]:
     """PPO-clip update of the policy on ``batch`` (see the module docstring); returns mean stats.
 
     Shapes: advantages, old_logprobs, ref_logprobs [B, L] aligned with ``batch.input_ids``; the
     KL penalty is in the loss when ``ref_logprobs`` is given, ``settings.kl_in == "loss"`` and
-    ``settings.kl_coef > 0``.
+    ``settings.kl_coef > 0``. ``is_weights`` [B, L]: rollout-correction weights on each token's
+    policy loss (None = 1); ``loss_mask`` [B, L] bool: the tokens the loss aggregates over
+    (default ``batch.loss_mask``; the rollout correction's rejections take tokens out of it).
     """
     kl_in_loss = ref_logprobs is not None and settings.kl_in == "loss" and settings.kl_coef > 0
-    inputs = ActorInputs(advantages, old_logprobs, ref_logprobs if kl_in_loss else None)
-    return update_loop(model, params, opt, batch, inputs, batch.loss_mask, ActorLoss(model, settings, ctx), settings,
-                       ctx)
+    inputs = ActorInputs(advantages, old_logprobs, ref_logprobs if kl_in_loss else None, is_weights)
+    mask = batch.loss_mask if loss_mask is None else loss_mask
+    return update_loop(model, params, opt, batch, inputs, mask, ActorLoss(model, settings, ctx), settings, ctx)
 
 
 def critic_update(

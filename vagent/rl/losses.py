@@ -95,6 +95,7 @@ def ppo_policy_loss(
     clip_high: float = 0.2,
     dual_clip: float | None = None,
     agg: str = "token-mean",
+    weights: Tensor | None = None,
 ) -> PolicyLoss:
     """PPO clipped surrogate (Schulman et al., arXiv 1707.06347) with clip-higher (DAPO, arXiv
     2503.14476: ``clip_high > clip_low``, ViGoRL uses 0.2/0.28) and dual-clip (Ye et al., arXiv
@@ -103,6 +104,7 @@ def ppo_policy_loss(
         r_t = exp(logp_t - logp_old_t)
         l_t = max(-A_t r_t, -A_t clip(r_t, 1 - clip_low, 1 + clip_high))
         if dual_clip and A_t < 0:  l_t = min(l_t, -A_t * dual_clip)
+        l_t = w_t * l_t                    (``weights``: rollout-correction IS weights, if given)
         loss = aggregate(l, M, agg)        (minimising it maximises docs/algorithms.md reference section 6's J)
 
     Args:
@@ -112,6 +114,8 @@ def ppo_policy_loss(
         mask: [B, L] loss mask.
         clip_low, clip_high: epsilon below and above 1. dual_clip: c > 1, or None to disable.
         agg: one of ``AGG_MODES``.
+        weights: [B, L] per-token importance weights on the loss (truncated IS of
+            ``vagent.rl.correction``; detached), or None (all 1).
     """
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1 (ViGoRL uses 3.0) or None, got {dual_clip}")
@@ -129,6 +133,8 @@ def ppo_policy_loss(
         cap = -adv * dual_clip  # |A| c for A < 0
         dual = (adv < 0) & (loss_mat > cap)  # dual-clip bound active
         loss_mat = torch.where(adv < 0, torch.minimum(loss_mat, cap), loss_mat)
+    if weights is not None:
+        loss_mat = loss_mat * weights.detach().float()  # w_t l_t (verl: pg_losses * rollout_is_weights)
     r = ratio.detach()
     lower = (adv < 0) & (r < 1.0 - clip_low)
     upper = (adv > 0) & (r > 1.0 + clip_high)

@@ -67,6 +67,7 @@ if TYPE_CHECKING:  # torch, the model loader and the run config stay out of `imp
 
     from vagent.envs.base import Env
     from vagent.models.loading import LoadedModel
+    from vagent.rollout.canary import WeightCanary
     from vagent.recipes.config import EnvEntry, RolloutConfig, RunConfig
 
 logger = logging.getLogger(__name__)
@@ -136,16 +137,21 @@ class RolloutDriver:
         overlap: 0, or 1 to roll out step k+1 while step k updates.
         steps: the run's last step + 1 (no rollout is started beyond it).
         owns_ray: ``close()`` shuts the Ray cluster down (the driver started it).
+        canary: checks ``engine`` against ``model`` after every push (``vagent.rollout.canary``);
+            its ``sync/*`` metrics go on the episodes sampled with the weights it checked.
     """
 
     def __init__(self, run: RolloutRun, policy: Policy, *, engine: PushedEngine | None = None,
-                 model: torch.nn.Module | None = None, overlap: int = 0, steps: int = 0, owns_ray: bool = False):
+                 model: torch.nn.Module | None = None, overlap: int = 0, steps: int = 0, owns_ray: bool = False,
+                 canary: WeightCanary | None = None):
         if overlap not in (0, 1):
             raise ValueError(f"overlap must be 0 or 1, got {overlap}")
         if overlap and engine is None:
             raise ValueError("overlap 1 needs a generator apart from the trainer's model (engine replicas or vLLM)")
         self.run, self.policy, self.engine, self.model = run, policy, engine, model
         self.overlap, self.steps, self.owns_ray = overlap, steps, owns_ray
+        self.canary = canary
+        self._sync: dict[int, dict[str, float]] = {}  # weights version -> the canary's sync/ metrics
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vagent-overlap") if overlap else None
         self._pending: tuple[int, Future[RolloutResult], int] | None = None  # (step, its rollout, weights version)
         # the background rollout's collectives (a job's episode gather) run on a group of their own
@@ -167,9 +173,25 @@ class RolloutDriver:
         with on_group(self._group):
             return self.run(self.policy, step, self.unshard)
 
+    def start(self, push: bool) -> None:
+        """Version 0 of the generator: push the trainer's weights when ``push`` (vLLM loaded the
+        model directory, which may predate SFT; hf replicas copied the trainer's model), then check
+        them with the canary."""
+        if push:
+            push_weights(self.engine, self.model, 0)
+        self._verify(0)
+
     def _push(self, version: int) -> None:
         if self.engine is not None and self.engine.weights_version != version:
             push_weights(self.engine, self.model, version)
+            self._verify(version)
+
+    def _verify(self, version: int) -> None:
+        """The canary's check of the weights just pushed (raises ``WeightSyncError`` before any
+        rollout samples with them); its metrics are kept for the episodes of that version."""
+        if self.canary is not None:  # keep the previous version's too: an overlapped rollout sampled with it
+            self._sync = {v: m for v, m in self._sync.items() if v >= version - 1}
+            self._sync[version] = self.canary.check(self.engine, version)
 
     def get(self, step: int) -> RolloutResult:
         """Step ``step``'s episodes (started in the background during the previous step when overlapping)."""
@@ -205,6 +227,10 @@ class RolloutDriver:
         if versions and hasattr(episodes, "metrics"):
             episodes.metrics["rollout/weights_version"] = float(min(versions))
             episodes.metrics["rollout/weights_lag"] = float(step - min(versions))
+            # updates between sampling and this update, per turn (0 without overlap, 1 with it)
+            episodes.metrics["mismatch/staleness"] = sum(step - v for v in versions) / len(versions)
+        if pushed is not None and pushed in self._sync and hasattr(episodes, "metrics"):
+            episodes.metrics.update(self._sync[pushed])
 
     def close(self) -> None:
         """Wait for a background rollout, stop the generator (and Ray when the driver started it)."""
@@ -228,10 +254,13 @@ class RolloutDriver:
 
 
 def make_driver(cfg: RunConfig, loaded: LoadedModel, policy: Policy, run: RolloutRun,
-                model_dir: str | Path | None = None, fresh_model: FreshModel | None = None) -> RolloutDriver:
+                model_dir: str | Path | None = None, fresh_model: FreshModel | None = None,
+                canary: WeightCanary | None = None) -> RolloutDriver:
     """The driver of a run config's ``rollout`` section; ``policy`` is the recipe's in-process
     ``HFPolicy`` (used as it is on the default path). ``fresh_model()``: an unsharded copy of the
-    policy (``Session.load_fresh_model``), needed by engine replicas in a job of several ranks."""
+    policy (``Session.load_fresh_model``), needed by engine replicas in a job of several ranks.
+    ``canary``: the weight-push check of a generator apart from the trainer (run at start-up and
+    after every push)."""
     from vagent.rollout.hf_policy import HFPolicy
 
     settings = cfg.rollout
@@ -255,10 +284,14 @@ def make_driver(cfg: RunConfig, loaded: LoadedModel, policy: Policy, run: Rollou
     else:  # in process, asynchronous
         gen_policy = HFPolicy(loaded, prefix_cache=settings.prefix_cache, per_request_seeds=True, batching=True,
                               max_context_tokens=max_context)
-    if settings.engine == "vllm":  # vLLM loaded model_dir, which may predate SFT: the trainer's weights, version 0
-        push_weights(engine, loaded.model, 0)
-    return RolloutDriver(run, gen_policy, engine=engine, model=loaded.model, overlap=settings.overlap,
-                         steps=cfg.steps, owns_ray=owns_ray)
+    driver = RolloutDriver(run, gen_policy, engine=engine, model=loaded.model, overlap=settings.overlap,
+                           steps=cfg.steps, owns_ray=owns_ray, canary=canary)
+    try:  # vLLM loaded model_dir, which may predate SFT: the trainer's weights, version 0
+        driver.start(push=settings.engine == "vllm")
+    except BaseException:
+        driver.close()
+        raise
+    return driver
 
 
 __all__ = ["RolloutDriver", "make_driver", "check_rollout_setup", "engine_replicas", "env_factory_for", "is_default",

@@ -69,12 +69,14 @@ def push_weights(engine: PushedEngine, model: torch.nn.Module, version: int) -> 
 
 def vllm_settings(cfg: RunConfig, loaded: LoadedModel) -> dict:
     """``VLLMEngine`` keyword arguments of a run config: its memory share, seed, the trainer's
-    parameter dtype (so that greedy replies equal the trainer's) and the context length."""
+    parameter dtype (so that greedy replies equal the trainer's) unless ``rollout.engine_dtype``
+    names another, and the context length."""
     import torch
 
     dtype = next(loaded.model.parameters()).dtype
+    trainer = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]
     out = {"gpu_memory_utilization": cfg.rollout.vllm_gpu_memory, "seed": cfg.seed,
-           "dtype": {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[dtype]}
+           "dtype": trainer if cfg.rollout.engine_dtype == "auto" else cfg.rollout.engine_dtype}
     if cfg.model.max_context_tokens:
         out["max_model_len"] = cfg.model.max_context_tokens
     return out
@@ -160,17 +162,18 @@ def _new_replicas(cfg: RunConfig, loaded: LoadedModel, model: torch.nn.Module | 
                   names: list[str] | None = None) -> PushedEngine:
     """The ``RemoteEngine`` of ``rollout.replicas`` new actors: hf copies of ``model``, or vLLM
     engines on ``model_dir``."""
+    import torch
+
     from vagent.models.remote import RemoteEngine
 
     settings = cfg.rollout
     if settings.engine == "vllm":
-        import torch
-
         # CUDA: one GPU per replica from Ray (it sets CUDA_VISIBLE_DEVICES); vLLM's CPU build: none
         return RemoteEngine.vllm(saved_model_dir(model_dir), loaded.encoder, replicas=settings.replicas, names=names,
                                  num_gpus=1 if torch.cuda.is_available() else 0, **vllm_settings(cfg, loaded))
+    dtype = None if settings.engine_dtype == "auto" else getattr(torch, settings.engine_dtype)
     return RemoteEngine(model, loaded.encoder, replicas=settings.replicas, prefix_cache=settings.prefix_cache,
-                        threads=settings.replica_threads, names=names)
+                        threads=settings.replica_threads, names=names, dtype=dtype)
 
 
 def _full_model(loaded: LoadedModel, full: dict[str, torch.Tensor] | None,

@@ -53,6 +53,7 @@ from vagent.recipes.config.sections import (
     PPOConfig,
     PPOEstimator,
     RolloutConfig,
+    RolloutCorrectionConfig,
     RunConfig,
     SFTConfig,
     UpdateConfig,
@@ -64,7 +65,7 @@ __all__ = [
     "ConfigError",
     # sections
     "DistConfig", "EnvEntry", "GRPOConfig", "GRPOEstimator", "HubConfig", "LogConfig", "ModelConfig", "PPOConfig",
-    "PPOEstimator", "RolloutConfig", "RunConfig", "SFTConfig", "UpdateConfig", "ValConfig",
+    "PPOEstimator", "RolloutConfig", "RolloutCorrectionConfig", "RunConfig", "SFTConfig", "UpdateConfig", "ValConfig",
     # ranges
     "RANGES", "Range", "check_name", "check_out_dir", "check_ranges", "class_default", "ranges_markdown",
     "read_config_text",

@@ -104,6 +104,11 @@ RANGES: dict[str, Range] = {
     "rollout.replica_threads": Range(1, 4096),
     "rollout.overlap": Range(0, 1),
     "rollout.vllm_gpu_memory": Range(0, 1, lo_open=True),
+    "rollout.canary_tolerance": Range(0, 1000, lo_open=True, why="max |log-prob gap| on a probe token"),
+    "rollout_correction.is_threshold": Range(0, 1e9, lo_open=True, why="C: IS weights truncated at C"),
+    "rollout_correction.rs_low": Range(0, 1e9, lo_open=True),
+    "rollout_correction.rs_high": Range(0, 1e9, lo_open=True),
+    "rollout_correction.veto_threshold": Range(0, 1, lo_open=True),
     # update
     "update.actor_lr": Range(0, 1, lo_open=True),
     "update.weight_decay": Range(0, 10),

@@ -157,6 +157,17 @@ class RolloutConfig:
     #: engine vllm: share of the GPU's memory (vLLM's CPU build: of the RAM) each vLLM engine may
     #: take for weights + KV cache; null = the platform's default (GPU 0.4, CPU 0.1)
     vllm_gpu_memory: float | None = None
+    #: the generator's parameter dtype: auto (the trainer's), float32 or bfloat16 (engine replicas
+    #: and vLLM; a bf16 engine beside an fp32 trainer is the mismatch rollout_correction corrects)
+    engine_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    #: after every weight push to a generator apart from the trainer (replicas, vLLM), score a fixed
+    #: probe (prompts with images from the train envs, saved as <run>/canary_probe.pt) with the
+    #: engine and the trainer; a log-prob gap over canary_tolerance stops the run before the next
+    #: rollout (docs/distributed.md "Weight-push canary")
+    canary: bool = True
+    #: the largest |log pi_engine - log pi_trainer| the canary accepts on a probe token; null = by
+    #: dtype: 0.01 when engine and trainer are float32, 1.0 when either is bfloat16 / float16
+    canary_tolerance: float | None = None
 
 
 @dataclass
@@ -344,6 +355,29 @@ class HubConfig:
 
 
 @dataclass
+class RolloutCorrectionConfig:
+    """Engine/trainer mismatch correction on the policy loss (docs/algorithms.md "Rollout
+    correction"; verl's rollout_corr). Off by default. With any of it on, the PPO ratio is taken
+    against the trainer's log-probs before the update (with rollout.overlap 1: the proximal policy,
+    AReaL's decoupled PPO) and these weights and rejections use the engine's sampling log-probs."""
+
+    #: truncated importance sampling: none, token (each token's loss x min(rho_t, C)) or sequence
+    #: (x min(prod_t rho_t, C)), rho = pi_trainer / pi_engine
+    is_level: Literal["none", "token", "sequence"] = "none"
+    #: C, the truncation of the IS weights (> 0; verl's default 2.0)
+    is_threshold: float = 2.0
+    #: rejection (masked IS): none, token, sequence (prod_t rho_t) or geometric (exp(mean_t log rho_t));
+    #: tokens / rows whose ratio leaves [rs_low, rs_high] get no gradient
+    rs_level: Literal["none", "token", "sequence", "geometric"] = "none"
+    #: lower bound of the accepted ratio (null = 1 / rs_high)
+    rs_low: float | None = None
+    #: upper bound of the accepted ratio (> rs_low)
+    rs_high: float = 2.0
+    #: a row with any token of rho_t below this is rejected whole (null = off; e.g. 1e-4)
+    veto_threshold: float | None = None
+
+
+@dataclass
 class DistConfig:
     """Runs of several processes (torchrun; docs/distributed.md); ignored by a single process."""
 
@@ -392,6 +426,8 @@ class RunConfig:
     #: GRPO settings, used when recipe is grpo
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     #: SFT settings (the recipe sft, or the warm start before ppo/grpo when steps > 0)
+    #: engine/trainer mismatch correction (truncated IS, rejection, decoupled PPO); off by default
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     #: validation settings
     val: ValConfig = field(default_factory=ValConfig)

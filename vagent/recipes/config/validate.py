@@ -145,19 +145,82 @@ def check_log(cfg: RunConfig) -> None:
     need(cfg.log.keep_last >= 1, f"log.keep_last must be >= 1, got {cfg.log.keep_last}.")
 
 
+def check_rollout_correction(cfg: RunConfig) -> None:
+    """An accepted ratio band that is not empty; an engine dtype only where the generator has its own
+    weights (engine replicas or vLLM)."""
+    corr, rollout = cfg.rollout_correction, cfg.rollout
+    need(corr.rs_low is None or corr.rs_low < corr.rs_high,
+         f"rollout_correction.rs_low ({corr.rs_low}) must be below rollout_correction.rs_high ({corr.rs_high}): "
+         "tokens whose ratio pi_trainer / pi_engine leaves [rs_low, rs_high] are rejected; e.g. rs_low 0.5, "
+         "rs_high 2.0 (null rs_low = 1 / rs_high).")
+    need(rollout.engine_dtype == "auto" or rollout.replicas >= 1 or rollout.engine == "vllm",
+         f"rollout.engine_dtype {rollout.engine_dtype} sets the dtype of a generator apart from the trainer, and "
+         "this run generates with the trainer's own model: set rollout.replicas >= 1 (or rollout.engine vllm), "
+         "or rollout.engine_dtype auto.")
+
+
+def check_reasoning_reward(cfg: RunConfig) -> None:
+    """``reasoning_reward`` parses as :class:`vagent.rewards.reasoning.ReasoningRewardConfig` (an
+    unknown key fails here, before any model work, not after SFT) and every number in it is finite
+    (a NaN or inf weight would give NaN turn rewards)."""
+    if not cfg.reasoning_reward:
+        return
+    import dataclasses
+    import math
+
+    from vagent.config import from_mapping
+    from vagent.rewards.reasoning import ReasoningRewardConfig  # not at the top: vagent --help stays light
+
+    parsed = from_mapping(ReasoningRewardConfig, cfg.reasoning_reward, where="reasoning_reward")
+    stack = [("reasoning_reward", dataclasses.asdict(parsed))]
+    while stack:
+        where, node = stack.pop()
+        for key, value in (node.items() if isinstance(node, dict) else enumerate(node)):
+            if isinstance(value, (dict, list)):
+                stack.append((f"{where}.{key}", value))
+            elif isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"{where}.{key} must be a finite number, got {value}: a NaN or infinite weight "
+                                  "makes every turn's reasoning reward NaN. Set a number such as 0.5 (0 turns it off).")
+
+
+#: below this a temperature divides the logits into inf (1e-320 passes the [0, 100] range); 0 is greedy
+MIN_TEMPERATURE = 1e-3
+#: a run name's UTF-8 bytes: the folder <name>-<YYYYmmdd-HHMMSS>-<n> must fit a file name (255 bytes)
+MAX_NAME_BYTES = 200
+
+
+def check_inputs(cfg: RunConfig) -> None:
+    """Values that pass their ranges yet fail later: a temperature between 0 and
+    :data:`MIN_TEMPERATURE`; a run name too long for a folder name or not valid UTF-8."""
+    t = cfg.rollout.temperature
+    need(t == 0 or t >= MIN_TEMPERATURE,
+         f"rollout.temperature must be 0 (greedy) or >= {MIN_TEMPERATURE}, got {t}: dividing the logits by it "
+         "overflows to inf. Set 0 for greedy rollouts.")
+    try:
+        size = len(cfg.name.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise ConfigError(f"name {cfg.name!r} is not valid UTF-8 text (a lone surrogate at position {exc.start}); "
+                          "set name= to a plain folder name such as frozenlake-ppo.") from exc
+    need(size <= MAX_NAME_BYTES, f"name is {size} bytes of UTF-8; at most {MAX_NAME_BYTES} fit the run directory's "
+                                 f"folder name (<name>-<time>): set a shorter name=.")
+
+
 #: the rules between fields, in the order they run (the first that fails raises). model, envs and
 #: grpo have two each, kept in this order so that a config with several errors names the same one first
 SECTION_CHECKS = (check_model_shape, check_steps, check_env_counts, check_rollout, check_env_servers, check_update,
-                  check_ppo, check_grpo, check_model_inputs, check_hub, check_grpo_kl, check_sft, check_log)
+                  check_ppo, check_grpo, check_model_inputs, check_hub, check_grpo_kl, check_sft, check_log,
+                  check_rollout_correction)
 
 
 def validate(cfg: RunConfig) -> RunConfig:
     """Check every number's range (:data:`vagent.recipes.config.ranges.RANGES`), the run name and the
     rules between fields (:data:`SECTION_CHECKS`); raise ConfigError naming the field and the fix."""
     check_ranges(cfg)
+    check_inputs(cfg)  # before check_name: a name that is not UTF-8 cannot be printed in its message
     check_name(cfg.name)
     for check in SECTION_CHECKS:
         check(cfg)
+    check_reasoning_reward(cfg)
     return cfg
 
 
