@@ -18,6 +18,7 @@ demonstrations, then PPO with bi-level GAE on FrozenLake with image observations
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import yaml
@@ -25,7 +26,7 @@ import yaml
 from vagent.config import ConfigError
 from vagent.envs import make_config
 from vagent.plugins import PluginImportError, import_modules
-from vagent.recipes.config import describe_all, load_config
+from vagent.recipes.config import describe_all
 
 
 def add_parser(subparsers) -> None:
@@ -44,6 +45,9 @@ def _add_train_parser(subparsers) -> None:
     train.add_argument("--config", default=None, help="YAML run config (presets in configs/)")
     train.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue a run from its newest checkpoint")
     train.add_argument("--describe", action="store_true", help="list every config field and exit")
+    train.add_argument("--smoke", action="store_true",
+                       help="the config at smoke scale: the tiny model and sizes capped by configs/paper/smoke.yaml, "
+                            "every other setting kept (docs/paper.md)")
     train.add_argument("--quiet", action="store_true", help="print nothing (train.log still gets everything)")
     train.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                        help="module (dotted name or .py file) that registers your own envs; added to the config's "
@@ -106,8 +110,8 @@ def run_train(args: argparse.Namespace) -> int:
     from vagent.runs import TrainingError  # heavy (torch)
 
     try:
-        if args.resume and (args.config or args.overrides):
-            return _error("--resume continues a run with its saved config.yaml; drop --config and overrides.")
+        if args.resume and args.config:  # overrides: the fields that may change on a resume (vagent.recipes.resume)
+            return _error("--resume continues a run with its saved config.yaml; drop --config.")
         _train(args)
         barrier("end of run")  # a job: every rank is done before any destroys the process group
         return 0
@@ -124,14 +128,18 @@ def _train(args: argparse.Namespace) -> None:
     from vagent.runs.progress import ConfigSource  # heavy (vagent.runs imports torch)
 
     if args.resume:
-        train(resume=args.resume, quiet=args.quiet)
+        train(resume=args.resume, quiet=args.quiet, overrides=args.overrides)
         return
     if args.imports:
         try:
             import_modules(args.imports)
         except PluginImportError as exc:
             raise ConfigError(f"--import: {exc}") from exc
-    cfg = load_config(args.config, args.overrides)
+    from vagent.recipes.scale import load_scaled, preflight
+
+    cfg = load_scaled(args.config, args.overrides, args.smoke)
+    if "WORLD_SIZE" not in os.environ:  # one process; a job was checked by its launcher (launch_job)
+        preflight(cfg, 1)
     cfg.imports += [m for m in args.imports if m not in cfg.imports]
     train(cfg, quiet=args.quiet, source=ConfigSource(args.config, tuple(args.overrides)))
 
@@ -157,7 +165,17 @@ def launch_job(args: argparse.Namespace) -> int:
 
         if finished(run, quiet=args.quiet):
             return 0
+    if not args.resume:  # a recipe written for N GPUs: model downloaded? the share per GPU, memory (before torchrun)
+        from vagent.recipes.scale import load_scaled, preflight
+
+        try:
+            import_modules(args.imports)  # the config's own envs, as _train does
+            preflight(load_scaled(args.config, args.overrides, args.smoke), (args.nproc or 1) * args.nnodes)
+        except (ConfigError, PluginImportError) as exc:
+            return _error(str(exc))
     train_args = list(args.overrides)
+    if args.smoke:
+        train_args.append("--smoke")
     if args.config:
         train_args += ["--config", args.config]
     if args.resume:

@@ -154,6 +154,7 @@ RANGES: dict[str, Range] = {
     "log.keep_last": Range(1, 10_000),
     "log.plot_every": Range(0, STEPS),
     "dist.timeout_s": Range(0, 30 * 86400, lo_open=True),
+    "dist.nproc": Range(0, 65536, why="0 = any"),
     "hub.every": Range(1, STEPS),
 }
 

@@ -387,6 +387,11 @@ class DistConfig:
     cpu_offload: bool = False
     #: FSDP2 frees each layer's gathered weights after its forward and gathers them again for the backward (false: keep them, more memory, fewer all-gathers)
     reshard_after_forward: bool = True
+    #: GPUs (processes) the config was written for, e.g. 4 for the paper's recipes (configs/paper/); 0 = any.
+    #: When > 0, `vagent train` checks before any work that a hub model is already downloaded (else it prints the
+    #: `hf download` command) and, with fewer processes, says how each GPU's share of the batch grows, or refuses
+    #: where the training state cannot fit the GPUs (vagent.recipes.scale, docs/paper.md)
+    nproc: int = 0
 
 
 @dataclass
