@@ -109,7 +109,7 @@ def train(cfg: RunConfig | None = None, resume: str | Path | None = None, quiet:
                 raise
             root = console.log_path.parent if console.log_path is not None else None  # the run directory
             err = disk_full_error(root or cfg.out_dir, exc, resume=root)
-            console.print(f"error: {err}")
+            console.log(f"error: {err}")  # train.log; the command prints it once, as it prints every error
             raise err from exc
 
 
@@ -186,7 +186,13 @@ def _checked_model(cfg: RunConfig, console: Console, device: torch.device) -> tu
     setting or a missing model fails before a run directory exists, not after SFT."""
     check_rollout_setup(cfg.rollout, current_world().distributed)
     check_remote_envs(cfg, console.print)  # envs.N.urls: reachable, token accepted, env served
-    model_dir = prepare_model_once(cfg, console)  # several processes: rank 0 builds, the others wait
+    try:
+        model_dir = prepare_model_once(cfg, console)  # several processes: rank 0 builds, the others wait
+    except Exception as exc:  # a full disk here is model.cache_dir's, not the output folder's
+        if not is_disk_full(exc):
+            raise
+        cache = Path(cfg.model.cache_dir).expanduser()
+        raise disk_full_error(cache, exc, what="the model build under model.cache_dir") from exc
     loaded = load_model(cfg, model_dir, device)
     check_compatible(loaded, cfg)
     return model_dir, loaded

@@ -27,10 +27,58 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override {text!r} has an empty key part.")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = load_yaml(raw, f"override {key!r}") if raw.strip() else ""
     except yaml.YAMLError as exc:
         raise ConfigError(f"override {text!r}: the value is not valid YAML ({exc}).") from exc
     return key.split("."), value
+
+
+#: a config file's size and its values once aliases are expanded: a config is a few KB of a few
+#: hundred values; a YAML alias bomb (365 bytes) expands to millions
+MAX_YAML_BYTES = 1 << 20
+MAX_YAML_VALUES = 100_000
+
+
+def load_yaml(text: str, where: str) -> Any:
+    """``yaml.safe_load(text)`` bounded: at most :data:`MAX_YAML_BYTES` of text and
+    :data:`MAX_YAML_VALUES` values counted with every alias expanded (ConfigError otherwise)."""
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_YAML_BYTES:
+        raise ConfigError(f"{where} is larger than {MAX_YAML_BYTES >> 20} MB; a run config is a few KB of key: value "
+                          "lines.")
+    tree = yaml.safe_load(text)
+    count, stack = 0, [tree]
+    while stack:
+        node = stack.pop()
+        count += 1
+        if count > MAX_YAML_VALUES:
+            raise ConfigError(f"{where} expands to more than {MAX_YAML_VALUES} values (YAML aliases repeated inside "
+                              "each other?); write the config without nested aliases.")
+        if isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return tree
+
+
+def tri_state_strings(tree: Any, cls: type | None) -> Any:
+    """``tree`` with YAML booleans turned into the strings of tri-state fields: a field typed
+    ``Literal["auto", "true", "false"]`` written ``bf16: false`` in a YAML file (a boolean) reads as
+    ``"false"``, as it does on the command line."""
+    if isinstance(tree, list):
+        item = _list_item_class(cls) if cls is not None else None
+        return [tri_state_strings(x, item) for x in tree]
+    if not isinstance(tree, dict) or cls is None or not dataclasses.is_dataclass(cls):
+        return tree
+    types = field_types(cls)
+    out = {}
+    for key, value in tree.items():
+        tp = types.get(key)
+        if isinstance(value, bool) and typing.get_origin(tp) is typing.Literal and {"true", "false"} <= set(
+                typing.get_args(tp)):
+            value = "true" if value else "false"
+        out[key] = tri_state_strings(value, field_class(cls, key) if typing.get_origin(tp) not in (list, tuple)
+                                     else tp)
+    return out
 
 
 def _set_path(tree: dict, path: list[str], value: Any, cls: type | None) -> None:
@@ -108,7 +156,7 @@ def load_config(
                 f"--config configs/frozenlake_ppo.yaml (presets: {', '.join(presets) or 'none found'})."
             )
         try:
-            tree = yaml.safe_load(read_config_text(path)) or {}
+            tree = load_yaml(read_config_text(path), str(path)) or {}
         except yaml.YAMLError as exc:
             raise ConfigError(f"{path}: not valid YAML ({exc}).") from exc
         if not isinstance(tree, dict):
@@ -116,7 +164,7 @@ def load_config(
     for text in overrides:
         keys, value = parse_override(text)
         _set_path(tree, keys, value, RunConfig)
-    cfg = from_mapping(RunConfig, tree, where="config")
+    cfg = from_mapping(RunConfig, tri_state_strings(tree, RunConfig), where="config")
     cfg.name = cfg.name or default_run_name(cfg)
     cfg = validate(cfg)
     if cfg.imports:  # the modules that register the config's own envs, before anything looks them up
