@@ -115,15 +115,17 @@ def flat_ids(segments: Sequence[Segment]) -> list[int]:
     return [i for s in segments for i in s.input_ids]
 
 
-def flat_pixels(segments: Sequence[Segment]) -> tuple[Tensor | None, Tensor | None]:
-    """(pixel_values [P, D] | None, image_grid_thw [n_images, 3] | None) of ``segments``, in order."""
+def flat_pixels(segments: Sequence[Segment], pixels: bool = True) -> tuple[Tensor | None, Tensor | None]:
+    """(pixel_values [P, D] | None, image_grid_thw [n_images, 3] | None) of ``segments``, in order;
+    ``pixels=False``: the grids only (pixel_values None), for engines that take raw images (vLLM)."""
     import torch
 
-    pix = [s.pixel_values for s in segments if s.n_images]
     grids = [s.image_grid_thw for s in segments if s.n_images]
-    if not pix:
+    if not grids:
         return None, None
-    return torch.cat(pix, 0), torch.cat(grids, 0)
+    if not pixels:
+        return None, torch.cat(grids, 0)
+    return torch.cat([s.pixel_values for s in segments if s.n_images], 0), torch.cat(grids, 0)
 
 
 def end_segment_ids(encoder: ChatEncoder, sampled_ids: Sequence[int]) -> list[int]:

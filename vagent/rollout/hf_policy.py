@@ -170,10 +170,12 @@ class HFPolicy:
                 replies[i] = Reply("", finish_reason="context_limit", usage={"prompt_tokens": n_ctx, "completion_tokens": 0})
                 continue
             segments = conv.segments + new
-            pixel_values, grid = flat_pixels(segments)
             seed = request_seed(sampling.seed, conv.key) if self.per_request_seeds and not greedy else None
-            # engines that preprocess images themselves (vLLM) also get the raw images, in prompt order
+            # engines that preprocess images themselves (vLLM) get the raw images, in prompt order, and
+            # the grids (their count) but no pixels: the whole history's pixels are not concatenated
+            # again at every turn for an engine that never reads them
             images = tuple(im for m in conv.messages for im in m.images) if self.needs_images else ()
+            pixel_values, grid = flat_pixels(segments, pixels=not self.needs_images)
             requests.append(GenerationRequest(flat_ids(segments), pixel_values, grid, images=images, seed=seed,
                                               key=conv.key))
             rows.append(i)
