@@ -97,6 +97,8 @@ def test_vllm_run_plays_the_same_episodes_as_hf(runs):
     # vLLM's sampling-time log-probs are the trainer's (fp32; measured 3e-6); with the push after
     # update 1 skipped (the version stamped, the weights not loaded) step 2's was 0.45
     assert all(r["actor/logprob_diff"] < 1e-4 for r in vl), [r["actor/logprob_diff"] for r in vl]
+    # the weight-push canary checked vLLM at start-up and after the push of update 1, and passed
+    assert all(r["sync/canary_max_abs_diff"] < 1e-3 and r["mismatch/kl"] < 1e-6 for r in vl), vl
     names = sorted(p.name for p in (runs["hf"] / "checkpoints").iterdir() if not p.name.startswith("."))
     for name in names:
         diff = max_rel_diff(checkpoint_weights(runs["hf"] / "checkpoints" / name),
@@ -113,6 +115,8 @@ def test_job_of_two_ranks_trains_on_vllm_replicas(runs):
         for k in ("rollout/batch_tokens", "rollout/sampled_tokens", "reward/mean"):
             assert a[k] == b[k], (k, a[k], b[k])
     assert all(r["actor/logprob_diff"] < 1e-4 for r in job), [r["actor/logprob_diff"] for r in job]
+    # two ranks: rank 0 asked both replicas, both ranks ran the sharded trainer forward, the check passed
+    assert all(r["sync/canary_max_abs_diff"] < 1e-3 for r in job), job
     for step in (1, 2):
         assert episodes(runs["job"], step) == episodes(runs["hf"], step), f"step {step}"
     names = sorted(p.name for p in (runs["hf"] / "checkpoints").iterdir() if not p.name.startswith("."))

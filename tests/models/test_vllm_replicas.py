@@ -123,3 +123,62 @@ def test_killed_replica_mid_rollout_loses_no_episode(setup):
     assert got.metrics["rollout/engine_retries"] > 0
     assert got.metrics["rollout/errors"] == 0, [e.error[-1500:] for e in got if e.error]
     assert ids(got) == ids(ref)
+
+
+def test_weight_canary_passes_a_push_and_stops_a_bad_one(setup):
+    """The weight-push canary on vLLM replicas: the pushed trainer weights pass on both replicas;
+    a skipped push (version stamped, weights not loaded), a push with one tensor perturbed and a LoRA
+    merge with the wrong scale each fail with the replica and the version. The replicas get the
+    original weights back at the end (version 0)."""
+    import copy
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from vagent.rollout.canary import WeightCanary, WeightSyncError, build_probe
+    from vagent.rollout.replicas import _base_model_keys, merge_lora_into_state
+
+    loaded, engine, _ = setup
+    prompts, note = build_probe(specs(2), loaded.encoder)
+    assert "2 image(s)" in note
+    original = {k: v.detach().clone() for k, v in loaded.model.state_dict().items()}
+    trainer = copy.deepcopy(loaded.model)
+    try:
+        canary = WeightCanary(prompts, trainer, tolerance=0.01)
+        assert canary.check(engine, 0)["sync/canary_max_abs_diff"] < 1e-3  # both replicas, the initial weights
+        with torch.no_grad():  # an update
+            for p in trainer.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+        engine.update_weights(trainer, 1)
+        assert canary.check(engine, 1)["sync/canary_max_abs_diff"] < 1e-3
+        # skipped: the trainer moves on, the replicas keep version 1's weights under version 2's name
+        with torch.no_grad():
+            for p in trainer.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+        engine.weights_version = 2
+        with pytest.raises(WeightSyncError, match="weights version 2.*engine replica"):
+            canary.check(engine, 2)
+        # one tensor perturbed
+        state = {k: v.detach().clone() for k, v in trainer.state_dict().items()}
+        name = next(k for k in state if k.endswith("o_proj.weight"))
+        state[name] += 0.5 * torch.randn_like(state[name])
+        engine.update_state(state, 3)
+        with pytest.raises(WeightSyncError, match="weights version 3"):
+            canary.check(engine, 3)
+        # a LoRA policy pushed merged (what vLLM takes): the right merge passes, a wrong scale fails
+        policy = get_peft_model(copy.deepcopy(loaded.model), LoraConfig(r=4, lora_alpha=16,
+                                                                         target_modules=["q_proj", "v_proj"]))
+        with torch.no_grad():
+            for n, p in policy.named_parameters():
+                if "lora_B" in n:
+                    p.add_(0.1 * torch.randn_like(p))
+        raw = _base_model_keys({k: v.detach() for k, v in policy.state_dict().items()})
+        lora_canary = WeightCanary(prompts, policy, tolerance=0.01)
+        engine.update_state(merge_lora_into_state(raw, policy), 4)
+        assert lora_canary.check(engine, 4)["sync/canary_max_abs_diff"] < 1e-3
+        wrong = {k: v * 4.0 if "lora_B" in k else v for k, v in raw.items()}  # lora_alpha instead of alpha / r
+        engine.update_state(merge_lora_into_state(wrong, policy), 5)
+        with pytest.raises(WeightSyncError, match="weights version 5"):
+            lora_canary.check(engine, 5)
+    finally:
+        engine.update_state(original, 0)

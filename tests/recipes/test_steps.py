@@ -60,7 +60,8 @@ def test_one_step_updates_and_stays_finite(name, small_cfg, initial_weights):
     assert m["mismatch/abs_logprob_diff_mean"] == pytest.approx(m["actor/logprob_diff"], abs=1e-9)
     assert 0 <= m["mismatch/kl"] < 1e-4 and m["mismatch/abs_logprob_diff_max"] < 1e-2
     assert m["mismatch/ppl_ratio"] == pytest.approx(1.0, abs=1e-3)
-    assert "mismatch/kl_image" in m and "mismatch/kl_text" in m
+    # every sampled token follows the turn-0 image (vision FrozenLake): all of them are in the image split
+    assert m["mismatch/kl_image"] == m["mismatch/kl"] and "mismatch/kl_text" not in m
     corrected = cfg.rollout_correction
     if corrected.is_level != "none":  # HF engine = trainer up to rounding: weights ~1, nothing truncated
         assert m["correction/is_mean"] == pytest.approx(1.0, abs=1e-3) and m["correction/is_truncated_frac"] < 0.5

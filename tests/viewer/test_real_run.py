@@ -86,8 +86,13 @@ def groups(root: Path) -> tuple[list[str], list[str]]:
 def test_real_run_steps_tokens_and_filters(real_run, page):
     from vagent.runs.tokens import read_token_rows
 
+    from vagent.viewer.data import open_source
+
     train, vals = groups(real_run)
     assert len(train) == 2 and vals == ["val_000000", "val_000001", "val_000002"]
+    # the step panel's engine/trainer gap: the in-process HF engine and the trainer agree to rounding
+    steps = open_source(real_run).index()["steps"]
+    assert all(0 <= s["mismatch_kl"] < 1e-4 and s["canary_gap"] is None for s in steps), steps
     g = train[0]
     recs = [json.loads(x) for x in (real_run / "rollouts" / f"{g}.jsonl").read_text().splitlines()]
     rows = read_token_rows(real_run / "rollouts" / f"{g}.tokens.json")["rows"]
@@ -128,6 +133,7 @@ def test_real_run_validation_points_pair_by_env_seed(real_run, page):
     page.goto(page.url_base)
     page.wait_for_selector("body[data-ready='1']")
     assert page.locator("tr.group[data-group^='val_']").count() == 3
+    assert page.locator("th", has_text="mismatch KL").count() == 1  # the RL steps panel
     page.locator("tr.group[data-group='val_000002']").click()
     page.wait_for_function("document.querySelector('#count').innerText.includes('of 3 episodes')")
     page.locator("tr.ep[data-i='0']").click()

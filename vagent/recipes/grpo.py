@@ -20,7 +20,9 @@ How it departs from GRPO (DeepSeekMath) / ViGoRL:
 
 - Advantages are per trajectory even in per-turn modes (no_concat / window): a trajectory with
   more turns has more rows but the same advantage, and group statistics count it once.
-- ``log pi_old`` is recomputed with the training forward pass (see ``ppo.py``).
+- ``log pi_old`` is recomputed with the training forward pass (see ``ppo.py``); the gap to the
+  engine's sampling log-probs is logged (``mismatch/*``) and, with ``rollout_correction``,
+  corrected (truncated IS, rejection; decoupled PPO with ``rollout.overlap: 1``).
 - KL is in the loss only (``update.kl_in`` must be ``loss``); ViGoRL's defaults are clip 0.2/0.28,
   dual-clip 3, k3 KL 0.01 (configs/frozenlake_grpo.yaml uses them).
 - Groups whose rewards are all equal get advantage 0 and still count in the token mean (as

@@ -6,7 +6,8 @@ Each RL step, in the order it runs::
     2. rewards     each turn's reward (env + reasoning judges) on its last sampled token e_k;
                    optional reward-variance filter over groups (ppo.filter, as grpo.filter)
     3. scoring     no-grad passes: log pi_old, V_old (critic), log pi_ref (if KL); KL in reward
-    4. advantages  masked_gae | bi_level_gae | turn_gae | no_concat_gae, then whitened over M
+    4. advantages  masked_gae | bi_level_gae | turn_gae | no_concat_gae, then whitened over M;
+                   the engine/trainer gap (mismatch/*) and the rollout correction (tail.off_policy)
     5. update      critic: clipped value loss where returns are defined; actor: PPO-clip +
                    entropy bonus (+ KL in loss); epochs x mini-batches x micro-batches
     6. log         rollout/ reward/ loss/ actor/ critic/ optim/ perf/; validation (greedy, val
@@ -21,7 +22,9 @@ How it departs from VAGEN / the paper:
 
 - ``log pi_old`` is recomputed with the training forward pass before the update instead of using
   the sampling-time log-probs, so the first PPO ratio is exactly 1 (the two differ by kernel and
-  padding numerics; the mean absolute difference is logged as ``actor/logprob_diff``).
+  padding numerics; the mean absolute difference is logged as ``actor/logprob_diff``, the gap in
+  full as ``mismatch/*``). ``rollout_correction`` weights (truncated IS) or rejects tokens by
+  pi_trainer / pi_engine, as verl's rollout_corr (docs/algorithms.md "Rollout correction").
 - Truncated episodes (turn limit) bootstrap from V(final observation) (docs/algorithms.md reference bug 4);
   legacy VAGEN never bootstrapped.
 - The critic trains only where returns are defined (docs/algorithms.md reference bug 3): every sampled token for

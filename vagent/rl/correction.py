@@ -81,7 +81,7 @@ def mismatch_metrics(trainer: Tensor, engine: Tensor, mask: Tensor, image_contex
     """``mismatch/{kl, abs_logprob_diff_mean, abs_logprob_diff_max, ppl_ratio}`` of the sampled
     tokens (``mask`` [B, L]), and the same with ``_image`` / ``_text`` appended for the tokens
     whose context holds an image (``image_context`` [B, L] bool) and those whose context holds
-    none (nan when a split is empty).
+    none (a split without tokens is left out).
 
     ``trainer`` [B, L]: the trainer's log-probs of the tokens at the weights that sampled them;
     ``engine`` [B, L]: the engine's sampling-time log-probs of the same tokens.
@@ -91,7 +91,8 @@ def mismatch_metrics(trainer: Tensor, engine: Tensor, mask: Tensor, image_contex
     if image_context is not None:
         img = image_context.bool()
         for suffix, part in (("_image", m & img), ("_text", m & ~img)):
-            out.update({f"{prefix}{k}{suffix}": v for k, v in _gap(trainer, engine, part).items()})
+            if bool(part.any()):  # an empty split is left out (no nan in the logs)
+                out.update({f"{prefix}{k}{suffix}": v for k, v in _gap(trainer, engine, part).items()})
     return out
 
 

@@ -36,6 +36,9 @@ PANELS = (
     ("loss/value", "value loss"),
     ("actor/entropy", "entropy"),
     ("loss/approx_kl", "approx KL (old -> new)"),
+    ("mismatch/kl", "engine/trainer mismatch KL (k3, per token)"),
+    ("mismatch/behaviour_proximal_kl", "behaviour vs proximal KL (overlap 1)"),
+    ("sync/canary_max_abs_diff", "weight-push canary max |log-prob gap|"),
     ("sft/loss", "SFT loss"),
 )
 

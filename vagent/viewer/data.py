@@ -420,6 +420,9 @@ class RunSource:
                     "return": _number(m.get("rollout/return_mean", m.get("reward/mean"))),
                     "format": _number(m.get("rollout/format_accuracy")), "loss_policy": _number(m.get("loss/policy")),
                     "explained_variance": _number(m.get("critic/explained_variance")),
+                    # the engine/trainer gap (overlap 1: behaviour vs proximal) and the weight-push canary
+                    "mismatch_kl": _number(m.get("mismatch/kl", m.get("mismatch/behaviour_proximal_kl"))),
+                    "canary_gap": _number(m.get("sync/canary_max_abs_diff")),
                 }
         for s, row in steps.items():
             row["actor_updated"] = updated.get(s)

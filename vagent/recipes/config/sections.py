@@ -426,13 +426,13 @@ class RunConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     #: policy-update settings
     update: UpdateConfig = field(default_factory=UpdateConfig)
+    #: engine/trainer mismatch correction (truncated IS, rejection, decoupled PPO); off by default
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
     #: PPO (critic) settings, used when recipe is ppo
     ppo: PPOConfig = field(default_factory=PPOConfig)
     #: GRPO settings, used when recipe is grpo
     grpo: GRPOConfig = field(default_factory=GRPOConfig)
     #: SFT settings (the recipe sft, or the warm start before ppo/grpo when steps > 0)
-    #: engine/trainer mismatch correction (truncated IS, rejection, decoupled PPO); off by default
-    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     #: validation settings
     val: ValConfig = field(default_factory=ValConfig)

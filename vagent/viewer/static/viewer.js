@@ -61,6 +61,7 @@ function el(tag, attrs, ...kids) {
   return e;
 }
 const fmt = (x, d = 3) => (x === null || x === undefined || Number.isNaN(x) ? "—" : Number(x).toFixed(d));
+const sci = (x) => (x === null || x === undefined || Number.isNaN(x) ? "—" : Number(x).toExponential(1));
 const signed = (x, d = 3) => (x === null || x === undefined ? "—" : (x >= 0 ? "+" : "") + Number(x).toFixed(d));
 function pieceText(p) {
   if (p === "") return "∅";
@@ -146,8 +147,9 @@ function renderOverview() {
     table(groupHead, groupRows, (r) => shownErrors(openGroup(r.id))))];
   if (ix.training) {
     parts.push(el("div", {}, el("h2", { text: "RL steps (metrics.jsonl)" }),
-      table(["step", "success", "return", "format"], ix.steps.map((s) => ({
-        cells: [String(s.step), fmt(s.success), fmt(s.return), fmt(s.format)] })))));
+      table(["step", "success", "return", "format", "mismatch KL", "canary |Δ log p|"], ix.steps.map((s) => ({
+        cells: [String(s.step), fmt(s.success), fmt(s.return), fmt(s.format), sci(s.mismatch_kl),
+          sci(s.canary_gap)] })))));
     parts.push(el("div", {}, el("h2", { text: "Validation (greedy, val split)" }),
       table(["step", "success", "return", "format"], ix.val.map((v) => ({
         cells: [String(v.step), fmt(v.success), fmt(v.return), fmt(v.format)] })))));
