@@ -182,3 +182,46 @@ def test_a_wrong_lora_merge_stops_the_run(ray_cluster, tiny_vlm, probe):
             canary.check(engine, 2)
     finally:
         engine.close()
+
+
+def test_lora_policy_pushes_only_its_adapter_to_hf_replicas(ray_cluster, tiny_vlm, probe):
+    """A LoRA policy's push carries its adapter tensors only; the replica then computes what the
+    trainer computes (canary), its greedy ids equal the merged model's, and an adapter of another
+    shape is refused with the reason."""
+    from peft import LoraConfig, get_peft_model
+
+    from vagent.models.engine import HFEngine
+    from vagent.models.remote import adapter_names, pushed_state
+    from vagent.rollout.replicas import merge_lora_into_state, _base_model_keys
+
+    policy = get_peft_model(copy.deepcopy(tiny_vlm.model), LoraConfig(r=4, lora_alpha=16,
+                                                                      target_modules=["q_proj", "v_proj"]))
+    engine = RemoteEngine(policy, tiny_vlm.encoder, replicas=1)
+    try:
+        with torch.no_grad():  # a trained adapter
+            for name, p in policy.named_parameters():
+                if "lora_" in name:
+                    p.add_(0.1 * torch.randn_like(p))
+        sent = pushed_state(policy)
+        full = {k: v for k, v in copy.deepcopy(policy).get_base_model().state_dict().items()}
+        assert set(sent) == adapter_names(policy) and sent and all("lora_" in k for k in sent)
+        ratio = sum(v.numel() for v in full.values()) / sum(v.numel() for v in sent.values())
+        assert ratio > 20, ratio  # the tiny model: the adapter is a small share of the weights
+        engine.update_weights(policy, 1)
+        assert WeightCanary(probe, policy, 0.01).check(engine, 1)["sync/canary_max_abs_diff"] < 1e-4
+        # greedy ids: the replica (base + pushed adapter) = the trainer's LoRA merged into the base
+        merged = copy.deepcopy(tiny_vlm.model)
+        merged.load_state_dict(merge_lora_into_state(_base_model_keys(
+            {k: v.detach() for k, v in policy.state_dict().items()}), policy))
+        params = SamplingParams(do_sample=False, max_new_tokens=8)
+        requests = WeightCanary(probe, policy, 0.01)._requests()
+        want = [o.token_ids for o in HFEngine(merged, tiny_vlm.encoder).generate(requests, params)]
+        assert [o.token_ids for o in engine.generate_on(0, requests, params)] == want
+        # an adapter of another shape (another rank) is refused, naming the tensor
+        name = next(iter(sent))
+        bad = dict(sent)
+        bad[name] = torch.zeros(bad[name].shape[0] + 1, *bad[name].shape[1:])
+        with pytest.raises(Exception, match="other shapes.*" + name.split(".")[0]):
+            engine.update_state(bad, 2)
+    finally:
+        engine.close()

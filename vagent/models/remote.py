@@ -180,9 +180,15 @@ class EngineReplica:
         return outputs
 
     def load_weights(self, state_dict: dict, version: int) -> int:
-        """Load the trainer's weights between batches; later outputs carry ``version``."""
+        """Load the trainer's weights between batches; later outputs carry ``version``. A state of
+        adapter tensors only (a LoRA push, :func:`pushed_state`) replaces just those, after checking
+        that each names an adapter tensor of this replica with the same shape."""
         with self.engine.exclusive():
-            self.model.load_state_dict(state_dict, strict=True)  # bumps the parameters' versions: cache dropped
+            own = self.model.state_dict()
+            partial = set(state_dict) != set(own)
+            if partial:
+                check_adapter_push(state_dict, own)
+            self.model.load_state_dict(state_dict, strict=not partial)  # bumps the versions: cache dropped
             self.version = int(version)
         return self.version
 
@@ -226,6 +232,43 @@ class VLLMReplica:
         """Stop the batching front and vLLM's engine (its engine-core process)."""
         self.engine.close()
         self.vllm.close()
+
+
+def adapter_names(model: Any) -> set[str] | None:
+    """The state-dict names (of the unwrapped model) of a LoRA policy's adapter tensors, when the
+    policy trains only those (every trainable parameter is a ``lora_`` tensor); None otherwise (a
+    full fine-tune, or no LoRA)."""
+    base = _unwrap(model)
+    trainable = [n for n, p in base.named_parameters() if p.requires_grad]
+    if not trainable or not all("lora_" in n for n in trainable):
+        return None
+    return set(trainable)
+
+
+def pushed_state(model: Any) -> dict:
+    """What a weight push sends to HF replicas: a LoRA policy's adapter tensors only (the frozen base
+    is the same on every replica), else the whole state dict; on the CPU, detached."""
+    state = _unwrap(model).state_dict()
+    names = adapter_names(model)
+    return {k: v.detach().to("cpu") for k, v in state.items() if names is None or k in names}
+
+
+def check_adapter_push(state: dict, own: dict) -> None:
+    """Refuse a partial push that is not an adapter of this model: names it does not have, tensors
+    that are not ``lora_`` ones, or shapes that differ (a LoRA of another rank or target)."""
+    unknown = sorted(k for k in state if k not in own)
+    not_adapter = sorted(k for k in state if k in own and "lora_" not in k)
+    shapes = sorted(f"{k}: pushed {tuple(state[k].shape)}, replica {tuple(own[k].shape)}" for k in state
+                    if k in own and tuple(state[k].shape) != tuple(own[k].shape))
+    if unknown or not_adapter or shapes:
+        raise ValueError(
+            "the pushed weights are neither the whole model nor its LoRA adapter: "
+            + "; ".join(part for part in (
+                f"{len(unknown)} name(s) this replica does not have (first: {unknown[:3]})" if unknown else "",
+                f"{len(not_adapter)} non-adapter tensor(s) in a partial push (first: {not_adapter[:3]})"
+                if not_adapter else "",
+                f"other shapes ({shapes[:3]})" if shapes else "") if part)
+            + ". The trainer's LoRA settings (model.lora_rank, target modules) must be the replicas'.")
 
 
 def token_logprobs(model: Any, input_ids: Sequence[int], n_prompt: int, temperature: float = 1.0) -> list[float]:
@@ -389,8 +432,10 @@ class RemoteEngine:
 
     # ------------------------------------------------------------------ weights
     def update_weights(self, model: Any, version: int | None = None) -> int:
-        """Push ``model``'s weights to every live replica and wait; returns the new version."""
-        return self.update_state({k: v.detach().to("cpu") for k, v in _unwrap(model).state_dict().items()}, version)
+        """Push ``model``'s weights to every live replica and wait; returns the new version. A LoRA
+        policy (PEFT; only adapter tensors trainable) pushes only its adapter tensors
+        (:func:`pushed_state`): the replicas hold the same frozen base."""
+        return self.update_state(pushed_state(model), version)
 
     def update_state(self, state: dict, version: int | None = None) -> int:
         """Push a full (unsharded, CPU) state dict to every live replica and wait; returns the new
@@ -482,4 +527,5 @@ def _cpu_copy(model: Any, dtype: Any = None) -> Any:
     return out if dtype is None else out.to(dtype)
 
 
-__all__ = ["RemoteEngine", "EngineReplica", "VLLMReplica", "start_ray", "join_ray", "import_ray", "token_logprobs", "RAY_HINT"]
+__all__ = ["RemoteEngine", "EngineReplica", "VLLMReplica", "start_ray", "join_ray", "import_ray", "token_logprobs", "RAY_HINT",
+           "adapter_names", "check_adapter_push", "pushed_state"]

@@ -51,6 +51,7 @@ def push_weights(engine: PushedEngine, model: torch.nn.Module, version: int) -> 
     rank 0 pushes them to the shared replicas (``update_state``), and no rank goes on before the
     push is done."""
     from vagent.distributed import barrier, full_state_dict, root_of, world
+    from vagent.models.remote import adapter_names
 
     w = world()
     if not w.distributed or root_of(model) is None:
@@ -61,6 +62,8 @@ def push_weights(engine: PushedEngine, model: torch.nn.Module, version: int) -> 
         state = _base_model_keys(full)
         if getattr(engine, "takes_merged_weights", False):  # vLLM: LoRA merged into the base weights
             state = merge_lora_into_state(state, model)
+        elif adapter_names(model) is not None:  # hf replicas of a LoRA policy: the adapter tensors only
+            state = {k: v for k, v in state.items() if "lora_" in k}
         engine.update_state(state, version)
     else:
         engine.weights_version = version
