@@ -12,8 +12,8 @@ configs/paper/, docs/paper.md):
   (configs/paper/smoke.yaml); every other setting is kept.
 
 The memory figure is an estimate (weights, gradients and AdamW states sharded over the GPUs, plus
-the whole policy gathered for generation; activations and the KV cache are not counted), so it
-refuses only runs that cannot fit even before activations.
+the whole policy gathered for generation; activations and the KV cache are not counted), and a
+run is refused when it exceeds :data:`USABLE` of a GPU's memory (the rest is left for them).
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ from vagent.recipes.config import RunConfig, preset_dir
 SMOKE_FILE = preset_dir() / "paper" / "smoke.yaml"
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 GIB = 1024**3
+#: share of a GPU's memory the estimated training state may take (the rest: activations, KV cache, CUDA context)
+USABLE = 0.9
 
 
 @dataclass(frozen=True)
@@ -212,15 +214,17 @@ def preflight(cfg: RunConfig, nproc: int, gpu_bytes: int | None = None,
         say(f"estimated memory per GPU: {need / GIB:.0f} GiB before activations ({n_params / 1e9:.2f}B parameters, "
             f"{nproc} GPUs); no CUDA device here to compare it with.")
         return
-    if need > gpu_bytes:
-        fits = next((n for n in range(nproc + 1, 1025) if state_bytes_per_gpu(cfg, n_params, n) <= gpu_bytes), None)
+    if need > USABLE * gpu_bytes:
+        fits = next((n for n in range(nproc + 1, 1025)
+                     if state_bytes_per_gpu(cfg, n_params, n) <= USABLE * gpu_bytes), None)
         raise ConfigError(
             f"{cfg.model.path} ({n_params / 1e9:.2f}B parameters) does not fit {nproc} GPU(s) of "
             f"{gpu_bytes / GIB:.0f} GiB: weights, gradients and AdamW states of the policy"
             + (", the critic" if cfg.recipe == "ppo" and cfg.ppo.critic_backbone == "separate" else "")
             + (" and the KL reference" if cfg.update.kl_coef > 0 else "")
             + f" sharded over {nproc}, plus the policy gathered for generation, need about {need / GIB:.0f} GiB per "
-            f"GPU before activations (an estimate). Fixes: run on {fits or 'more'} GPUs or more (--nproc; the recipe "
-            f"was written for {cfg.dist.nproc}); dist.cpu_offload=true (the states in CPU memory, slower); "
+            f"GPU before activations (an estimate; above {USABLE:.0%} of a GPU nothing is left for activations). "
+            f"Fixes: run on {fits or 'more'} GPUs or more (--nproc; the recipe was written for {cfg.dist.nproc}); "
+            "dist.cpu_offload=true (the states in CPU memory, slower); "
             "ppo.critic_backbone=shared (one backbone for policy and critic); or model.lora_rank=64.")
     say(f"estimated memory per GPU: {need / GIB:.0f} of {gpu_bytes / GIB:.0f} GiB before activations.")
