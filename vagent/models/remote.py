@@ -225,6 +225,11 @@ class VLLMReplica:
         with self.engine.exclusive():
             return self.vllm.update_state(state_dict, version)
 
+    def load_adapter(self, state_dict: dict, lora_config: dict, version: int) -> int:
+        """Serve the trainer's LoRA adapter from the next batch on (``VLLMEngine.update_adapter``)."""
+        with self.engine.exclusive():
+            return self.vllm.update_adapter(state_dict, lora_config, version)
+
     def stats(self) -> dict:
         return {**self.engine.stats, **self.vllm.stats, "version": self.vllm.weights_version}
 
@@ -351,6 +356,7 @@ class RemoteEngine:
             str(model_dir), encoder, dict(engine_kwargs)) for kw in named]
         engine = cls.__new__(cls)
         engine._setup(ray, encoder, handles, owner=True)
+        engine.takes_adapters = int(engine_kwargs.get("lora_rank", 0) or 0) > 0
         return engine
 
     def _setup(self, ray: Any, encoder: Any, handles: list, owner: bool) -> None:
@@ -362,6 +368,8 @@ class RemoteEngine:
         self.needs_images = any(images for _, images in ready)
         #: vLLM replicas: pushed state dicts must hold merged weights, no LoRA adapter tensors
         self.takes_merged_weights = self.needs_images
+        #: vLLM replicas built with lora_rank: a LoRA policy pushes its adapter (``update_adapter``)
+        self.takes_adapters = False
         self._lock = threading.Lock()
         self._alive = [True] * replicas
         self._outstanding = [0] * replicas
@@ -433,18 +441,35 @@ class RemoteEngine:
     # ------------------------------------------------------------------ weights
     def update_weights(self, model: Any, version: int | None = None) -> int:
         """Push ``model``'s weights to every live replica and wait; returns the new version. A LoRA
-        policy (PEFT; only adapter tensors trainable) pushes only its adapter tensors
-        (:func:`pushed_state`): the replicas hold the same frozen base."""
+        policy (PEFT; only adapter tensors trainable) pushes only its adapter tensors to hf replicas
+        (:func:`pushed_state`: they hold the same frozen base) and to vLLM replicas built with
+        ``lora_rank`` (``update_adapter``); other vLLM replicas get the adapter merged."""
+        if self.takes_merged_weights:  # vLLM replicas
+            if self.takes_adapters and adapter_names(model) is not None:
+                return self.update_adapter(pushed_state(model), _unwrap(model).peft_config["default"].to_dict(), version)
+            from vagent.models.vllm_weights import weights_to_push
+
+            return self.update_state({k: v.detach().to("cpu") for k, v in weights_to_push(model)}, version)
         return self.update_state(pushed_state(model), version)
+
+    def update_adapter(self, state: dict, lora_config: dict, version: int | None = None) -> int:
+        """Push a LoRA adapter (``lora_`` tensors under base-model names, its PEFT config as a dict) to
+        every live vLLM replica, which serves it beside its base weights; returns the new version."""
+        return self._broadcast("load_adapter", version, ray_args=(state, dict(lora_config)))
 
     def update_state(self, state: dict, version: int | None = None) -> int:
         """Push a full (unsharded, CPU) state dict to every live replica and wait; returns the new
         version. A sharded trainer gathers it first (``vagent.distributed.full_state_dict``)."""
+        return self._broadcast("load_weights", version, ray_args=(state,))
+
+    def _broadcast(self, method: str, version: int | None, ray_args: tuple) -> int:
+        """Call ``method(*ray_args, version)`` on every live replica (the arguments put in the object
+        store once), wait, mark the dead; returns the new version."""
         ray = self._ray
         version = self.weights_version + 1 if version is None else int(version)
-        state_ref = ray.put(state)
+        refs_in = [ray.put(a) for a in ray_args]
         live = [i for i, ok in enumerate(self._alive) if ok]
-        refs = {i: self.replicas[i].load_weights.remote(state_ref, version) for i in live}
+        refs = {i: getattr(self.replicas[i], method).remote(*refs_in, version) for i in live}
         for i, ref in refs.items():
             try:
                 ray.get(ref)

@@ -68,6 +68,7 @@ import contextlib
 import logging
 import math
 import os
+import tempfile
 from types import SimpleNamespace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -198,13 +199,19 @@ class VLLMEngine:
 
     #: the engine preprocesses images itself and needs them raw (``GenerationRequest.images``)
     needs_images = True
+
+    @property
+    def takes_adapters(self) -> bool:
+        """Whether a LoRA policy's pushes are its adapter only (built with ``lora_rank``)."""
+        return self.lora_rank > 0
     thread_safe = False
 
     def __init__(self, model_path: str | Path, encoder: ChatEncoder, *, dtype: str = "auto",
                  gpu_memory_utilization: float | None = None, max_model_len: int = 8192,
                  max_images_per_prompt: int = 8, seed: int = 0, colocate: bool = True,
                  weight_backend: str | None = None, sleep_level: int = 1, nccl_address: str = "127.0.0.1",
-                 nccl_port: int = 29551, enforce_eager: bool | None = None, **llm_kwargs: Any):
+                 nccl_port: int = 29551, enforce_eager: bool | None = None, lora_rank: int = 0,
+                 **llm_kwargs: Any):
         vllm = import_vllm()
         from vllm.platforms import current_platform
 
@@ -239,6 +246,14 @@ class VLLMEngine:
             # rewind its torch.Generator, which a CPU generator cannot do ("CPU Generator does not use
             # offset"; a sampled rollout of 16 envs past turn 1 hits it): never split a prefill
             llm_kwargs.setdefault("enable_chunked_prefill", False)
+        #: LoRA adapters served beside the base weights (``update_adapter``); 0 = pushes are merged weights
+        self.lora_rank = int(lora_rank)
+        if self.lora_rank > 0:
+            llm_kwargs.setdefault("enable_lora", True)
+            llm_kwargs.setdefault("max_loras", 1)
+            llm_kwargs.setdefault("max_lora_rank", next(r for r in (8, 16, 32, 64, 128, 256, 320, 512) if r >= self.lora_rank))
+        self._lora: Any = None  # the LoRARequest of the adapter pushed last
+        self._lora_root = Path(tempfile.mkdtemp(prefix="vagent-lora-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
         mm_kwargs = {"min_pixels": encoder.min_pixels, "max_pixels": encoder.max_pixels} if encoder.is_vision else None
         with _in_process_vllm() if self.in_process else contextlib.nullcontext():
             self.llm = vllm.LLM(
@@ -314,7 +329,8 @@ class VLLMEngine:
         prompts = [self._prompt(i, r) for i, r in enumerate(requests)]
         seeds = [r.seed if r.seed is not None else (None if params.seed is None else params.seed * 1_000_003 + i)
                  for i, r in enumerate(requests)]
-        outs = self.llm.generate(prompts, [self._sampling(params, s) for s in seeds], use_tqdm=False)
+        outs = self.llm.generate(prompts, [self._sampling(params, s) for s in seeds], use_tqdm=False,
+                                 lora_request=self._lora)
         results = []
         for out in outs:
             completion = out.outputs[0]
@@ -341,8 +357,52 @@ class VLLMEngine:
 
     def update_weights(self, model: torch.nn.Module, version: int | None = None) -> int:
         """Send ``model``'s weights (an HF model, or a PEFT LoRA model: merged) to vLLM and commit
-        ``version`` (default: the next one); returns it."""
+        ``version`` (default: the next one); returns it. An engine built with ``lora_rank`` gets a
+        LoRA policy's adapter only (``update_adapter``)."""
+        if self.lora_rank > 0 and callable(getattr(model, "get_base_model", None)):
+            config = model.peft_config["default"]
+            return self.update_adapter(model.get_base_model().state_dict(), config, version)
         return self._push(weights_to_push(model), version)
+
+    def update_adapter(self, state: Mapping[str, torch.Tensor], lora_config: Any, version: int | None = None) -> int:
+        """Serve a LoRA adapter (the ``lora_`` tensors of ``state``, base-model names as
+        ``unwrap(model).state_dict()`` has them; ``lora_config``: its PEFT ``LoraConfig`` or dict) as
+        weights ``version``: written as PEFT files (a folder per version, the previous one removed)
+        and used as the ``LoRARequest`` of every later ``generate``; the base weights stay. vLLM
+        loads it here, so an adapter it cannot serve fails at the push with vLLM's reason; a rank
+        above the engine's ``lora_rank`` is refused before that."""
+        import shutil
+
+        from vllm.lora.request import LoRARequest
+
+        from vagent.models.vllm_weights import adapter_files
+
+        if self.lora_rank <= 0:
+            raise ValueError("update_adapter needs an engine built with lora_rank > 0 (VLLMEngine(..., lora_rank=r))")
+        rank = int(getattr(lora_config, "r", None) or dict(lora_config).get("r"))
+        if rank > self.lora_rank:
+            raise ValueError(f"the adapter's rank {rank} is above the engine's lora_rank {self.lora_rank}; build the "
+                             "engine with the policy's model.lora_rank")
+        version = self.weights_version + 1 if version is None else int(version)
+        folder = adapter_files(state, lora_config, self._lora_root / f"v{version}")
+        old, request = self._lora, LoRARequest(f"policy-v{version}", version + 1, str(folder))
+        if old is not None:
+            self.llm.llm_engine.remove_lora(old.lora_int_id)
+            shutil.rmtree(old.lora_path, ignore_errors=True)
+        try:  # load it now: an adapter vLLM cannot serve fails at the push, with vLLM's reason
+            self.llm.llm_engine.add_lora(request)
+        except Exception as exc:
+            self._lora = None
+            shutil.rmtree(folder, ignore_errors=True)
+            raise ValueError(f"vLLM refused the LoRA adapter of weights version {version}: {type(exc).__name__}: "
+                             f"{exc}") from exc
+        self._lora = request
+        self.llm.update_weight_version(str(version))
+        self.llm.reset_prefix_cache()
+        self.weights_version = version
+        self.stats["weight_pushes"] += 1
+        self.stats["adapter_bytes"] = (folder / "adapter_model.safetensors").stat().st_size
+        return version
 
     def update_state(self, state: Mapping[str, torch.Tensor], version: int | None = None) -> int:
         """Send a full (unsharded) state dict with the checkpoint's names (``model.state_dict()`` of
@@ -415,6 +475,9 @@ class VLLMEngine:
         core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
         if core is not None:
             core.shutdown()
+        import shutil
+
+        shutil.rmtree(self._lora_root, ignore_errors=True)
 
 
 def _reload_in_worker(worker: Any, pairs: list[tuple[str, torch.Tensor]]) -> None:

@@ -9,6 +9,8 @@
   not changed), the adapter tensors dropped, and a tied ``lm_head.weight`` sent explicitly
   (vLLM's in-place reload expects every checkpoint tensor; ``named_parameters`` lists a tied
   head once, under the embedding's name).
+- :func:`adapter_files`: a LoRA policy's adapter as PEFT's files, which vLLM serves as a
+  ``LoRARequest`` beside the base weights it loaded (a push of the adapter only).
 """
 
 from __future__ import annotations
@@ -87,6 +89,37 @@ def merged_lora_state(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
     return list(out.items())
 
 
+def adapter_files(state: Mapping[str, torch.Tensor], lora_config: Any, folder: str | Path) -> Path:
+    """Write a LoRA adapter as PEFT saves one (``adapter_config.json`` + ``adapter_model.safetensors``,
+    the tensors named ``base_model.model.<module>.lora_A.weight``), what vLLM's ``LoRARequest`` loads.
+
+    ``state``: the adapter tensors under the base model's names with PEFT's adapter name
+    (``<module>.lora_A.default.weight``, as ``unwrap(model).state_dict()`` or a gathered state dict
+    holds them; other tensors are ignored); ``lora_config``: the policy's ``LoraConfig`` (or its dict)."""
+    import json
+
+    from safetensors.torch import save_file
+
+    tensors = {}
+    for name, t in state.items():
+        if "lora_" not in name:
+            continue
+        stem = name.removeprefix("base_model.model.")
+        tensors["base_model.model." + stem.replace(".default.", ".")] = t.detach().to("cpu").contiguous()
+    if not tensors:
+        raise ValueError("no LoRA adapter tensors (names with 'lora_') to write")
+    config = lora_config.to_dict() if hasattr(lora_config, "to_dict") else dict(lora_config)
+    config = {k: (sorted(v) if isinstance(v, (set, frozenset)) else v) for k, v in config.items()}
+    config["peft_type"] = str(getattr(config.get("peft_type"), "value", config.get("peft_type") or "LORA"))
+    config["task_type"] = str(getattr(config.get("task_type"), "value", config.get("task_type"))) \
+        if config.get("task_type") is not None else None
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(folder / "adapter_model.safetensors"))
+    (folder / "adapter_config.json").write_text(json.dumps(config, default=str))
+    return folder
+
+
 def with_tied_head(pairs: Iterable[tuple[str, torch.Tensor]], config: Mapping[str, Any]) -> list[tuple[str, torch.Tensor]]:
     """``pairs`` plus ``lm_head.weight`` (= the input embedding) when the config ties them and it is
     missing (a state dict gathered from ``named_parameters`` or from FSDP lists a tied weight once)."""
@@ -102,5 +135,5 @@ def with_tied_head(pairs: Iterable[tuple[str, torch.Tensor]], config: Mapping[st
     return pairs
 
 
-__all__ = ["CPU_HEAD_SIZES", "head_size", "check_vllm_head_size", "weights_to_push", "merged_lora_state",
-           "with_tied_head"]
+__all__ = ["CPU_HEAD_SIZES", "adapter_files", "head_size", "check_vllm_head_size", "weights_to_push",
+           "merged_lora_state", "with_tied_head"]

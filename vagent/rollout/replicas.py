@@ -51,6 +51,7 @@ def push_weights(engine: PushedEngine, model: torch.nn.Module, version: int) -> 
     rank 0 pushes them to the shared replicas (``update_state``), and no rank goes on before the
     push is done."""
     from vagent.distributed import barrier, full_state_dict, root_of, world
+    from vagent.models.forward import unwrap
     from vagent.models.remote import adapter_names
 
     w = world()
@@ -60,11 +61,16 @@ def push_weights(engine: PushedEngine, model: torch.nn.Module, version: int) -> 
     full = full_state_dict(model, to_all_ranks=False)
     if w.rank == 0:
         state = _base_model_keys(full)
-        if getattr(engine, "takes_merged_weights", False):  # vLLM: LoRA merged into the base weights
-            state = merge_lora_into_state(state, model)
-        elif adapter_names(model) is not None:  # hf replicas of a LoRA policy: the adapter tensors only
-            state = {k: v for k, v in state.items() if "lora_" in k}
-        engine.update_state(state, version)
+        adapter = adapter_names(model) is not None
+        if adapter and getattr(engine, "takes_adapters", False):  # vLLM built with lora_rank: the adapter only
+            config = unwrap(model).peft_config["default"].to_dict()
+            engine.update_adapter({k: v for k, v in state.items() if "lora_" in k}, config, version)
+        else:
+            if getattr(engine, "takes_merged_weights", False):  # vLLM: LoRA merged into the base weights
+                state = merge_lora_into_state(state, model)
+            elif adapter:  # hf replicas of a LoRA policy: the adapter tensors only
+                state = {k: v for k, v in state.items() if "lora_" in k}
+            engine.update_state(state, version)
     else:
         engine.weights_version = version
     barrier("engine weights pushed")
@@ -82,6 +88,8 @@ def vllm_settings(cfg: RunConfig, loaded: LoadedModel) -> dict:
            "dtype": trainer if cfg.rollout.engine_dtype == "auto" else cfg.rollout.engine_dtype}
     if cfg.model.max_context_tokens:
         out["max_model_len"] = cfg.model.max_context_tokens
+    if cfg.model.lora_rank > 0:  # a LoRA policy's pushes are its adapter (a LoRARequest), not merged weights
+        out["lora_rank"] = cfg.model.lora_rank
     return out
 
 
