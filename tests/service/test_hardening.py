@@ -276,9 +276,9 @@ def test_half_open_requests_are_dropped_within_the_timeouts(start_server):
     t0 = time.monotonic()
     idle = _connect(server.port)  # connects and sends nothing
     partial = _connect(server.port)
-    partial.sendall(b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n")  # no blank line
+    partial.sendall(b"POST /v1/sessions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n")  # no blank line
     body = _connect(server.port)
-    body.sendall(b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+    body.sendall(b"POST /v1/sessions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
     answers = [_read_until_closed(s) for s in (idle, partial, body)]
     elapsed = time.monotonic() - t0
     assert elapsed < 4, f"half-open connections held for {elapsed:.1f}s past a 1s timeout"
@@ -329,7 +329,7 @@ def test_the_h11_fallback_has_the_same_guards():
             time.sleep(0.05)
         t0 = time.monotonic()
         idle, partial = _connect(port), _connect(port)
-        partial.sendall(b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{")
+        partial.sendall(b"POST /v1/sessions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 50\r\n\r\n{")
         third = _connect(port)
         time.sleep(0.1)
         assert _read_until_closed(_connect(port)).startswith(b"HTTP/1.1 503")  # the fourth: over the cap

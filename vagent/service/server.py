@@ -53,6 +53,33 @@ from vagent.service.metrics import Metrics, rss_bytes
 from vagent.service.workers import LocalExecutor, ProcessExecutor, WorkerLost
 
 
+# ----------------------------------------------------------------------------- the Host check
+
+#: the names a tokenless (loopback) server answers to: a web page that points its own domain name at
+#: 127.0.0.1 (DNS rebinding) sends its own name as Host and is refused, as vagent view does
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "[::1]", "::1")
+
+
+def host_name(header: bytes | None) -> str | None:
+    """The name of a ``Host`` header without its port, lower case (``[::1]:8765`` -> ``[::1]``,
+    ``LocalHost.:8765`` -> ``localhost``); None without one."""
+    if header is None:
+        return None
+    h = header.decode("latin-1").strip().lower()
+    if h.startswith("["):
+        h = h[:h.find("]") + 1] if "]" in h else h
+    elif h.count(":") == 1:
+        h = h.rsplit(":", 1)[0]
+    return h.rstrip(".")
+
+
+def host_refusal(header: bytes | None, bound: str) -> str:
+    shown = header.decode("latin-1")[:100] if header is not None else None
+    return (f"Host {shown!r} is not a name of this server (127.0.0.1, localhost, [::1], {bound}): a server without "
+            "a token answers only requests addressed to loopback, so that a web page cannot drive it through DNS "
+            "rebinding. Connect to http://127.0.0.1:PORT, or start the server with --token to serve other names.")
+
+
 # ----------------------------------------------------------------------------- the front
 
 
@@ -282,6 +309,11 @@ class Front:
                 lock.release()
         return results
 
+    def host_allowed(self, header: bytes | None) -> bool:
+        """A server without a token (loopback only) answers requests addressed to a loopback name
+        (127.0.0.1, localhost, [::1], or the address it listens on), any port; with a token, any."""
+        return self.token is not None or host_name(header) in {*LOCAL_HOSTS, self.cfg.host.lower()}
+
     def check_token(self, header: bytes) -> bool:
         if self.token is None:
             return True
@@ -349,6 +381,10 @@ class Guard:
         front, limit = self.front, self.front.cfg.max_body_bytes
         headers = dict(scope["headers"])
         try:
+            if not front.host_allowed(headers.get(b"host")):
+                await error_response(403, "Forbidden", host_refusal(headers.get(b"host"), front.cfg.host))(
+                    scope, receive, send_)
+                return
             if scope["path"] != "/health" and not front.check_token(headers.get(b"authorization", b"")):
                 resp = error_response(401, "Unauthorized", "missing or wrong bearer token: send the header "
                                       "'Authorization: Bearer <token>' with the token the server was started with.",
