@@ -81,6 +81,10 @@ SKIP: dict[str, str] = {
     r"vagent train hub\.repo_id=.*": "trains and uploads to the Hugging Face hub (a token, network)",
     r"(HF_HUB_OFFLINE=1 )?vagent train (--config \S+ )?model\.path=Qwen/.*": HUB + "; and a GPU",
     r"vagent train --nproc .*": GPU,
+    r"vagent train --config configs/paper/\S+\.yaml --nproc \d+": GPU + "; and the 3B model (docs/paper.md)",
+    r"vagent train --config configs/paper/\S+\.yaml --smoke": "tests/recipes/test_paper_recipes.py runs every "
+    "recipe's smoke step",
+    r"vagent eval --config configs/paper/\S+\.yaml --backend \S+ --model \S+": "calls a paid API or needs the 3B model",
     r"torchrun .*": GPU,
     r"python3 scripts/gpu-check OUT": GPU + "; tests/test_gpu_check.py runs its dry run",
     # models
