@@ -68,8 +68,8 @@ def test_resolved_config_round_trips(tmp_path):
 def test_every_field_is_documented():
     import dataclasses
 
-    for cls in (C.RunConfig, C.ModelConfig, C.EnvEntry, C.RolloutConfig, C.UpdateConfig, C.PPOConfig,
-                C.GRPOConfig, C.SFTConfig, C.ValConfig, C.LogConfig, C.DistConfig):
+    for cls in (C.RunConfig, C.ModelConfig, C.EnvEntry, C.RolloutConfig, C.RolloutCorrectionConfig, C.UpdateConfig,
+                C.PPOConfig, C.GRPOConfig, C.SFTConfig, C.ValConfig, C.LogConfig, C.DistConfig):
         docs = field_docs(cls)
         missing = [f.name for f in dataclasses.fields(cls) if not docs.get(f.name)]
         assert not missing, f"{cls.__name__} fields without a #: comment: {missing}"

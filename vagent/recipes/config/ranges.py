@@ -104,7 +104,7 @@ RANGES: dict[str, Range] = {
     "rollout.replica_threads": Range(1, 4096),
     "rollout.overlap": Range(0, 1),
     "rollout.vllm_gpu_memory": Range(0, 1, lo_open=True),
-    "rollout.canary_tolerance": Range(0, 1000, lo_open=True, why="max |log-prob gap| on a probe token"),
+    "rollout.canary_tolerance": Range(0, 1000, lo_open=True, why="the largest log-prob gap accepted on a probe token"),
     "rollout_correction.is_threshold": Range(0, 1e9, lo_open=True, why="C: IS weights truncated at C"),
     "rollout_correction.rs_low": Range(0, 1e9, lo_open=True),
     "rollout_correction.rs_high": Range(0, 1e9, lo_open=True),
