@@ -22,6 +22,8 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
+from pathlib import Path
 from typing import Mapping, Sequence
 
 
@@ -47,11 +49,30 @@ def torchrun_args(nproc: int, train_args: Sequence[str], *, nnodes: int = 1, nod
     return out + ["-m", "vagent", "train", *train_args]
 
 
+def new_run_dirs(out_dir: str | Path, name: str, since: float, before: set[Path]) -> list[Path]:
+    """The run directories ``<out_dir>/<name>-<stamp>`` a job made: not in ``before`` (listed
+    before it started) and changed at ``since`` or later; newest first."""
+    parent = Path(out_dir).expanduser()
+    if not parent.is_dir():
+        return []
+    found = [p for p in parent.glob(f"{name}-*") if p.is_dir() and p not in before and p.stat().st_mtime >= since - 1]
+    return sorted(found, key=lambda p: p.stat().st_mtime, reverse=True)
+
+
 def launch(nproc: int, train_args: Sequence[str], *, nnodes: int = 1, node_rank: int | None = None,
-           rdzv_endpoint: str | None = None, rdzv_id: str = "vagent") -> int:
+           rdzv_endpoint: str | None = None, rdzv_id: str = "vagent", run_dir: str | None = None,
+           out_dir: str | Path | None = None, run_name: str | None = None) -> int:
     """Run ``vagent train TRAIN_ARGS`` as a torchrun job (the hosts and rendezvous as
     :func:`torchrun_args` takes them); returns the job's exit status (0 when every worker succeeded;
-    otherwise 1, after saying which rank failed first and how)."""
+    otherwise 1, after saying which rank failed first and how).
+
+    The failure line names the run directory to resume: ``run_dir`` (a ``--resume``), else the
+    directory ``<out_dir>/<run_name>-<stamp>`` the job made; when it made none (a rank failed
+    before rank 0 wrote it) there is nothing to resume and the line says so."""
+    before: set[Path] = set()
+    if run_dir is None and out_dir is not None and run_name is not None and Path(out_dir).expanduser().is_dir():
+        before = set(Path(out_dir).expanduser().glob(f"{run_name}-*"))
+    started = time.time()
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
 
@@ -64,7 +85,10 @@ def launch(nproc: int, train_args: Sequence[str], *, nnodes: int = 1, node_rank:
                                     rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id))
     except ChildFailedError as exc:
         ends = {rank: (f.exitcode, f.timestamp) for rank, f in exc.failures.items()}
-        print(f"error: the torchrun job failed: {describe_failure(ends)}", file=sys.stderr)
+        if run_dir is None and out_dir is not None and run_name is not None:
+            made = new_run_dirs(out_dir, run_name, started, before)
+            run_dir = str(made[0]) if made else None
+        print(f"error: the torchrun job failed: {describe_failure(ends, run_dir, nproc=nproc)}", file=sys.stderr)
         return 1
     finally:
         os.environ.pop(LAUNCHER_PID_ENV, None)
@@ -80,9 +104,12 @@ def _how(rank: int, code: int) -> str:
     return f"rank {rank} exited with status {code}"
 
 
-def describe_failure(ends: Mapping[int, tuple[int, float]]) -> str:
+def describe_failure(ends: Mapping[int, tuple[int, float]], run_dir: str | Path | None = "<run directory>",
+                     nproc: int | str = "N") -> str:
     """What ended a failed job, from each failed rank's (exit code, time) in the order torchrun
-    found them: the rank that failed first, what the others did, and how to go on. torchrun records
+    found them: the rank that failed first, what the others did, and how to go on (``--resume
+    run_dir`` with ``nproc`` processes; with ``run_dir`` None the job wrote no run directory, so
+    there is nothing to resume and no resume command is given). torchrun records
     the ranks that failed on their own before it stops the others (SIGTERM; a rank with Ray's
     signal handlers then aborts), and its times are whole seconds, so the earliest time and then
     the order decide."""
@@ -98,5 +125,7 @@ def describe_failure(ends: Mapping[int, tuple[int, float]]) -> str:
     others = sorted(r for r in ends if r != first)
     if others:
         text += "; then torchrun stopped the others (" + ", ".join(_how(r, ends[r][0]) for r in others) + ")"
-    return text + (". The checkpoints written so far are kept: `vagent train --nproc N --resume <run directory>` "
+    if run_dir is None:
+        return text + ". No run directory was written, so there is nothing to resume."
+    return text + (f". The checkpoints written so far are kept: `vagent train --nproc {nproc} --resume {run_dir}` "
                    "continues the run.")

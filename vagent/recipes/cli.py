@@ -1,6 +1,7 @@
 """``vagent train`` and ``vagent demos``.
 
     vagent train [--config FILE] [key=value section.key=value envs.0.config.render=text ...]
+    vagent train --config base.yaml --config mine.yaml [key=value ...]   # files layered in order
     vagent train --resume RUN_DIR
     vagent train --describe                     # every config field with its default and doc
     vagent train --import mypackage.corridor envs.0.name=corridor ...   # your own env (docs/custom_env.md)
@@ -42,7 +43,9 @@ def _add_train_parser(subparsers) -> None:
     )
     train.add_argument("overrides", nargs="*", metavar="key=value",
                        help="config overrides, e.g. steps=20 ppo.estimator=turn_gae envs.0.n_train=4")
-    train.add_argument("--config", default=None, help="YAML run config (presets in configs/)")
+    train.add_argument("--config", action="append", default=[], metavar="FILE",
+                       help="YAML run config (presets in configs/); repeatable: the files are layered in order, "
+                            "a later file's keys override an earlier one's (mappings merged, lists replaced)")
     train.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue a run from its newest checkpoint")
     train.add_argument("--describe", action="store_true", help="list every config field and exit")
     train.add_argument("--smoke", action="store_true",
@@ -99,6 +102,42 @@ def _error(msg: str) -> int:
     return 1
 
 
+def merge_trees(base: dict, top: dict) -> dict:
+    """``top`` laid over ``base``: a key of both whose values are both mappings is merged the same
+    way; any other value of ``top`` (a scalar, a list such as ``envs``) replaces ``base``'s."""
+    out = dict(base)
+    for key, value in top.items():
+        out[key] = merge_trees(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def layered_config(files: list[str]) -> str | dict | None:
+    """The config of ``--config A --config B ...``: None (the default preset) for no file, the path
+    for one (``load_config`` reads it), else the files' mappings merged in order (:func:`merge_trees`:
+    later keys override earlier ones). ConfigError names a missing, unreadable or non-mapping file."""
+    if len(files) <= 1:
+        return files[0] if files else None
+    from pathlib import Path
+
+    from vagent.recipes.config.load import load_yaml
+    from vagent.recipes.config.ranges import read_config_text
+
+    tree: dict = {}
+    for name in files:
+        path = Path(name)
+        if not path.is_file():
+            raise ConfigError(f"config file {name!r} does not exist. Pass YAML files, e.g. "
+                              "--config configs/frozenlake_ppo.yaml --config mine.yaml.")
+        try:
+            layer = load_yaml(read_config_text(path), name) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{name}: not valid YAML ({exc}).") from exc
+        if not isinstance(layer, dict):
+            raise ConfigError(f"{name}: expected a mapping of config keys at the top level.")
+        tree = merge_trees(tree, layer)
+    return tree
+
+
 def run_train(args: argparse.Namespace) -> int:
     if args.describe:
         print(describe_all())
@@ -137,11 +176,13 @@ def _train(args: argparse.Namespace) -> None:
             raise ConfigError(f"--import: {exc}") from exc
     from vagent.recipes.scale import load_scaled, preflight
 
-    cfg = load_scaled(args.config, args.overrides, args.smoke)
+    cfg = load_scaled(layered_config(args.config), args.overrides, args.smoke)
     if "WORLD_SIZE" not in os.environ:  # one process; a job was checked by its launcher (launch_job)
         preflight(cfg, 1)
     cfg.imports += [m for m in args.imports if m not in cfg.imports]
-    train(cfg, quiet=args.quiet, source=ConfigSource(args.config, tuple(args.overrides)))
+    # several files: the summary lists the keys that differ from the default preset
+    source = ConfigSource(args.config[0] if len(args.config) == 1 else None, tuple(args.overrides))
+    train(cfg, quiet=args.quiet, source=source)
 
 
 def launch_job(args: argparse.Namespace) -> int:
@@ -152,6 +193,9 @@ def launch_job(args: argparse.Namespace) -> int:
     if launched_by_torchrun():
         return _error("--nproc/--nnodes start a torchrun job; this process already is a worker of one "
                       "(drop them when you run torchrun yourself).")
+    if args.resume and args.config:
+        return _error("--resume continues a run with its saved config.yaml; drop --config.")
+    run_dir, cfg = None, None
     if args.resume:  # before starting any process: a live job's run directory, a finished run
         from vagent.runs import existing_run_dir  # heavy (torch)
         from vagent.runs.lock import RunDirLocked, check_unlocked  # heavy (vagent.runs imports torch)
@@ -165,19 +209,26 @@ def launch_job(args: argparse.Namespace) -> int:
 
         if finished(run, quiet=args.quiet):
             return 0
-    if not args.resume:  # a recipe written for N GPUs: model downloaded? the share per GPU, memory (before torchrun)
+        run_dir = str(run.root)
+    if not args.resume:  # the checks of one process, once, before torchrun starts any rank
+        from vagent.recipes.config.ranges import check_out_dir
         from vagent.recipes.scale import load_scaled, preflight
+        from vagent.rollout.driver import check_rollout_setup
 
         try:
             import_modules(args.imports)  # the config's own envs, as _train does
-            preflight(load_scaled(args.config, args.overrides, args.smoke), (args.nproc or 1) * args.nnodes)
+            cfg = load_scaled(layered_config(args.config), args.overrides, args.smoke)
+            check_out_dir(cfg.out_dir)
+            check_rollout_setup(cfg.rollout, (args.nproc or 1) * args.nnodes > 1)
+            # a recipe written for N GPUs: model downloaded? the share per GPU, memory
+            preflight(cfg, (args.nproc or 1) * args.nnodes)
         except (ConfigError, PluginImportError) as exc:
             return _error(str(exc))
     train_args = list(args.overrides)
     if args.smoke:
         train_args.append("--smoke")
-    if args.config:
-        train_args += ["--config", args.config]
+    for file in args.config:
+        train_args += ["--config", file]
     if args.resume:
         train_args += ["--resume", args.resume]
     if args.quiet:
@@ -186,7 +237,8 @@ def launch_job(args: argparse.Namespace) -> int:
         train_args += ["--import", module]
     try:
         return launch(args.nproc or 1, train_args, nnodes=args.nnodes, node_rank=args.node_rank,
-                      rdzv_endpoint=args.rdzv_endpoint)
+                      rdzv_endpoint=args.rdzv_endpoint, run_dir=run_dir,
+                      out_dir=cfg.out_dir if cfg is not None else None, run_name=cfg.name if cfg is not None else None)
     except ValueError as exc:
         return _error(str(exc))
 
