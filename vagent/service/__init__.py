@@ -17,7 +17,7 @@ import importlib
 from typing import Any
 
 _WHERE = {
-    **{n: "vagent.service.client" for n in ("RemoteEnv", "RemoteEnvConfig", "RemoteEnvException", "ServiceError",
+    **{n: "vagent.service.client" for n in ("EnvConfigMismatch", "RemoteEnv", "RemoteEnvConfig", "RemoteEnvException", "ServiceError",
                                             "ServiceUnavailable", "Transport", "client_metrics")},
     **{n: "vagent.service.batch" for n in ("RemoteEnvPool", "remote_env_factory", "remote_spec_factory",
                                            "reset_many", "step_many")},

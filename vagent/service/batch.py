@@ -18,7 +18,7 @@ from vagent.service import protocol as P
 from vagent.service.httpclient import TransportError
 from vagent.service.client import (
     RemoteEnv, RemoteEnvException, ServiceUnavailable, Transport, _count, _decode, _raise_error, _reset_result,
-    _SessionLost, _step_result,
+    _SessionLost, _step_result, config_diff, mismatch_error,
 )
 
 
@@ -34,19 +34,49 @@ def _item_error(res: P.ItemResult) -> None:
     _raise_error(res.status, res.error.model_dump())
 
 
-def _restore_many(envs: list[RemoteEnv]) -> None:
-    """Restore lost sessions of envs sharing one transport with one batch create (+ replay)."""
+def _restore_many(envs: list[RemoteEnv]) -> list[BaseException | None]:
+    """Restore lost sessions of envs sharing one transport with one batch create (+ replay) per
+    server; the error of each env (None: restored).
+
+    Each create carries the env's pinned config hash: the envs a server refuses (409
+    ``ConfigMismatch``, another operator config) are sent to the next server, each URL at most
+    once; an env that no server takes gets :class:`EnvConfigMismatch` naming the fields."""
     t = envs[0]._t
-    items = [e._create_request(e._seed, list(e._responses) if e._seed is not None else []) for e in envs]
-    r, k = t.send("POST", f"{P.API_PREFIX}/batch/create", {"items": items})
-    header, parts = _decode(r)
-    for e, res in zip(envs, P.BatchOut.model_validate(header).results):
-        if res.error is not None:
-            _item_error(res)
-        e._adopt(res.ok, k)
-        _count("replays")
-        _count("replayed_steps", len(e._responses) if e._seed is not None else 0)
-        e._verify(res.ok, parts)
+    errors: list[BaseException | None] = [None] * len(envs)
+    refusals: dict[int, list[str]] = {}
+    configs: dict[int, dict | None] = {}
+    todo = list(range(len(envs)))
+    for _server in range(len(t.urls)):
+        items = [envs[i]._create_request(envs[i]._seed, list(envs[i]._responses) if envs[i]._seed is not None else [])
+                 for i in todo]
+        r, k = t.send("POST", f"{P.API_PREFIX}/batch/create", {"items": items})
+        header, parts = _decode(r)
+        refused = []
+        for i, res in zip(todo, P.BatchOut.model_validate(header).results):
+            e = envs[i]
+            try:
+                if res.error is not None and res.error.error == "ConfigMismatch":
+                    pinned = t.pins.get(e._pin_key, ("", {}))[1]
+                    refusals.setdefault(i, []).append(f"{t.urls[k]}: {config_diff(pinned, res.error.config)}")
+                    configs[i] = res.error.config
+                    refused.append(i)
+                    continue
+                if res.error is not None:
+                    _item_error(res)
+                e._adopt(res.ok, k)
+                _count("replays")
+                _count("replayed_steps", len(e._responses) if e._seed is not None else 0)
+                e._verify(res.ok, parts)
+            except Exception as exc:  # noqa: BLE001 - handed back per env
+                errors[i] = exc
+        todo = refused
+        if not todo:
+            break
+        t._advance(k)
+    for i in todo:
+        errors[i] = mismatch_error(t.urls, f"env '{envs[i].env_name}' (seed {envs[i]._seed}, "
+                                   f"{len(envs[i]._responses)} replies to replay)", refusals[i], configs[i])
+    return errors
 
 
 def _many(envs: Sequence[RemoteEnv], args: Sequence[Any], route: str,
@@ -97,11 +127,13 @@ def _many(envs: Sequence[RemoteEnv], args: Sequence[Any], route: str,
             by_t.setdefault(id(envs[i]._t), []).append(i)
         for idx in by_t.values():
             try:
-                _restore_many([envs[i] for i in idx])
+                errors = _restore_many([envs[i] for i in idx])
             except Exception as exc:  # noqa: BLE001
-                for i in idx:
-                    out[i] = exc
-                idx.clear()
+                errors = [exc] * len(idx)
+            for i, err in zip(list(idx), errors):
+                if err is not None:
+                    out[i] = err
+                    idx.remove(i)
         todo = sorted(i for idx in by_t.values() for i in idx)
     for i in todo:
         out[i] = ServiceUnavailable(503, "Unavailable", "session lost 5 times in a row")

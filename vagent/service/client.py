@@ -81,6 +81,17 @@ class ServiceUnavailable(ServiceError):
     """No server answered within ``retry_timeout`` (connection errors or 503 all along)."""
 
 
+class EnvConfigMismatch(ServiceError):
+    """No server would take the session under the env config it started with (409
+    ``ConfigMismatch`` from each one tried): the servers' operator configs differ, so restoring the
+    episode elsewhere would continue it under another config. ``config`` is the last refusing
+    server's resolved config."""
+
+    def __init__(self, status: int, kind: str, detail: str, config: dict | None = None) -> None:
+        super().__init__(status, kind, detail)
+        self.config = config
+
+
 class RemoteEnvException(EnvError):
     """The remote env raised (HTTP 500); ``detail`` holds the remote error text and location."""
 
@@ -128,6 +139,8 @@ def _raise_error(status: int, body: Any) -> None:
         raise KeyError(detail)
     if kind == "NotSupported":
         raise NotImplementedError(detail)
+    if kind == "ConfigMismatch":
+        raise EnvConfigMismatch(status, kind, detail, body.get("config") if isinstance(body.get("config"), dict) else None)
     raise ServiceError(status, kind, detail)
 
 
@@ -166,6 +179,9 @@ class Transport:
             headers["Authorization"] = f"Bearer {token}"
         self.http = HttpClient(timeout=timeout, headers=headers, max_connections=max_connections)
         self.rng = random.Random()
+        #: (env name, client config) -> (config hash, resolved config) of the first session made
+        #: through this transport: every later session of that env and config must match it
+        self.pins: dict[str, tuple[str, dict]] = {}
 
     def _sleep(self, attempt: int, retry_after: float | None) -> None:
         delay = min(self.max_backoff, self.backoff * 2 ** min(attempt, 16) * self.rng.uniform(0.5, 1.5))
@@ -222,7 +238,46 @@ class Transport:
     def close(self) -> None:
         self.http.close()
 
+    def create_pinned(self, path: str, body: dict, key: str, what: str) -> tuple[dict, list[bytes], int]:
+        """POST a create (``path``: the session or batch route) on the first server, in failover
+        order, that does not answer ``ConfigMismatch``; (frame header, parts, server index).
 
+        A server that refuses the pinned config hash is skipped (each URL once); when all refuse,
+        :class:`EnvConfigMismatch` names, per server, the fields that differ from the pinned config."""
+        refusals: list[str] = []
+        last: EnvConfigMismatch | None = None
+        for _ in range(len(self.urls)):
+            r, k = self.send("POST", path, body)
+            try:
+                header, parts = _decode(r)
+            except EnvConfigMismatch as exc:
+                refusals.append(f"{self.urls[k]}: {config_diff(self.pins.get(key, ('', {}))[1], exc.config)}")
+                last = exc
+                self._advance(k)
+                continue
+            return header, parts, k
+        assert last is not None
+        raise mismatch_error(self.urls, what, refusals, last.config)
+
+
+def mismatch_error(urls: Sequence[str], what: str, refusals: list[str], config: dict | None) -> EnvConfigMismatch:
+    """The error when every server refused a pinned config hash (``refusals``: one line per server)."""
+    return EnvConfigMismatch(409, "ConfigMismatch", f"{what} cannot continue under the env config it started "
+                             f"with: no server of {', '.join(urls)} resolves it alike ({'; '.join(refusals)}). "
+                             "Give every server of the list the same --env-config, or drop the servers "
+                             "configured otherwise from the list.", config)
+
+
+def config_diff(want: dict, got: dict | None) -> str:
+    """``"max_steps 20 -> 3"``: the fields of resolved config ``got`` that differ from ``want``."""
+    if got is None:
+        return "another config"
+    diffs = [f"{k} {want.get(k, '<unset>')!r} -> {got.get(k, '<unset>')!r}"
+             for k in sorted(set(want) | set(got)) if want.get(k, _MISSING) != got.get(k, _MISSING)]
+    return ", ".join(diffs) or "another config"
+
+
+_MISSING = object()
 _JSON_HEADERS = {"Content-Type": "application/json"}
 
 #: the environment variable that holds the env servers' bearer token (server and client read it)
@@ -358,6 +413,7 @@ class RemoteEnv:
     # -- sessions
     def _adopt(self, header: dict, base: int) -> None:
         created = P.CreateOut.model_validate(header)
+        self._pin(created)
         self._sid, self._base, self.solvable = created.session_id, base, created.solvable
         spec = created.spec
         self.config = SimpleNamespace(**spec.get("config", {}))
@@ -373,8 +429,20 @@ class RemoteEnv:
                 horizontal_words=tuple(js.get("horizontal_words", ("left", "right", "same"))),
             )
 
+    @property
+    def _pin_key(self) -> str:
+        return json.dumps([self.env_name, self.spec_config], sort_keys=True, default=str)
+
     def _create_request(self, seed: int | None, replay: list[str]) -> dict:
-        return {"env": self.env_name, "config": self.spec_config, "seed": seed, "replay": replay}
+        """A create of this env; once a session was made, with the config hash it must keep."""
+        pin = self._t.pins.get(self._pin_key)
+        return {"env": self.env_name, "config": self.spec_config, "seed": seed, "replay": replay,
+                "config_hash": pin[0] if pin else None}
+
+    def _pin(self, created: P.CreateOut) -> None:
+        """The first session of this env and config on this transport fixes the config hash."""
+        if created.config_hash:
+            self._t.pins.setdefault(self._pin_key, (created.config_hash, dict(created.spec.get("config", {}))))
 
     def __getattr__(self, name: str) -> Any:
         # optimal_actions exists only when the remote env has a solver, as on the local env
@@ -384,8 +452,9 @@ class RemoteEnv:
         raise AttributeError(f"{type(self).__name__!s} has no attribute {name!r}")
 
     def _create(self, seed: int | None, replay: list[str]) -> tuple[dict, list[bytes]]:
-        r, k = self._t.send("POST", f"{P.API_PREFIX}/sessions", self._create_request(seed, replay))
-        header, parts = _decode(r)
+        header, parts, k = self._t.create_pinned(f"{P.API_PREFIX}/sessions", self._create_request(seed, replay),
+                                                 self._pin_key, f"env '{self.env_name}' (seed {seed}, "
+                                                 f"{len(replay)} replies to replay)")
         self._adopt(header, k)
         return header, parts
 
@@ -439,9 +508,7 @@ class RemoteEnv:
 
         def go() -> tuple[Observation, dict]:
             if self._sid is None:  # no session to reset: create one reset in the same round trip
-                r, k = self._t.send("POST", f"{P.API_PREFIX}/sessions", self._create_request(seed, []))
-                header, parts = _decode(r)
-                self._adopt(header, k)
+                header, parts = self._create(seed, [])
                 d = header["reset"]
             else:
                 r, _ = self._t.send("POST", f"{P.API_PREFIX}/sessions/{self._sid}/reset", {"seed": seed}, base=self._base)

@@ -37,6 +37,7 @@ from PIL import Image
 
 from vagent.config import ConfigError, to_dict
 from vagent.envs.base import EnvError, EpisodeOverError, Observation, StepResult
+from vagent.service.protocol import config_hash as config_hash_of
 from vagent.service.protocol import encode_image
 
 Result = tuple  # ("ok", payload) | ("err", status, {"error", "detail", "session_closed"})
@@ -234,7 +235,8 @@ class SessionHost:
         return [self.run(op, codec) for op in ops]
 
     # -- operations
-    def _op_create(self, sid: str, env_name: str, config: dict, seed: int | None, replay: list[str]) -> Result:
+    def _op_create(self, sid: str, env_name: str, config: dict, seed: int | None, replay: list[str],
+                   config_hash: str | None = None) -> Result:
         from vagent.envs.limits import server_only_fields
         from vagent.envs.registry import env_class, list_envs, make
 
@@ -257,10 +259,23 @@ class SessionHost:
             env = make(env_name, **{**self.env_config.get(env_name, {}), **config})
         except ConfigError as exc:
             return _err(422, "ConfigError", self.redact(str(exc)))
+        spec = env_spec(env, hidden)
+        digest = config_hash_of(env_name, spec["config"])
+        if config_hash is not None and config_hash != digest:
+            # a restore (or a new session of a RemoteEnv) must run under the config it started with
+            try:
+                env.close()
+            except Exception:  # noqa: BLE001 - refused either way
+                traceback.print_exc()
+            return ("err", 409, {"error": "ConfigMismatch", "session_closed": False, "config": spec["config"],
+                                 "detail": f"env '{env_name}' resolves to config hash {digest} on this server, not "
+                                 f"{config_hash}: this server's operator config (--env-config) differs from the "
+                                 "server's the session started on; nothing was created. Restore it on a server "
+                                 "configured alike."})
         sess = _Session(env=env, name=env_name)
         self.sessions[sid] = sess
         out: dict[str, Any] = {"session_id": sid, "env": env_name, "solvable": callable(getattr(env, "optimal_actions", None)),
-                               "spec": env_spec(env, hidden)}
+                               "spec": spec, "config_hash": digest}
         if seed is not None:
             try:
                 reset = self._reset_payload(env.reset(seed=seed))

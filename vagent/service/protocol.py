@@ -73,6 +73,7 @@ ERROR_STATUS: dict[str, int] = {
     "EpisodeOverError": 409,      # step after the episode ended: reset first
     "OutOfOrder": 409,            # a step index that is neither the next step nor a retry of the last
     "NotSupported": 409,          # e.g. optimal_actions on an env without a solver
+    "ConfigMismatch": 409,        # a create's config_hash is not this server's resolved config: try another
     "PayloadTooLarge": 413,
     "ValidationError": 422,       # malformed JSON, wrong types, out-of-range values
     "ConfigError": 422,           # the env config was rejected by the env's declared Config
@@ -94,12 +95,18 @@ class CreateRequest(_Strict):
 
     ``replay`` (needs ``seed``): replies to step right after the reset, in order; the response then
     carries the last step's result. The client uses it to restore a lost episode in one request.
+
+    ``config_hash`` (optional): the :func:`config_hash` the session must have, i.e. the one the
+    episode (or the RemoteEnv) started with. A server whose operator config resolves ``config``
+    to another env config answers 409 ``ConfigMismatch`` (with its resolved ``config``) and
+    creates nothing, so a replay never continues an episode under another config.
     """
 
     env: str = Field(min_length=1, max_length=MAX_NAME)
     config: dict[str, Any] = Field(default_factory=dict)
     seed: Int | None = Field(default=None, ge=0, le=MAX_SEED)
     replay: list[str] = Field(default_factory=list, max_length=100_000)
+    config_hash: str | None = Field(default=None, min_length=1, max_length=64)
 
 
 class ResetRequest(_Strict):
@@ -176,6 +183,8 @@ class CreateOut(BaseModel):
     solvable: bool = False
     #: the env's resolved config, action_names, action_sep and judge_spec (see host.env_spec)
     spec: dict[str, Any] = Field(default_factory=dict)
+    #: :func:`config_hash` of the env name and ``spec["config"]`` (what a restore must match)
+    config_hash: str = ""
     reset: ResetOut | None = None
     last_step: StepOut | None = None
 
@@ -187,6 +196,8 @@ class ErrorBody(BaseModel):
     error: str
     detail: str
     session_closed: bool = False
+    #: ``ConfigMismatch`` only: this server's resolved env config (the client names the fields that differ)
+    config: dict[str, Any] | None = None
 
 
 class ItemResult(BaseModel):
@@ -255,6 +266,19 @@ class HealthOut(BaseModel):
 
 
 # ----------------------------------------------------------------------------------- framing
+
+
+def config_hash(env: str, config: dict[str, Any]) -> str:
+    """16 hex digits of sha256 over the env name and its resolved config as canonical JSON (sorted
+    keys): equal for two servers exactly when their sessions of ``env`` run under the same config.
+
+    ``config`` is the session spec's config (``CreateOut.spec["config"]``): server-only fields
+    (data folders, modules) are not in it, since their paths may differ between machines serving
+    the same data; the replayed observations are still compared with the original ones."""
+    import hashlib
+
+    blob = json.dumps([env, config], sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def is_loopback(host: str) -> bool:

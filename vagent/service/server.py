@@ -233,7 +233,7 @@ class Front:
             for i, r in enumerate(reqs):
                 k = next(self.next_worker)
                 sid = f"w{k}-{secrets.token_urlsafe(18)}"
-                plan.setdefault(k, []).append((i, ("create", sid, r.env, r.config, r.seed, r.replay)))
+                plan.setdefault(k, []).append((i, ("create", sid, r.env, r.config, r.seed, r.replay, r.config_hash)))
             results: list[tuple] = [()] * len(reqs)
             done = await asyncio.gather(*(self._run(k, [op for _, op in items], codec) for k, items in plan.items()),
                                         return_exceptions=True)
