@@ -10,14 +10,16 @@ import argparse
 import sys
 from typing import Any
 
-from vagent.service.config import StartupError, add_arguments, config_from_args
+from vagent.service.config import StartupError, add_arguments, config_from_args, validate_config
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from vagent.service.server import serve
-
     try:
-        serve(config_from_args(args))
+        cfg = config_from_args(args)
+        validate_config(cfg)  # flags are refused in one line before FastAPI and the envs are imported
+        from vagent.service.server import serve
+
+        serve(cfg)
     except StartupError as exc:
         print(f"vagent serve-env: error: {exc}", file=sys.stderr)
         return 2

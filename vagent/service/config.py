@@ -20,7 +20,7 @@ class ServerConfig:
 
     #: address to listen on; any address that is not loopback requires a token
     host: str = "127.0.0.1"
-    #: TCP port to listen on
+    #: TCP port to listen on, 1..65535; 0 picks a free port (the start-up line names it)
     port: int = 8000
     #: env names that may be created (empty: every registered env)
     envs: tuple[str, ...] = ()
@@ -66,6 +66,8 @@ def validate_config(cfg: ServerConfig) -> None:
             "the port could run envs. Pass --token T (or set VAGENT_SERVICE_TOKEN) and give clients the "
             "same token, or listen on 127.0.0.1."
         )
+    if not 0 <= cfg.port <= 65535:  # the kernel would take the port modulo 65536 (70000 -> 4464)
+        raise StartupError(f"--port must be in 1..65535 (or 0: any free port), got {cfg.port}")
     if cfg.token is not None and len(cfg.token) < 8:
         raise StartupError("--token must be at least 8 characters (use e.g. `python -c 'import secrets; print(secrets.token_urlsafe())'`).")
     for name, value, low in (("max_sessions", cfg.max_sessions, 1), ("workers", cfg.workers, 1),
@@ -84,7 +86,7 @@ def validate_config(cfg: ServerConfig) -> None:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of ``vagent serve-env`` (shared with ``python -m vagent.service.server``)."""
     p.add_argument("--host", default="127.0.0.1", help="address to listen on; non-loopback needs --token (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
+    p.add_argument("--port", type=int, default=8000, help="TCP port 1..65535, or 0 for any free port (default 8000)")
     p.add_argument("--envs", default="", help="comma-separated env names to serve (default: every registered env)")
     p.add_argument("--token", default=None,
                    help="bearer token clients must send (or set VAGENT_SERVICE_TOKEN); required off loopback")

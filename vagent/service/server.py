@@ -27,6 +27,7 @@ Design (docs/service.md has the full story):
 from __future__ import annotations
 
 import asyncio
+import errno
 import hmac
 import importlib.util
 import itertools
@@ -682,6 +683,8 @@ def serve(cfg: ServerConfig) -> None:
         except KeyError as exc:
             raise StartupError(f"--envs: {exc.args[0]}") from exc
     check_env_config(cfg)
+    sock = listen_socket(cfg.host, cfg.port)
+    cfg.port = sock.getsockname()[1]  # --port 0: the port the kernel picked
     app = create_app(cfg)
     served = ", ".join(cfg.envs or list_envs())
     speed = [m for m in ("uvloop", "httptools") if importlib.util.find_spec(m) is not None]
@@ -690,8 +693,30 @@ def serve(cfg: ServerConfig) -> None:
           f"auth={'bearer token' if cfg.token else 'off (loopback only)'} "
           f"fast-path={'+'.join(speed) or 'none (pip install uvloop httptools for faster HTTP; docs/service.md)'}", flush=True)
     front: Front = app.front  # type: ignore[attr-defined]
-    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, access_log=False,
-                timeout_keep_alive=cfg.keep_alive_timeout, lifespan="on", http=guarded_protocol(front.connections))
+    config = uvicorn.Config(app, host=cfg.host, port=cfg.port, log_level=cfg.log_level, access_log=False,
+                            timeout_keep_alive=cfg.keep_alive_timeout, lifespan="on",
+                            http=guarded_protocol(front.connections))
+    uvicorn.Server(config).run(sockets=[sock])  # what uvicorn.run does, on the socket bound above
+
+
+def listen_socket(host: str, port: int) -> "socket.socket":
+    """A listening TCP socket on ``host:port`` (as uvicorn binds it: SO_REUSEADDR, IPv6 for a host
+    with a colon); port 0 takes a free port. A port that cannot be bound is one StartupError line."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host.strip("[]"), port))
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        why = "address already in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
+        raise StartupError(f"cannot listen on {host}:{port}: {why}; pick another --port (or 0: any free port) "
+                           "or stop the process that holds it.") from exc
+    sock.set_inheritable(True)
+    return sock
 
 
 def main(argv: list[str] | None = None) -> int:
