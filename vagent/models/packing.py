@@ -61,7 +61,7 @@ class Packed:
 
 def model_type(model: torch.nn.Module) -> str:
     """The HF ``config.model_type`` of a model (inside a PEFT wrapper too)."""
-    from vagent.models.forward import unwrap
+    from vagent.models.inputs import unwrap
 
     return str(getattr(unwrap(model).config, "model_type", "unknown"))
 
@@ -86,7 +86,7 @@ def pack(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor,
     Shapes: input_ids, attention_mask [B, L] (real tokens where the mask is 1, in any padding
     layout); image_grid_thw [n_images, 3] of all rows' images in row order.
     """
-    from vagent.models.forward import explicit_position_ids, mrope_image_token_id
+    from vagent.models.inputs import explicit_position_ids, mrope_image_token_id
 
     B, L = input_ids.shape
     real = attention_mask.bool()
@@ -105,7 +105,7 @@ def packed_inputs(model: torch.nn.Module, packed: Packed, pixel_values: Tensor |
                   image_grid_thw: Tensor | None) -> dict:
     """Keyword arguments of the packed model call: no attention mask (the restarting positions
     confine attention to each row), explicit positions, the images unchanged."""
-    from vagent.models.forward import model_inputs
+    from vagent.models.inputs import model_inputs
 
     kwargs = model_inputs(model, packed.input_ids, torch.ones_like(packed.input_ids), pixel_values, image_grid_thw,
                           position_ids=packed.position_ids)
