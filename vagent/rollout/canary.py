@@ -15,10 +15,11 @@ targets, ``sync/canary_s`` the seconds the check took.
 
 Tolerance (``rollout.canary_tolerance``; null = by dtype, :func:`default_tolerance`): 0.01 when
 engine and trainer both compute in float32 (HF replicas and vLLM's CPU build agree to ~1e-6
-here), 1.0 when either is bfloat16 / float16 (bf16 rounding alone moves a token's log-prob by
-up to a few tenths on the tiny model: docs/results.md "Engine/trainer mismatch"). A wrong push
-moves log-probs by whole nats; a push skipped once at a small learning rate may stay inside the
-tolerance (the version stamps and ``mismatch/*`` see that).
+here), 1.0 when either is bfloat16 / float16 (greedy tokens are the confident ones, where bf16
+rounding moves log-probs least: 2e-5 to 1e-4 on the default run, while its sampled tokens move by
+up to 2 nats; docs/results.md "Engine/trainer mismatch"). A wrong push moves log-probs by whole
+nats; a push skipped once at a small learning rate may stay inside the tolerance (the version
+stamps and ``mismatch/*`` see that).
 
 In a job of several ranks every rank takes part: rank 0 asks the engines (the replicas are
 shared), the replies are broadcast, and every rank runs the trainer's (sharded) forward.
