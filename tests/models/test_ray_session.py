@@ -1,11 +1,15 @@
 """A local Ray cluster's processes are found by the session folder Ray names after its driver, the
 retitled ``ray::`` workers and agents included, so a failed start (``start_ray`` retries after a
-raylet that did not register) kills all of them rather than leaving orphans."""
+raylet that did not register) kills all of them rather than leaving orphans; a SIGKILLed driver
+leaves none behind (its watchdog), and the next start reaps a crashed driver's leftovers (~20 s)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import psutil
 import pytest
@@ -49,3 +53,89 @@ def _running(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+# --- a SIGKILLed driver leaves nothing behind (issue 47, item 12) ---------------------------------
+
+STAY = """
+import os, time
+from vagent.models import ray_reaper
+from vagent.models.remote import ray_session_processes, start_ray
+
+ray = start_ray(1)
+
+
+@ray.remote
+class Replica:
+    def pid(self):
+        return os.getpid()
+
+
+replica = Replica.remote()
+ray.get(replica.pid.remote())
+for p in ray_session_processes(os.getpid()):
+    print("found", p.pid, p.name(), flush=True)
+print("watchdog", ray_reaper._watchdog.pid, flush=True)
+print("ready", flush=True)
+time.sleep(900)
+"""
+
+
+def _driver() -> tuple[subprocess.Popen, dict[int, str], int]:
+    """A driver that started a local cluster and an actor: (its process, the session's processes
+    by pid, its watchdog's pid)."""
+    proc = subprocess.Popen([sys.executable, "-c", STAY], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    found, watchdog = {}, 0
+    for line in proc.stdout:
+        word = line.split()
+        if word and word[0] == "found":
+            found[int(word[1])] = word[2]
+        elif word and word[0] == "watchdog":
+            watchdog = int(word[1])
+        elif word == ["ready"]:
+            return proc, found, watchdog
+    raise AssertionError(f"the driver ended before its cluster was ready:\n{proc.stderr.read()[-3000:]}")
+
+
+def _wait_gone(pids, timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        left = [pid for pid in pids if _running(pid)]
+        if not left:
+            return []
+        time.sleep(0.2)
+    return left
+
+
+@pytest.mark.timeout(900)
+def test_a_killed_driver_leaves_no_ray_process_and_the_next_start_reaps_a_crash(monkeypatch):
+    """Two real SIGKILLs. (1) Driver A and its watchdog killed (as a kill of every process of the
+    user would): Ray's agents survive, reparented to init (the finding); the next driver's
+    start_ray (a resume) kills them. (2) Driver B alone killed: its watchdog kills every process of
+    B's cluster, agents included, and ends."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    everything: list[int] = []
+    try:
+        a, found_a, watchdog_a = _driver()
+        everything += [*found_a, watchdog_a]
+        assert {"ray::DashboardAgent", "ray::RuntimeEnvAgent"} <= set(found_a.values()), found_a
+        os.kill(watchdog_a, signal.SIGKILL)
+        a.kill()
+        a.wait(timeout=30)
+        time.sleep(3)
+        agents = [pid for pid, name in found_a.items() if name in ("ray::DashboardAgent", "ray::RuntimeEnvAgent")]
+        assert [pid for pid in agents if _running(pid)], "Ray's agents ended by themselves: nothing to reap"
+
+        b, found_b, watchdog_b = _driver()  # its start_ray reaps A's leftovers first
+        everything += [*found_b, watchdog_b]
+        assert not _wait_gone(found_a, 5), {p: found_a[p] for p in found_a if _running(p)}
+        b.kill()
+        b.wait(timeout=30)
+        left = _wait_gone([*found_b, watchdog_b], 30)
+        assert not left, {p: found_b.get(p, "watchdog") for p in left}
+    finally:
+        for pid in everything:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass

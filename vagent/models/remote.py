@@ -74,6 +74,11 @@ def start_ray(num_cpus: int | None = None, object_store_mb: int = 256, *, num_gp
     Ray's raylet may not register within Ray's fixed 30 s: the start is then tried again (``tries``
     times in all), after killing the failed attempt's processes. Call ``ray.shutdown()`` when done
     (``RemoteEngine.close(shutdown=True)`` does).
+
+    No Ray process outlives this process (:mod:`vagent.models.ray_reaper`): a started cluster's
+    session folder is marked with this driver, a watchdog process kills what is left of it when
+    this process ends (a SIGKILL included), and every start first kills the leftovers of marked
+    sessions whose driver has ended (the crashed run a resume follows).
     """
     ray = import_ray()
     if ray.is_initialized():
@@ -82,11 +87,13 @@ def start_ray(num_cpus: int | None = None, object_store_mb: int = 256, *, num_gp
         join_ray(os.environ["RAY_ADDRESS"])
         return ray
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    _reap_and_watch(kwargs.get("_temp_dir"))
     for attempt in range(1, tries + 1):
         try:
             ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False,
                      object_store_memory=object_store_mb * 2**20, log_to_driver=False, configure_logging=False,
                      **kwargs)
+            _mark_own_session()
             return ray
         except Exception as exc:  # Ray raises a bare Exception for the startup timeout
             ray.shutdown()
@@ -102,26 +109,47 @@ def start_ray(num_cpus: int | None = None, object_store_mb: int = 256, *, num_gp
 
 def ray_session_processes(driver_pid: int) -> list[Any]:
     """The live processes (``psutil.Process``) of the local Ray cluster that the process
-    ``driver_pid`` started. Ray names the session folder after that driver
-    (``session_<time>_<pid>``): its daemons name it in their command lines, and every process of
-    the cluster, the workers and agents that retitle themselves ``ray::<name>`` too, holds its log
-    files open."""
-    import re
+    ``driver_pid`` started (:func:`vagent.models.ray_reaper.ray_session_processes`: Ray names the
+    session folder after that driver, ``session_<time>_<pid>``; its daemons name it in their command
+    lines, and every process of the cluster, the retitled ``ray::`` workers and agents too, holds
+    its log files open)."""
+    from vagent.models.ray_reaper import ray_session_processes as found
 
-    import psutil
+    return found(driver_pid)
 
-    mark = re.compile(rf"session_[0-9_-]+_{driver_pid}\b")
-    found = []
-    for proc in psutil.process_iter(["cmdline", "status"]):
-        if proc.pid == driver_pid or proc.info["status"] == psutil.STATUS_ZOMBIE:
-            continue
+
+def _reap_and_watch(temp_dir: str | None) -> None:
+    """Before this process starts a local cluster: kill the leftovers of crashed drivers' marked
+    sessions, and start this process's watchdog (see :mod:`vagent.models.ray_reaper`)."""
+    from vagent.models.ray_reaper import reap_dead_sessions, start_watchdog
+
+    if temp_dir is None:
         try:
-            if mark.search(" ".join(proc.info["cmdline"] or [])) or any(
-                    mark.search(f.path) for f in proc.open_files()):
-                found.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return found
+            from ray._common.utils import get_default_ray_temp_dir
+
+            temp_dir = get_default_ray_temp_dir()
+        except ImportError:  # another Ray layout: /tmp/ray is Ray's default
+            import tempfile
+
+            temp_dir = os.path.join(tempfile.gettempdir(), "ray")
+    sessions, n = reap_dead_sessions(temp_dir)
+    if n:
+        logger.warning("killed %d leftover process(es) of Ray session(s) %s, whose vagent driver ended without "
+                       "stopping them (a crashed run)", n, ", ".join(sessions))
+    start_watchdog()
+
+
+def _mark_own_session() -> None:
+    """Mark the session folder of the cluster this process just started as this driver's."""
+    from vagent.models.ray_reaper import mark_session
+
+    try:
+        from ray._private import worker
+
+        session_dir = worker._global_node.get_session_dir_path()
+    except (ImportError, AttributeError):  # another Ray layout: the watchdog still covers this driver
+        return
+    mark_session(session_dir)
 
 
 def _kill_own_ray_processes() -> None:
