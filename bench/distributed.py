@@ -78,7 +78,8 @@ def gpu(args: argparse.Namespace) -> None:
     from vagent.models.tiny import build_tiny_vlm
     from vagent.recipes.config import UpdateConfig
     from vagent.recipes.scoring import policy_forward
-    from vagent.recipes.update import UpdateContext, actor_update
+    from vagent.recipes.stages import Advantages, OffPolicy, Scores
+    from vagent.recipes.update import Learner, UpdateContext, actor_update
     from vagent.rollout.batch import TokenBatch
 
     init_world("cuda", timeout_s=1800)
@@ -119,12 +120,14 @@ def gpu(args: argparse.Namespace) -> None:
             old = torch.cat([policy_forward(model, batch.select([r]), 1024)[0] for r in range(B)])
         adv = torch.randn(B, L, generator=g).to(device) * loss.to(device)
         ctx = UpdateContext(device, True, 0, 0, None)
+        records = (Scores(old_logprobs=old, ref_logprobs=None), Advantages(advantages=adv, kl_ref=None),
+                   OffPolicy(anchor=old, weights=None, loss_mask=batch.loss_mask, metrics={}))
         times = []
         torch.cuda.reset_peak_memory_stats(device)
         for i in range(args.steps + 1):
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-            actor_update(model, params, opt, batch, adv, old, None, u, ctx)
+            actor_update(Learner(model, params, opt), batch, *records, u, ctx)
             torch.cuda.synchronize()
             if i > 0:  # the first step warms up
                 times.append(time.perf_counter() - t0)

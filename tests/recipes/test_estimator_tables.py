@@ -14,7 +14,7 @@ import torch
 from vagent.recipes.config import GRPOEstimator, PPOEstimator, load_config
 from vagent.recipes.grpo import GRPO_ESTIMATORS, trajectory_advantages
 from vagent.recipes.ppo import PPO_ESTIMATORS, ppo_advantages
-from vagent.recipes.stages import Scores
+from vagent.recipes.stages import PPOScores
 
 
 def test_every_configurable_estimator_has_an_entry_and_no_other():
@@ -62,7 +62,8 @@ def test_ppo_stage_returns_and_critic_mask_by_hand(estimator):
                              "ppo.whiten_advantages=false"])
     batch = turn_batch()
     zeros = torch.zeros(1, 6)
-    out = ppo_advantages(cfg, batch, Scores(zeros, values=zeros, final_values=torch.zeros(1)), 1.0)
+    scores = PPOScores(old_logprobs=zeros, ref_logprobs=None, values=zeros, final_values=torch.zeros(1))
+    out = ppo_advantages(cfg, batch, scores, 1.0)
     first = 1.0 if estimator == "masked_gae" else 0.5
     expected_mask = batch.turn_end_mask if estimator == "turn_gae" else batch.loss_mask
     assert torch.equal(out.critic_mask, expected_mask)

@@ -112,5 +112,5 @@ def test_ppo_filter_keeps_whole_groups():
     batch.group_ids = torch.tensor([0, 1])
     batch.scores = torch.tensor([1.0, 0.0])
     batch.select = lambda rows: rows
-    rows, scale, metrics = filter_groups(cfg, batch, cfg.ppo)
+    rows, scale, metrics = filter_groups(batch, cfg.ppo)
     assert scale == 1.0 and metrics["filter/kept_groups"] == 1.0 and len(rows) == 1

@@ -57,9 +57,9 @@ def test_bug3_ppo_recipe_gives_the_critic_the_estimator_mask(small_cfg, monkeypa
     seen = []
     real = ppo.critic_update
 
-    def spy(critic, params, opt, batch, values, returns, critic_mask, *args, **kw):
-        seen.append((batch.turn_end_mask.clone(), batch.loss_mask.clone(), critic_mask.clone()))
-        return real(critic, params, opt, batch, values, returns, critic_mask, *args, **kw)
+    def spy(critic, batch, scores, advantages, *args, **kw):
+        seen.append((batch.turn_end_mask.clone(), batch.loss_mask.clone(), advantages.critic_mask.clone()))
+        return real(critic, batch, scores, advantages, *args, **kw)
 
     monkeypatch.setattr(ppo, "critic_update", spy)
     train(small_cfg("ppo.estimator=turn_gae", "steps=1"), quiet=True)

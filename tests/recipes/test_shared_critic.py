@@ -13,7 +13,8 @@ from vagent.models.value import build_critic
 from vagent.recipes.batching import per_row
 from vagent.recipes.scoring import critic_forward, score_logprobs, score_shared, shift_right
 from vagent.recipes.config import UpdateConfig
-from vagent.recipes.update import UpdateContext, critic_update
+from vagent.recipes.stages import PPOAdvantages, PPOScores
+from vagent.recipes.update import Learner, UpdateContext, critic_update
 from vagent.rollout import EnvSpec, HFPolicy, SamplingConfig, rollout
 from vagent.rollout.batch import build_token_batch
 
@@ -36,7 +37,7 @@ def test_one_pass_scores_equal_two_passes(setup):
         critic.value_head.weight.normal_(0, 0.1)  # values far from 0, so a mismatch would show
     old, values, features = score_shared(loaded.model, critic, batch, 300, 64, 0.7)
     old_ref, _ = score_logprobs(loaded.model, None, batch, 300, 64, 0.7)
-    values_ref = per_row(batch, 300, lambda mb: critic_forward(critic, mb))
+    values_ref = per_row(batch, 300, lambda mb: critic_forward(critic, mb), split=False)
     M = batch.loss_mask
     torch.testing.assert_close(old[M], old_ref[M], atol=1e-5, rtol=1e-5)
     real = batch.attention_mask.bool()
@@ -63,8 +64,12 @@ def test_critic_update_on_features_equals_the_backbone_pass(setup, mini_batches)
         c.value_head.load_state_dict(start)
         params = list(c.value_head.parameters())
         opt = torch.optim.AdamW(params, lr=1e-2)
-        stats = critic_update(c, params, opt, batch, values, returns, batch.loss_mask, u, 0.5, ctx, feats)
-        assert stats["loss/value"] > 0
+        scores = PPOScores(old_logprobs=values, ref_logprobs=None, values=values, final_values=values[:, 0],
+                           features=feats)
+        targets = PPOAdvantages(advantages=returns, kl_ref=None, raw=returns, returns=returns,
+                                critic_mask=batch.loss_mask)
+        stats = critic_update(Learner(c, params, opt), batch, scores, targets, u, ctx, value_clip=0.5)
+        assert stats.loss > 0 and stats.metrics["loss/value"] == stats.loss
         heads.append(c.value_head.weight.detach().clone())
     assert not torch.equal(heads[0], start["weight"])  # the head trained
     torch.testing.assert_close(heads[0], heads[1], atol=1e-5, rtol=1e-4)

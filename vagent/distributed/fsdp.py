@@ -29,8 +29,9 @@ from vagent.distributed.world import world
 P = ParamSpec("P")
 T = TypeVar("T")
 
-# id(module) -> (module, its ShardedRoot); the module is kept so that its id is not reused
-_ROOTS: dict[int, tuple[nn.Module, "ShardedRoot"]] = {}
+#: the attribute a sharded module holds its ShardedRoot in: a plain attribute, not a submodule (no
+#: registry keeps the module alive; the module <-> root cycle goes with the module)
+_ROOT_ATTR = "_vagent_sharded_root"
 
 
 class ShardedRoot(nn.Module):
@@ -52,8 +53,16 @@ class ShardedRoot(nn.Module):
 
 def root_of(module: nn.Module) -> ShardedRoot | None:
     """The ShardedRoot that ``module`` runs under, or None (not sharded)."""
-    entry = _ROOTS.get(id(module))
-    return entry[1] if entry is not None else None
+    return vars(module).get(_ROOT_ATTR)
+
+
+def attach_root(modules: Sequence[nn.Module], root: ShardedRoot) -> None:
+    """Make ``root`` the root that each of ``modules`` runs under (:func:`root_of`). Each module holds
+    it as a plain attribute (``object.__setattr__``: not registered as a submodule, so it is in no
+    ``state_dict`` or ``modules()``), so nothing outlives the modules: once the run drops a sharded
+    model, its root goes with it."""
+    for m in modules:
+        object.__setattr__(m, _ROOT_ATTR, root)
 
 
 def on_root(module: nn.Module, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
@@ -91,9 +100,9 @@ def shard_model(model: nn.Module, *, bf16: bool = False, cpu_offload: bool = Fal
     w = world()
     if not w.distributed:
         return model
-    if root_of(model) is not None:
-        for m in also:
-            _ROOTS[id(m)] = (m, root_of(model))
+    root = root_of(model)
+    if root is not None:
+        attach_root(also, root)
         reshard_all(model)  # the sharded parameters are the ones an optimizer built now must hold
         return model
     from torch.distributed.device_mesh import init_device_mesh
@@ -110,8 +119,7 @@ def shard_model(model: nn.Module, *, bf16: bool = False, cpu_offload: bool = Fal
     if cpu_offload:
         kwargs["offload_policy"] = CPUOffloadPolicy()
     root = _fully_shard(model, kwargs)
-    for m in (model, *also):
-        _ROOTS[id(m)] = (m, root)
+    attach_root((model, *also), root)
     with torch.no_grad():  # the root's first forward initialises FSDP (its lazy init) as THE root
         collective("fsdp root init", lambda: root(lambda: None))
     reshard_all(model)  # (reshard_after_forward false would leave that forward's gathered weights)

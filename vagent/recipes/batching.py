@@ -2,49 +2,56 @@
 
 Micro-batches have one home, :mod:`vagent.distributed.split`: :func:`~vagent.distributed.micro_batch_rows`
 cuts a batch's rows, :func:`~vagent.distributed.rank_micro_batches` gives a rank its share (the
-update loop's micro-batches). In a job of several ranks, :func:`per_row` scores each rank's share
-of the rows and gathers the results, so every rank ends with the whole [B, L] tensor.
+update loop's micro-batches). In a job of several ranks, :func:`per_row` with ``split`` scores each
+rank's share of the rows and gathers the results, so every rank ends with the whole [B, L] tensor.
 :func:`filter_groups` keeps the rows of the groups that pass a reward-variance filter (GRPO's, and
 PPO's ``ppo.filter``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, TypeVar, cast
 
 import torch
 from torch import Tensor
 
-from vagent.distributed import RowTensors, micro_batch_rows, per_row_split, world
+from vagent.distributed import RowTensors, micro_batch_rows, per_row_split
 from vagent.rl.filters import variance_filter
 from vagent.rl.losses import AGG_MODES
 from vagent.rollout.batch import TokenBatch
 
 if TYPE_CHECKING:
-    from vagent.recipes.config import GRPOConfig, PPOConfig, RunConfig
+    from vagent.recipes.config import GRPOConfig, PPOConfig
 
 __all__ = ["accumulation_weight", "filter_groups", "mini_batches", "per_row"]
 
+#: what a per-row pass returns: one [b, l, ...] tensor, or a tuple of them
+R = TypeVar("R", bound=RowTensors)
+
 
 @torch.no_grad()
-def per_row(batch: TokenBatch, max_tokens: int, fn: Callable[[TokenBatch], RowTensors]) -> RowTensors:
+def per_row(batch: TokenBatch, max_tokens: int, fn: Callable[[TokenBatch], R], *, split: bool) -> R:
     """Apply ``fn(micro_batch)`` over micro-batches and reassemble, zero-padded and float32: a
-    [b, l, ...] result becomes [B, L, ...]; a tuple of them, a tuple of reassembled tensors."""
-    if world().distributed:  # each rank scores its share of the rows; all get the whole result
-        return per_row_split(batch, max_tokens, fn)
-    outs: list[Tensor] | None = None
+    [b, l, ...] result becomes [B, L, ...]; a tuple of them, a tuple of reassembled tensors.
+
+    ``split`` (a job of several ranks, ``world().distributed``): each rank applies ``fn`` to its
+    share of the rows and all get the whole result (``vagent.distributed.per_row_split``); False:
+    this process applies it to every row (in a job too: the same result, every rank doing all)."""
+    if split:
+        return cast(R, per_row_split(batch, max_tokens, cast(Callable[[TokenBatch], RowTensors], fn)))
+    outs: list[Tensor] = []
     single = False
     for rows in micro_batch_rows(batch, max_tokens):
-        vals = fn(batch.select(rows))
-        single = isinstance(vals, Tensor)
-        vals = (vals,) if single else tuple(vals)
-        if outs is None:
+        result = fn(batch.select(rows))
+        single = isinstance(result, Tensor)
+        vals: tuple[Tensor, ...] = (result,) if isinstance(result, Tensor) else tuple(result)
+        if not outs:
             outs = [torch.zeros((*batch.input_ids.shape, *v.shape[2:]), dtype=torch.float32,
                                 device=batch.input_ids.device) for v in vals]
         idx = torch.as_tensor(rows, device=outs[0].device)
-        for out, v in zip(outs, vals):
-            out[idx, : v.shape[1]] = v.float()
-    return outs[0] if single else tuple(outs)
+        for out, part in zip(outs, vals):
+            out[idx, : part.shape[1]] = part.float()
+    return cast(R, outs[0] if single else tuple(outs))
 
 
 def accumulation_weight(mb_mask: Tensor, total_mask: Tensor, agg: str) -> float:
@@ -66,11 +73,10 @@ def mini_batches(n_rows: int, n_mini: int, seed: int) -> list[list[int]]:
     return [sorted(perm[i::n_mini]) for i in range(n_mini)]
 
 
-def filter_groups(cfg: RunConfig, batch: TokenBatch, settings: GRPOConfig | PPOConfig | None = None,
-                  ) -> tuple[TokenBatch, float, dict[str, float]]:
+def filter_groups(batch: TokenBatch, settings: GRPOConfig | PPOConfig) -> tuple[TokenBatch, float, dict[str, float]]:
     """(kept rows of the batch, advantage scale, filter/* metrics) of the reward-variance filter
-    ``settings.filter`` / ``filter_value`` (``cfg.grpo``, or ``cfg.ppo`` for PPO)."""
-    settings = cfg.grpo if settings is None else settings
+    ``settings.filter`` / ``filter_value`` (the recipe's: ``cfg.grpo`` or ``cfg.ppo``), over the
+    groups' trajectory returns (``batch.scores``)."""
     if settings.filter == "none":
         return batch, 1.0, {}
     trajs, row_traj = torch.unique(batch.traj_ids, return_inverse=True)

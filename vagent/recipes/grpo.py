@@ -3,12 +3,15 @@
 A group is ``rollout.group_size`` episodes of the same env, seed and config. Each RL step::
 
     1. rollout     n_train envs x group_size episodes (seeds from (run seed, step)), sampled
-    2. rewards     each episode's score R = sum of its turn rewards (env + reasoning judges)
-    3. filter      optional reward-variance filter: keep the groups whose rewards vary most
+    2. rewards     each episode's return R = sum of its turn rewards (env + reasoning judges;
+                   ``TokenBatch.scores``); optional reward-variance filter: keep the groups whose
+                   returns vary most
+    3. scoring     no-grad passes: log pi_old, log pi_ref (if KL)
     4. advantages  grpo: (R - mean_g) / (std_g + eps) | rloo: leave-one-out | reinforce_pp,
                    computed per TRAJECTORY and broadcast to all its sampled tokens (and rows);
                    gigpo: grpo's plus omega x a step-level one, per TURN, over the turns of the
-                   group that saw the same env state (key: sha256 of env.state() before the turn)
+                   group that saw the same env state (key: sha256 of env.state() before the turn);
+                   the engine/trainer gap (mismatch/*) and the rollout correction (tail.off_policy)
     5. update      PPO-clip with clip-higher / dual-clip, entropy bonus, KL to the reference in
                    the loss (k3), epochs x mini-batches x micro-batches
     6. log         rollout/ reward/ filter/ loss/ actor/ optim/ perf/; validation every val.every
@@ -47,13 +50,12 @@ from vagent.recipes.rollouts import reward_metrics
 from vagent.recipes.scoring import rl_temperature, score_batch
 from vagent.recipes.session import Session
 from vagent.recipes.sharding import policy_to_copy, shard_for_training
-from vagent.recipes.stages import Scores, StepClock, StepOutcome, TrainState
-from vagent.recipes.tail import StepLoop, off_policy, token_batch
-from vagent.recipes.update import UpdateContext, actor_update
+from vagent.recipes.stages import Advantages, Scores, StepClock, StepOutcome, TrainState
+from vagent.recipes.tail import StepLoop, off_policy, reference_kl, token_batch
+from vagent.recipes.update import Learner, UpdateContext, actor_update
 from vagent.rl.advantages import (
     gigpo_advantages, grpo_advantages, masked_mean, reinforce_pp_advantages, rloo_advantages,
 )
-from vagent.rl.losses import kl_penalty
 from vagent.rollout.batch import TokenBatch
 from vagent.rollout.finish import RolloutResult
 
@@ -78,38 +80,36 @@ def train_grpo(session: Session, start_step: int = 0, resume_from: str | None = 
         for step in loop.steps():
             clock = StepClock()
 
-            # 1-3. rollout (each episode's score is the sum of its turn rewards); the reward-variance
-            #      filter keeps the groups whose rewards vary most
+            # 1-2. rollout (each episode's return is the sum of its turn rewards); the reward-variance
+            #      filter keeps the groups whose returns vary most
             episodes = loop.driver.get(step)
-            batch, filter_scale, filter_metrics = filter_groups(cfg, token_batch(session, episodes))
+            batch, filter_scale, filter_metrics = filter_groups(token_batch(session, episodes), cfg.grpo)
             clock.update_starts()
 
-            # 4. group-relative advantages per trajectory, broadcast over its sampled tokens
-            advantages = trajectory_advantages(cfg, batch) * filter_scale
-
-            # scoring passes (no grad): log pi_old, log pi_ref
+            # 3. scoring passes (no grad): log pi_old, log pi_ref
             scores = score_batch(model, None, ref, batch, update_cfg, temperature)
 
-            # the engine/trainer gap: mismatch metrics, and the rollout correction when configured
+            # 4. group-relative advantages per trajectory, broadcast over its sampled tokens;
+            #    the engine/trainer gap: mismatch metrics, and the rollout correction when configured
+            estimate = group_advantages(cfg, batch, scores, filter_scale)
             off = off_policy(cfg, batch, scores, session.loaded.encoder.image_token_id)
 
             # 5. update
             ctx = UpdateContext(device, session.bf16, cfg.seed, step, session.last_checkpoint, temperature)
-            stats = actor_update(model, params, opt, batch, advantages, off.anchor, scores.ref_logprobs, update_cfg,
-                                 ctx, off.weights, off.loss_mask)
-            stats["optim/actor_lr"] = opt.param_groups[0]["lr"]
+            actor_stats = actor_update(Learner(model, params, opt), batch, scores, estimate, off, update_cfg, ctx)
+            lrs = {"optim/actor_lr": opt.param_groups[0]["lr"]}
             sched.step()
             clock.stop()
 
             # 6. log, validate, save samples and checkpoint
-            metrics = grpo_metrics(cfg, episodes, batch, scores, advantages, filter_metrics | off.metrics | stats,
-                                   clock)
-            outcome = StepOutcome(step + 1, metrics, episodes, batch, scores.old_logprobs, advantages)
-            loop.finish(outcome, state)
+            metrics = grpo_metrics(cfg, episodes, batch, scores, estimate,
+                                   filter_metrics | off.metrics | actor_stats.metrics | lrs, clock)
+            loop.finish(StepOutcome(step=step + 1, metrics=metrics, episodes=episodes, batch=batch, scores=scores,
+                                    advantages=estimate), state)
     return loop.last_val
 
 
-def grpo_metrics(cfg: RunConfig, episodes: RolloutResult, batch: TokenBatch, scores: Scores, advantages: Tensor,
+def grpo_metrics(cfg: RunConfig, episodes: RolloutResult, batch: TokenBatch, scores: Scores, estimate: Advantages,
                  stats: dict[str, float], clock: StepClock) -> dict[str, float]:
     """A GRPO step's record (docs/metrics.md): rollout, reward, filter, loss/optim stats, then the
     batch's and the timings."""
@@ -117,7 +117,7 @@ def grpo_metrics(cfg: RunConfig, episodes: RolloutResult, batch: TokenBatch, sco
     metrics = {**episodes.metrics, **reward_metrics(episodes), **stats}
     metrics.update({
         "actor/logprob_diff": float(masked_mean((scores.old_logprobs - batch.old_logprobs).abs(), M)),
-        "actor/advantage_abs_mean": float(masked_mean(advantages.abs(), M)),
+        "actor/advantage_abs_mean": float(masked_mean(estimate.advantages.abs(), M)),
         "rollout/batch_rows": float(batch.batch_size),
         "rollout/batch_tokens": float(batch.num_tokens),
         "rollout/sampled_tokens": float(M.sum()),
@@ -125,34 +125,43 @@ def grpo_metrics(cfg: RunConfig, episodes: RolloutResult, batch: TokenBatch, sco
         "perf/update_time_s": clock.update_s,
         "perf/update_tokens_per_s": batch.num_tokens * cfg.update.epochs / max(1e-9, clock.update_s),
     })
-    if scores.ref_logprobs is not None:
-        kl = kl_penalty(scores.old_logprobs, scores.ref_logprobs, cfg.update.kl_kind)
-        metrics["actor/kl_ref"] = float(masked_mean(kl, M))
+    if estimate.kl_ref is not None:
+        metrics["actor/kl_ref"] = estimate.kl_ref
     return metrics
 
 
+def group_advantages(cfg: RunConfig, batch: TokenBatch, scores: Scores, filter_scale: float) -> Advantages:
+    """Stage 4: the configured estimator's advantages (:func:`trajectory_advantages`) times the
+    reward-variance filter's scale, and the mean per-token KL of pi_old to the reference over M
+    (logged; GRPO's KL term is in the loss)."""
+    kl_tok = reference_kl(scores, batch.loss_mask, cfg.update)
+    kl_ref = None if kl_tok is None else float(masked_mean(kl_tok, batch.loss_mask))
+    return Advantages(advantages=trajectory_advantages(cfg, batch) * filter_scale, kl_ref=kl_ref)
+
+
 def trajectory_advantages(cfg: RunConfig, batch: TokenBatch) -> Tensor:
-    """Advantages [B, L] of the configured ``grpo.estimator``, from the trajectory scores: one value
-    per trajectory (or per trajectory and turn, gigpo) on its rows' M=1 tokens."""
+    """Advantages [B, L] of the configured ``grpo.estimator``, from the trajectory returns
+    (``batch.scores``): one value per trajectory (or per trajectory and turn, gigpo) on its rows'
+    M=1 tokens."""
     trajs, row_traj = torch.unique(batch.traj_ids, return_inverse=True)  # [T], [B] -> trajectory slot
     first = torch.full((trajs.numel(),), batch.batch_size, dtype=torch.long, device=row_traj.device)
     first = first.scatter_reduce(0, row_traj, torch.arange(batch.batch_size, device=row_traj.device), "amin")
-    scores, groups = batch.scores[first], batch.group_ids[first]  # [T]
-    return GRPO_ESTIMATORS[cfg.grpo.estimator](cfg.grpo, batch, row_traj, scores, groups)
+    returns, groups = batch.scores[first], batch.group_ids[first]  # [T]
+    return GRPO_ESTIMATORS[cfg.grpo.estimator](cfg.grpo, batch, row_traj, returns, groups)
 
 
 def _per_trajectory(estimator: Callable[..., tuple[Tensor, Tensor]], *options: str):
-    """An estimator over trajectory scores [T] (one "token" per trajectory) as a table entry: its
+    """An estimator over trajectory returns [T] (one "token" per trajectory) as a table entry: its
     A of each row's trajectory, on the row's M=1 tokens; ``options`` name the grpo config fields it takes."""
-    def advantages(grpo: GRPOConfig, batch: TokenBatch, row_traj: Tensor, scores: Tensor, groups: Tensor) -> Tensor:
-        ones = torch.ones(scores.numel(), 1, dtype=torch.bool, device=scores.device)
+    def advantages(grpo: GRPOConfig, batch: TokenBatch, row_traj: Tensor, returns: Tensor, groups: Tensor) -> Tensor:
+        ones = torch.ones(returns.numel(), 1, dtype=torch.bool, device=returns.device)
         kwargs = {name: getattr(grpo, name) for name in options}
-        a, _ = estimator(scores, groups, ones, **kwargs)
+        a, _ = estimator(returns, groups, ones, **kwargs)
         return a[:, 0][row_traj][:, None] * batch.loss_mask
     return advantages
 
 
-def gigpo_token_advantages(grpo: GRPOConfig, batch: TokenBatch, row_traj: Tensor, scores: Tensor,
+def gigpo_token_advantages(grpo: GRPOConfig, batch: TokenBatch, row_traj: Tensor, returns: Tensor,
                            groups: Tensor) -> Tensor:
     """GiGPO advantages [B, L] (``vagent.rl.gigpo_advantages``) on each row's M=1 tokens.
 
@@ -160,10 +169,10 @@ def gigpo_token_advantages(grpo: GRPOConfig, batch: TokenBatch, row_traj: Tensor
     token), the state key before each turn (``batch.state_keys``: every turn of a concat row, the
     row's own turn in per-turn modes) and one "token" per turn; the result A[traj, k] goes on the
     sampled tokens of turn k (``batch.turn_index``). row_traj [B]: trajectory slot of each row;
-    scores, groups [T]: per trajectory.
+    returns, groups [T]: per trajectory.
     """
     M = batch.loss_mask
-    n_traj, K = scores.numel(), int(batch.turn_index.max()) + 1
+    n_traj, K = returns.numel(), int(batch.turn_index.max()) + 1
     ends = (batch.turn_end_mask & M).nonzero(as_tuple=True)  # (row, position) of each turn's last token
     step_rewards = torch.zeros(n_traj, K, device=M.device).index_put_(
         (row_traj[ends[0]], batch.turn_index[ends]), batch.token_rewards[ends].float(), accumulate=True)
@@ -175,12 +184,12 @@ def gigpo_token_advantages(grpo: GRPOConfig, batch: TokenBatch, row_traj: Tensor
     n_steps = torch.tensor([len(k) for k in steps], device=M.device)
     step_mask = torch.arange(K, device=M.device)[None, :] < n_steps[:, None]  # [T, K]
     turn_ids = torch.arange(K, device=M.device).expand(n_traj, K)
-    a, _ = gigpo_advantages(scores, groups, step_rewards, steps, step_mask, turn_ids, gamma=grpo.gigpo_gamma,
+    a, _ = gigpo_advantages(returns, groups, step_rewards, steps, step_mask, turn_ids, gamma=grpo.gigpo_gamma,
                             omega=grpo.gigpo_omega, norm_by_std=grpo.norm_by_std)
     return a[row_traj[:, None], batch.turn_index.clamp(min=0)] * M  # A of each token's (trajectory, turn)
 
 
-#: ``grpo.estimator`` -> (grpo config, batch, row -> trajectory slot [B], scores [T], groups [T]) -> A [B, L]
+#: ``grpo.estimator`` -> (grpo config, batch, row -> trajectory slot [B], returns [T], groups [T]) -> A [B, L]
 #: (tests/recipes/test_estimator_tables.py: one entry per Literal value)
 GRPO_ESTIMATORS: dict[GRPOEstimator, Callable[[GRPOConfig, TokenBatch, Tensor, Tensor, Tensor], Tensor]] = {
     "grpo": _per_trajectory(grpo_advantages, "norm_by_std"),

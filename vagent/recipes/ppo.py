@@ -61,13 +61,12 @@ from vagent.recipes.rollouts import reward_metrics
 from vagent.recipes.scoring import rl_temperature, score_batch
 from vagent.recipes.session import Session
 from vagent.recipes.sharding import policy_to_copy, shard_for_training
-from vagent.recipes.stages import Advantages, Scores, StepClock, StepOutcome, TrainState
-from vagent.recipes.tail import StepLoop, off_policy, token_batch
-from vagent.recipes.update import UpdateContext, actor_update, critic_update
+from vagent.recipes.stages import PPOAdvantages, PPOScores, StepClock, StepOutcome, TrainState
+from vagent.recipes.tail import StepLoop, off_policy, reference_kl, token_batch
+from vagent.recipes.update import Learner, UpdateContext, actor_update, critic_update
 from vagent.rl.advantages import (
     anchor_mask, bi_level_gae, masked_gae, masked_mean, masked_whiten, no_concat_gae, turn_gae,
 )
-from vagent.rl.losses import kl_penalty
 from vagent.rollout.batch import TokenBatch
 from vagent.rollout.finish import RolloutResult
 
@@ -90,7 +89,7 @@ def train_ppo(session: Session, start_step: int = 0, resume_from: str | None = N
             # 1-2. rollout; turn rewards (env + reasoning judges) sit on each turn's last token;
             #      the reward-variance filter (off by default) keeps the groups whose rewards vary most
             episodes = loop.driver.get(step)
-            batch, filter_scale, filter_metrics = filter_groups(cfg, token_batch(session, episodes), ppo_cfg)
+            batch, filter_scale, filter_metrics = filter_groups(token_batch(session, episodes), ppo_cfg)
             clock.update_starts()
 
             # 3. scoring passes (no grad): log pi_old, V_old, log pi_ref (a shared-backbone critic
@@ -102,26 +101,24 @@ def train_ppo(session: Session, start_step: int = 0, resume_from: str | None = N
             estimate = ppo_advantages(cfg, batch, scores, filter_scale)
             off = off_policy(cfg, batch, scores, session.loaded.encoder.image_token_id)
 
-            # 5. update: critic every step, actor after the critic warm-up
+            # 5. update: critic every step, actor after the critic warm-up (the ratio's anchor, IS
+            #    weights and rejections from the engine/trainer gap)
             ctx = UpdateContext(device, session.bf16, cfg.seed, step, session.last_checkpoint, temperature)
             actor_on = step >= ppo_cfg.critic_warmup_steps
-            stats = critic_update(nets.critic, nets.critic_params, nets.critic_opt, batch, scores.values,
-                                  estimate.returns, estimate.critic_mask, update_cfg, ppo_cfg.value_clip, ctx,
-                                  scores.features)
+            critic_stats = critic_update(nets.critic_learner, batch, scores, estimate, update_cfg, ctx,
+                                         ppo_cfg.value_clip)
             scores = replace(scores, features=None)  # [B, L, H]: free it before the actor's update
-            if actor_on:  # the ratio's anchor, IS weights and rejections of the engine/trainer gap
-                stats.update(actor_update(model, nets.actor_params, nets.actor_opt, batch, estimate.advantages,
-                                          off.anchor, scores.ref_logprobs, update_cfg, ctx, off.weights,
-                                          off.loss_mask))
-            stats.update(nets.step_schedules(actor_on))
+            actor_stats = (actor_update(nets.actor_learner, batch, scores, estimate, off, update_cfg, ctx)
+                           if actor_on else None)
+            lrs = nets.step_schedules(actor_on)
             clock.stop()
 
             # 6. log, validate, save samples and checkpoint
+            stats = critic_stats.metrics | (actor_stats.metrics if actor_stats else {}) | lrs
             metrics = ppo_metrics(cfg, episodes, batch, scores, estimate, filter_metrics | off.metrics | stats,
                                   actor_on, clock)
-            outcome = StepOutcome(step + 1, metrics, episodes, batch, scores.old_logprobs, estimate.advantages,
-                                  scores.values, estimate.returns)
-            loop.finish(outcome, nets.state)
+            loop.finish(StepOutcome(step=step + 1, metrics=metrics, episodes=episodes, batch=batch, scores=scores,
+                                    advantages=estimate), nets.state)
     return loop.last_val
 
 
@@ -143,6 +140,16 @@ class PPOModels:
     @property
     def critic_opt(self) -> torch.optim.Optimizer:
         return self.state.optimizers["critic"]
+
+    @property
+    def actor_learner(self) -> Learner:
+        """The policy, its trained parameters and the actor's optimizer."""
+        return Learner(self.state.modules["policy"], self.actor_params, self.actor_opt)
+
+    @property
+    def critic_learner(self) -> Learner:
+        """The critic, its trained parameters (a shared critic's: its head) and its optimizer."""
+        return Learner(self.critic, self.critic_params, self.critic_opt)
 
     def step_schedules(self, actor_on: bool) -> dict[str, float]:
         """The learning rates this step used (``optim/*``), then one schedule step: the critic's
@@ -215,23 +222,21 @@ PPO_ESTIMATORS: dict[PPOEstimator, Estimator] = {
 }
 
 
-def ppo_advantages(cfg: RunConfig, batch: TokenBatch, scores: Scores, filter_scale: float) -> Advantages:
+def ppo_advantages(cfg: RunConfig, batch: TokenBatch, scores: PPOScores, filter_scale: float) -> PPOAdvantages:
     """Stage 4: the per-token KL to the reference (into the rewards when ``update.kl_in: reward``),
     the configured estimator over token rewards (turn rewards on e_k) and V_old, whitening over M,
     and the reward-variance filter's scale (top_p: sqrt(kept / all groups), as in GRPO)."""
     update_cfg, ppo_cfg, M = cfg.update, cfg.ppo, batch.loss_mask
-    rewards, kl_ref = batch.token_rewards, None
-    if scores.ref_logprobs is not None:
-        kl_tok = kl_penalty(scores.old_logprobs, scores.ref_logprobs, update_cfg.kl_kind) * M
-        kl_ref = float(masked_mean(kl_tok, M))
-        if update_cfg.kl_in == "reward":
-            rewards = rewards - update_cfg.kl_coef * kl_tok
+    rewards, kl_tok = batch.token_rewards, reference_kl(scores, M, update_cfg)
+    if kl_tok is not None and update_cfg.kl_in == "reward":
+        rewards = rewards - update_cfg.kl_coef * kl_tok
     raw, returns, critic_mask = PPO_ESTIMATORS[ppo_cfg.estimator](ppo_cfg, batch, rewards, scores.values,
                                                                   scores.final_values)
     advantages = masked_whiten(raw, M) * M if ppo_cfg.whiten_advantages else raw
     if filter_scale != 1.0:
         advantages = advantages * filter_scale
-    return Advantages(advantages, raw, returns, critic_mask, kl_ref)
+    kl_ref = None if kl_tok is None else float(masked_mean(kl_tok, M))
+    return PPOAdvantages(advantages=advantages, kl_ref=kl_ref, raw=raw, returns=returns, critic_mask=critic_mask)
 
 
 def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:
@@ -243,7 +248,7 @@ def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:
     return float(1.0 - (R - V).var(unbiased=False) / R.var(unbiased=False))
 
 
-def ppo_metrics(cfg: RunConfig, episodes: RolloutResult, batch: TokenBatch, scores: Scores, estimate: Advantages,
+def ppo_metrics(cfg: RunConfig, episodes: RolloutResult, batch: TokenBatch, scores: PPOScores, estimate: PPOAdvantages,
                 stats: dict[str, float], actor_on: bool, clock: StepClock) -> dict[str, float]:
     """A PPO step's record (docs/metrics.md): rollout, reward, filter, loss/optim stats, then the
     critic's, the batch's and the timings."""

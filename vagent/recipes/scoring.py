@@ -16,19 +16,19 @@ process ``on_root(model, fn, ...)`` is just ``fn(...)``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, overload
 
 import torch
 from torch import Tensor
 
 from transformers import DynamicCache
 
-from vagent.distributed import on_root
+from vagent.distributed import on_root, world
 from vagent.models.forward import (
     backbone_of, explicit_position_ids, forward_hidden, forward_logits, model_inputs, mrope_image_token_id, unwrap,
 )
 from vagent.recipes.batching import per_row
-from vagent.recipes.stages import Scores
+from vagent.recipes.stages import PPOScores, Scores
 from vagent.rl.losses import entropy_from_logits, logprobs_from_logits
 
 if TYPE_CHECKING:
@@ -166,7 +166,8 @@ def head_only_logits(model: torch.nn.Module, mb: TokenBatch, want: Tensor,
     when the model's logits are not plainly ``lm_head(hidden)`` (then the caller runs the full
     forward)."""
     base = unwrap(model)
-    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    get_head = getattr(base, "get_output_embeddings", None)
+    head = get_head() if get_head is not None else None
     configs = [base.config, getattr(base.config, "text_config", None)]
     if head is None or any(getattr(c, k, None) not in (None, 1.0) for c in configs if c is not None
                            for k in _LOGIT_TRANSFORMS):
@@ -178,30 +179,33 @@ def head_only_logits(model: torch.nn.Module, mb: TokenBatch, want: Tensor,
 
 
 def score_logprobs(model: torch.nn.Module, ref: ReferenceModel | None, batch: TokenBatch, max_tokens: int,
-                   chunk: int, temperature: float, packed: bool = False) -> tuple[Tensor, Tensor | None]:
+                   chunk: int, temperature: float, packed: bool = False, *,
+                   split: bool = False) -> tuple[Tensor, Tensor | None]:
     """The scoring passes shared by PPO and GRPO (no grad): (log pi_old, log pi_ref or None) [B, L]
     at the rollout temperature; ``ref`` is a reference model handle or None (no KL); ``packed``:
-    forwards without padding (update.packing)."""
+    forwards without padding (update.packing); ``split``: the rows are divided over the ranks of a
+    job (:func:`vagent.recipes.batching.per_row`)."""
     model.eval()
     old = per_row(batch, max_tokens,
-                  lambda mb: policy_forward(model, mb, chunk, temperature=temperature, packed=packed)[0])
-    return old, score_reference(ref, batch, max_tokens, chunk, temperature, packed)
+                  lambda mb: policy_forward(model, mb, chunk, temperature=temperature, packed=packed)[0], split=split)
+    return old, score_reference(ref, batch, max_tokens, chunk, temperature, packed, split=split)
 
 
 def score_reference(ref: ReferenceModel | None, batch: TokenBatch, max_tokens: int, chunk: int,
-                    temperature: float, packed: bool = False) -> Tensor | None:
+                    temperature: float, packed: bool = False, *, split: bool = False) -> Tensor | None:
     """log pi_ref [B, L] at the rollout temperature (no grad), or None when there is no reference."""
     if ref is None:
         return None
     with ref.active() as ref_model:
         return per_row(batch, max_tokens,
-                       lambda mb: policy_forward(ref_model, mb, chunk, temperature=temperature, packed=packed)[0])
+                       lambda mb: policy_forward(ref_model, mb, chunk, temperature=temperature, packed=packed)[0],
+                       split=split)
 
 
 @torch.no_grad()
 def score_shared(model: torch.nn.Module, critic: ValueModel, batch: TokenBatch, max_tokens: int, chunk: int,
                  temperature: float, max_feature_bytes: int = 2**31,
-                 packed: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
+                 packed: bool = False, *, split: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
     """The scoring pass of a critic that shares the policy's backbone: ONE backbone forward per
     micro-batch gives (log pi_old [B, L], raw critic outputs [B, L], features [B, L, H] or None).
 
@@ -222,7 +226,7 @@ def score_shared(model: torch.nn.Module, critic: ValueModel, batch: TokenBatch, 
         lp, _ = policy_forward(model, mb, chunk, temperature=temperature, hidden=hidden)
         return (lp, critic.values_from_hidden(hidden)) + ((hidden,) if keep else ())
 
-    out = per_row(batch, max_tokens, lambda mb: on_root(model, one_pass, mb))
+    out = per_row(batch, max_tokens, lambda mb: on_root(model, one_pass, mb), split=split)
     return out[0], out[1], out[2] if keep else None
 
 
@@ -233,25 +237,34 @@ def critic_forward(critic: torch.nn.Module, mb: TokenBatch, packed: bool = False
                    packed=packed)
 
 
+@overload
+def score_batch(model: torch.nn.Module, critic: ValueModel, ref: ReferenceModel | None, batch: TokenBatch,
+                update_cfg: UpdateConfig, temperature: float) -> PPOScores: ...
+@overload
+def score_batch(model: torch.nn.Module, critic: None, ref: ReferenceModel | None, batch: TokenBatch,
+                update_cfg: UpdateConfig, temperature: float) -> Scores: ...
 def score_batch(model: torch.nn.Module, critic: ValueModel | None, ref: ReferenceModel | None, batch: TokenBatch,
                 update_cfg: UpdateConfig, temperature: float) -> Scores:
     """Stage 3 of an RL step, the no-grad scoring passes: log pi_old and log pi_ref (with a
     reference model) at the rollout temperature, and with a critic V_old before each sampled token
     and V(final observation) of truncated rows. A critic that shares the policy's backbone reads
-    its values off the policy's pass and keeps that pass's features for its head's update."""
+    its values off the policy's pass and keeps that pass's features for its head's update (with a
+    critic: a ``PPOScores``)."""
     max_tokens, chunk, packed = update_cfg.micro_batch_tokens, update_cfg.logprob_chunk, update_cfg.packing
+    split = world().distributed  # a job: each rank scores its share of the rows, all get the whole result
     if critic is None:
-        old, ref_logprobs = score_logprobs(model, ref, batch, max_tokens, chunk, temperature, packed)
-        return Scores(old, ref_logprobs)
+        old, ref_logprobs = score_logprobs(model, ref, batch, max_tokens, chunk, temperature, packed, split=split)
+        return Scores(old_logprobs=old, ref_logprobs=ref_logprobs)
     critic.eval()
     features = None
     if critic.shares_backbone:
-        old, raw_values, features = score_shared(model, critic, batch, max_tokens, chunk, temperature, packed=packed)
-        ref_logprobs = score_reference(ref, batch, max_tokens, chunk, temperature, packed)
+        old, raw_values, features = score_shared(model, critic, batch, max_tokens, chunk, temperature, packed=packed,
+                                                 split=split)
+        ref_logprobs = score_reference(ref, batch, max_tokens, chunk, temperature, packed, split=split)
     else:
-        old, ref_logprobs = score_logprobs(model, ref, batch, max_tokens, chunk, temperature, packed)
-        raw_values = per_row(batch, max_tokens, lambda mb: critic_forward(critic, mb, packed))
+        old, ref_logprobs = score_logprobs(model, ref, batch, max_tokens, chunk, temperature, packed, split=split)
+        raw_values = per_row(batch, max_tokens, lambda mb: critic_forward(critic, mb, packed), split=split)
     values = shift_right(raw_values) * batch.loss_mask  # V before each sampled token
     final = raw_values.gather(1, batch.bootstrap_index.clamp(min=0)[:, None])[:, 0]  # [B]
     final = torch.where(batch.truncated, final, torch.zeros_like(final))
-    return Scores(old, ref_logprobs, values, final, features)
+    return PPOScores(old_logprobs=old, ref_logprobs=ref_logprobs, values=values, final_values=final, features=features)

@@ -2,16 +2,20 @@
 
 One RL step of ``ppo.py`` / ``grpo.py`` reads::
 
-    episodes  = driver.get(step)                       rollout       -> RolloutResult (list of Episode)
-    batch     = token_batch(session, episodes)         token rows    -> TokenBatch [B, L]
-    scores    = score_batch(...)                       scoring       -> Scores
-    estimate  = ppo_advantages(...) / grpo: a tensor   advantages    -> Advantages
-    off       = off_policy(cfg, batch, scores, ...)    mismatch      -> OffPolicy (ratio anchor, IS weights, rejections)
-    stats     = critic_update(...), actor_update(...)  update        -> dict of loss/ actor/ critic/ stats
-    outcome   = StepOutcome(...)                       log, save     -> after_step (``vagent.recipes.tail``)
+    episodes  = driver.get(step)                      rollout      -> RolloutResult (list of Episode)
+    batch     = token_batch(session, episodes)        token rows   -> TokenBatch [B, L]
+    scores    = score_batch(...)                      scoring      -> Scores (PPO: PPOScores, with V_old)
+    estimate  = ppo_advantages / group_advantages     advantages   -> Advantages (PPO: PPOAdvantages)
+    off       = off_policy(cfg, batch, scores, ...)   mismatch     -> OffPolicy (ratio anchor, IS weights, rejections)
+    stats     = critic_update(...), actor_update(...) update       -> UpdateStats (loss/ actor/ critic/ metrics)
+    outcome   = StepOutcome(step=..., ...)            log, save    -> after_step (``vagent.recipes.tail``)
 
-Every tensor is [B, L] (rows x positions of the ``TokenBatch``) unless its comment says otherwise;
-``M`` is the batch's ``loss_mask`` (1 on the tokens the policy sampled).
+Each record is passed whole: a stage takes the records it reads, not their fields one by one.
+What only PPO has (a critic's values and targets) is in PPO's records, which extend the shared
+ones by fields (no methods are inherited). Every tensor is [B, L] (rows x positions of the
+``TokenBatch``) unless its comment says otherwise; ``M`` is the batch's ``loss_mask`` (1 on the
+tokens the policy sampled). Not to be confused with ``TokenBatch.scores``: the [B] trajectory
+returns (sum of turn rewards) that GRPO's estimators and the reward filter read.
 """
 
 from __future__ import annotations
@@ -33,24 +37,36 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Scores:
-    """What the no-grad scoring passes give a step (``vagent.recipes.scoring.score_batch``)."""
+    """What the no-grad scoring passes give every RL step (``vagent.recipes.scoring.score_batch``)."""
 
     old_logprobs: Tensor  # log pi_old of each token, the trainer's forward at the rollout temperature
-    ref_logprobs: Tensor | None = None  # log pi_ref; None without a KL term (update.kl_coef 0)
-    values: Tensor | None = None  # V before each sampled token (critic shifted right, x M); None: no critic
-    final_values: Tensor | None = None  # [B] V(final observation) of truncated rows, 0 on the others
+    ref_logprobs: Tensor | None  # log pi_ref; None without a KL term (update.kl_coef 0)
+
+
+@dataclass(frozen=True)
+class PPOScores(Scores):
+    """PPO's scores: those of every step and the critic's (``score_batch`` with a critic)."""
+
+    values: Tensor  # V before each sampled token (critic shifted right, x M)
+    final_values: Tensor  # [B] V(final observation) of truncated rows, 0 on the others
     features: Tensor | None = None  # [B, L, H] a shared critic's backbone features for its head's update
 
 
 @dataclass(frozen=True)
 class Advantages:
-    """The advantage stage of PPO (``vagent.recipes.ppo.ppo_advantages``)."""
+    """The advantage stage of every RL step (``ppo.ppo_advantages``, ``grpo.group_advantages``)."""
 
-    advantages: Tensor  # what the actor trains on: whitened over M (ppo.whiten_advantages), x filter scale
+    advantages: Tensor  # what the actor trains on, on M, x the reward filter's scale (PPO: whitened over M)
+    kl_ref: float | None  # mean per-token KL to the reference over M (actor/kl_ref); None: no reference
+
+
+@dataclass(frozen=True)
+class PPOAdvantages(Advantages):
+    """PPO's advantage stage: also the critic's targets."""
+
     raw: Tensor  # the estimator's advantages before whitening (logged as critic/advantage_*)
     returns: Tensor  # the critic's targets, defined on critic_mask
     critic_mask: Tensor  # where the value loss trains: M, turn ends (turn_gae) or anchors (no_concat_gae)
-    kl_ref: float | None = None  # mean per-token KL to the reference over M (actor/kl_ref); None: no reference
 
 
 @dataclass(frozen=True)
@@ -66,6 +82,18 @@ class OffPolicy:
 
 
 @dataclass(frozen=True)
+class UpdateStats:
+    """The mean statistics of one update, actor's or critic's (``vagent.recipes.update``), by the
+    names they are logged under (docs/metrics.md): the loss and gradient norm by name here, every
+    statistic in ``metrics``."""
+
+    role: str  # "actor" or "critic"
+    loss: float  # loss/policy or loss/value: the mean over micro-batches, weighted by their share
+    grad_norm: float  # <role>/grad_norm: the mean over optimizer steps, before clipping
+    metrics: dict[str, float]  # loss/ actor/ or critic/ statistics, loss and grad_norm included
+
+
+@dataclass(frozen=True)
 class StepOutcome:
     """What RL step ``step`` hands to logging, samples and checkpointing (``tail.after_step``)."""
 
@@ -73,10 +101,8 @@ class StepOutcome:
     metrics: dict[str, float]  # the step's record in metrics.jsonl
     episodes: RolloutResult  # the episodes of the rollout (the errored ones included)
     batch: TokenBatch  # the batch the update trained on (after the filter)
-    logprobs: Tensor  # log pi_old
-    advantages: Tensor
-    values: Tensor | None = None  # PPO only
-    returns: Tensor | None = None  # PPO only
+    scores: Scores  # its scoring passes (PPOScores: with the critic's values; features dropped)
+    advantages: Advantages  # its advantages (PPOAdvantages: with the critic's returns)
 
 
 @dataclass

@@ -18,18 +18,19 @@ from vagent.recipes.common import train_env_specs
 from vagent.recipes.rollouts import train_rollout, validation_rollout, validation_turns
 from vagent.recipes.session import Session
 from vagent.recipes.sharding import policy_export
-from vagent.recipes.stages import OffPolicy, Scores, StepOutcome, TrainState
+from vagent.recipes.stages import OffPolicy, PPOAdvantages, PPOScores, Scores, StepOutcome, TrainState
 from vagent.rl.correction import CorrectionSettings, correct, k3_kl, mismatch_metrics
+from vagent.rl.losses import kl_penalty
 from vagent.rollout.batch import TokenBatch, build_token_batch
 from vagent.rollout.canary import WeightCanary, default_tolerance, probe_for_run
-from vagent.rollout.driver import RolloutDriver, make_driver
+from vagent.rollout.driver import RolloutDriver, close_env_factories, make_driver
 from vagent.rollout.hf_policy import HFPolicy
 from vagent.runs import StepProgress, plot_run, save_checkpoint, save_rollouts, save_token_rows
 from vagent.runs.rundir import due
 from vagent.runs.samples import save_validation
 
 if TYPE_CHECKING:
-    from vagent.recipes.config import RunConfig
+    from vagent.recipes.config import RunConfig, UpdateConfig
     from vagent.rollout.finish import RolloutResult
 
 
@@ -75,23 +76,40 @@ def weight_canary(session: Session) -> WeightCanary | None:
 
 class StepLoop:
     """The frame of an RL loop, as a context manager: the rollout set-up (``start_rollouts``) and
-    progress bar on entry, the driver and bar closed on exit; ``steps()`` validates at step 0 (the
-    policy after SFT) on a fresh run, then yields the number of updates done before each step;
-    ``finish(outcome, state)`` runs the step's tail and keeps the last validation's metrics."""
+    progress bar on entry; on exit the bar, the driver and the remote envs' connection pools
+    (``close_env_factories``) closed, also when the set-up itself fails after the driver started
+    (no Ray cluster or engine is left running); ``steps()`` validates at
+    step 0 (the policy after SFT) on a fresh run, then yields the number of updates done before
+    each step; ``finish(outcome, state)`` runs the step's tail and keeps the last validation's
+    metrics."""
+
+    policy: HFPolicy
+    driver: RolloutDriver
+    bar: StepProgress
 
     def __init__(self, session: Session, start_step: int) -> None:
         self.session, self.start_step = session, start_step
-        self.policy, self.driver = start_rollouts(session)
-        cfg = session.cfg
-        self.bar = StepProgress(cfg.steps, cfg.recipe.upper(), session.console, cfg.log.progress, start=start_step)
         self.last_val: dict[str, float] = {}
 
     def __enter__(self) -> StepLoop:
+        cfg = self.session.cfg
+        self.policy, self.driver = start_rollouts(self.session)
+        try:
+            self.bar = StepProgress(cfg.steps, cfg.recipe.upper(), self.session.console, cfg.log.progress,
+                                    start=self.start_step)
+        except BaseException:
+            self.driver.close()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.bar.close()
-        self.driver.close()
+        try:
+            self.bar.close()
+        finally:
+            try:
+                self.driver.close()
+            finally:
+                close_env_factories()  # the remote env entries' connection pools
 
     def steps(self) -> Iterator[int]:
         cfg = self.session.cfg
@@ -107,6 +125,15 @@ def token_batch(session: Session, episodes: RolloutResult) -> TokenBatch:
     """The episodes' token rows (concat / window / no_concat, as configured) on the run's device."""
     pad = session.loaded.encoder.pad_token_id
     return build_token_batch(episodes, mode=batch_mode(session.cfg), pad_token_id=pad).to(session.device)
+
+
+def reference_kl(scores: Scores, M: Tensor, settings: UpdateConfig) -> Tensor | None:
+    """[B, L] the per-token KL of pi_old to the reference (``update.kl_kind``) on M (0 elsewhere), or
+    None without a reference model: PPO puts it in the rewards (``update.kl_in: reward``); both
+    recipes log its mean over M (``actor/kl_ref``)."""
+    if scores.ref_logprobs is None:
+        return None
+    return kl_penalty(scores.old_logprobs, scores.ref_logprobs, settings.kl_kind) * M
 
 
 def image_context(batch: TokenBatch, image_token_id: int | None) -> Tensor:
@@ -180,9 +207,11 @@ def after_step(session: Session, outcome: StepOutcome, policy: HFPolicy, state: 
     val = log_validation(session, policy, step) if due(cfg.val.every, step, cfg.steps) else None
     if due(log.rollouts_every, step, cfg.steps):  # the episodes update `step` trained on, for `vagent view`
         save_rollouts(session.run.rollouts, step, outcome.episodes, log.rollouts_n, log.rollouts_max_mb)
+        scores, estimate = outcome.scores, outcome.advantages
         save_token_rows(session.run.rollouts, step, log, outcome.batch, session.loaded.encoder,
-                        logprobs=outcome.logprobs, advantages=outcome.advantages, values=outcome.values,
-                        returns=outcome.returns)
+                        logprobs=scores.old_logprobs, advantages=estimate.advantages,
+                        values=scores.values if isinstance(scores, PPOScores) else None,
+                        returns=estimate.returns if isinstance(estimate, PPOAdvantages) else None)
     if step == cfg.steps or due(log.checkpoint_every, step, cfg.steps):  # the last step always
         ck = save_checkpoint(
             session.run.checkpoints, "rl", step, state.modules, state.optimizers, state.schedulers,

@@ -2,7 +2,9 @@
 
 One loop, :func:`update_loop`, over PPO epochs x mini-batches x micro-batches, with the loss
 passed in (:class:`ActorLoss`, :class:`CriticLoss`); :func:`actor_update` and
-:func:`critic_update` are the two ways the recipes call it::
+:func:`critic_update` are the two ways the recipes call it, each with the step's records whole
+(``Scores``, ``Advantages``, ``OffPolicy`` of :mod:`vagent.recipes.stages`) and returning an
+``UpdateStats``::
 
     for epoch in range(epochs):
         for rows in shuffled split of the batch into `mini_batches` parts (seeded by step, epoch):
@@ -35,7 +37,7 @@ step, so the weights stay the last good ones.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol, Sequence, TypeVar
+from typing import TYPE_CHECKING, Callable, Generic, NamedTuple, Protocol, Sequence, TypeVar, overload
 
 import torch
 from torch import Tensor
@@ -45,9 +47,13 @@ from vagent.recipes.batching import accumulation_weight, mini_batches
 from vagent.recipes.config import UpdateConfig
 from vagent.recipes.optim import autocast, clip_grads, derive_seed
 from vagent.recipes.scoring import critic_forward, policy_forward, shift_right
+from vagent.recipes.stages import Advantages, OffPolicy, PPOAdvantages, PPOScores, Scores, UpdateStats
 from vagent.rl.losses import aggregate, kl_penalty, ppo_policy_loss, value_loss
 from vagent.rollout.batch import TokenBatch
 from vagent.runs.errors import check_finite, check_module_finite
+
+if TYPE_CHECKING:
+    from vagent.models.value import ValueModel
 
 
 @dataclass
@@ -69,6 +75,23 @@ class UpdateContext:
         return self.step + 1
 
 
+Module = TypeVar("Module", bound=torch.nn.Module)
+
+
+@dataclass(frozen=True)
+class Learner(Generic[Module]):
+    """What an update trains: the module (the policy; the critic, a ``ValueModel``), the parameters
+    it trains (all of them, or a shared critic's head) and their optimizer."""
+
+    module: Module
+    params: Sequence[torch.nn.Parameter]
+    opt: torch.optim.Optimizer
+
+
+@overload
+def take(x: Tensor, rows: Sequence[int], length: int) -> Tensor: ...
+@overload
+def take(x: None, rows: Sequence[int], length: int) -> None: ...
 def take(x: Tensor | None, rows: Sequence[int], length: int) -> Tensor | None:
     """Rows ``rows`` of a per-token tensor [B, L, ...], cut to ``length`` positions (as TokenBatch.select)."""
     if x is None:
@@ -83,7 +106,8 @@ _LossInputs = TypeVar("_LossInputs", bound=tuple, contravariant=True)
 
 def take_all(inputs: Inputs, rows: Sequence[int], length: int) -> Inputs:
     """:func:`take` of every per-token tensor of a NamedTuple of them (None stays None)."""
-    return type(inputs)(*(take(x, rows, length) for x in inputs))
+    make: Callable[..., Inputs] = type(inputs)  # the NamedTuple's constructor, field by field
+    return make(*(None if x is None else take(x, rows, length) for x in inputs))
 
 
 class MicroLoss(NamedTuple):
@@ -97,12 +121,17 @@ class MicroLoss(NamedTuple):
 class LossFn(Protocol[_LossInputs]):
     """The loss :func:`update_loop` runs on each micro-batch, and the names its update goes by."""
 
-    #: prefix of the ``<role>/grad_norm`` metric: "actor" or "critic"
-    role: str
-    #: the derive_seed stream of the mini-batch order: "mini" (actor) or "critic-mini"
-    seed_tag: str
-    #: what the weights check after the step names: "policy weights" or "critic weights"
-    weights: str
+    @property
+    def role(self) -> str:
+        """Prefix of the ``<role>/grad_norm`` metric: "actor" or "critic"."""
+
+    @property
+    def seed_tag(self) -> str:
+        """The derive_seed stream of the mini-batch order: "mini" (actor) or "critic-mini"."""
+
+    @property
+    def weights(self) -> str:
+        """What the weights check after the step names: "policy weights" or "critic weights"."""
 
     def __call__(self, mb: TokenBatch, inputs: _LossInputs, mask: Tensor) -> MicroLoss:
         """``inputs``: the micro-batch's rows of the per-token inputs [b, l]; ``mask`` [b, l] bool."""
@@ -214,6 +243,7 @@ class ActorLoss:
         with autocast(self.ctx.device, self.ctx.bf16):
             logp, ent = policy_forward(self.model, mb, settings.logprob_chunk, with_entropy=True,
                                        temperature=self.ctx.temperature, packed=settings.packing)
+        assert ent is not None  # with_entropy=True
         pl = ppo_policy_loss(logp, inputs.old_logprobs, inputs.advantages, mask,
                              settings.clip_low, settings.clip_high, settings.dual_clip, settings.loss_agg,
                              weights=inputs.is_weights)
@@ -240,7 +270,7 @@ class CriticInputs(NamedTuple):
 class CriticLoss:
     """Clipped value regression of one micro-batch on the positions of its critic mask."""
 
-    critic: torch.nn.Module
+    critic: ValueModel
     settings: UpdateConfig
     ctx: UpdateContext
     value_clip: float
@@ -254,60 +284,40 @@ class CriticLoss:
                 values = shift_right(self.critic.values_from_hidden(inputs.features))
             else:
                 values = shift_right(critic_forward(self.critic, mb, self.settings.packing))
-        vl = value_loss(values, inputs.old_values, inputs.returns, mask,
-                        clip=self.value_clip if self.value_clip > 0 else None, agg=self.settings.loss_agg)
-        stats = vl.metrics()
-        stats.pop("loss/explained_variance")  # a ratio of variances: computed on the batch by the recipe
-        return MicroLoss(vl.loss, {"loss/value": vl.loss}, stats)
+        # explained variance, a ratio of variances, is the whole batch's: the recipe computes it once
+        vl = value_loss(values, inputs.old_values, inputs.returns, mask, clip=self.value_clip if self.value_clip > 0
+                        else None, agg=self.settings.loss_agg, with_explained_variance=False)
+        return MicroLoss(vl.loss, {"loss/value": vl.loss}, vl.metrics())
 
 
-def actor_update(
-    model: torch.nn.Module,
-    params: Sequence[torch.nn.Parameter],
-    opt: torch.optim.Optimizer,
-    batch: TokenBatch,
-    advantages: Tensor,
-    old_logprobs: Tensor,
-    ref_logprobs: Tensor | None,
-    settings: UpdateConfig,
-    ctx: UpdateContext,
-    is_weights: Tensor | None = None,
-    loss_mask: Tensor | None = None,
-) -> dict[str, float]:
-    """PPO-clip update of the policy on ``batch`` (see the module docstring); returns mean stats.
+def actor_update(actor: Learner, batch: TokenBatch, scores: Scores, advantages: Advantages, off: OffPolicy,
+                 settings: UpdateConfig, ctx: UpdateContext) -> UpdateStats:
+    """PPO-clip update of the policy on ``batch`` (see the module docstring).
 
-    Shapes: advantages, old_logprobs, ref_logprobs [B, L] aligned with ``batch.input_ids``; the
-    KL penalty is in the loss when ``ref_logprobs`` is given, ``settings.kl_in == "loss"`` and
-    ``settings.kl_coef > 0``. ``is_weights`` [B, L]: rollout-correction weights on each token's
-    policy loss (None = 1); ``loss_mask`` [B, L] bool: the tokens the loss aggregates over
-    (default ``batch.loss_mask``; the rollout correction's rejections take tokens out of it).
+    Reads ``advantages.advantages`` [B, L]; from ``off`` the ratio's anchor [B, L], the rollout
+    correction's IS weights on each token's policy loss (None = 1) and the loss mask [B, L] (M
+    without the rejected tokens); the KL penalty is in the loss when ``scores.ref_logprobs`` is
+    given, ``settings.kl_in == "loss"`` and ``settings.kl_coef > 0``.
     """
-    kl_in_loss = ref_logprobs is not None and settings.kl_in == "loss" and settings.kl_coef > 0
-    inputs = ActorInputs(advantages, old_logprobs, ref_logprobs if kl_in_loss else None, is_weights)
-    mask = batch.loss_mask if loss_mask is None else loss_mask
-    return update_loop(model, params, opt, batch, inputs, mask, ActorLoss(model, settings, ctx), settings, ctx)
+    ref = scores.ref_logprobs
+    kl_in_loss = ref is not None and settings.kl_in == "loss" and settings.kl_coef > 0
+    inputs = ActorInputs(advantages.advantages, off.anchor, ref if kl_in_loss else None, off.weights)
+    loss = ActorLoss(actor.module, settings, ctx)
+    metrics = update_loop(actor.module, actor.params, actor.opt, batch, inputs, off.loss_mask, loss, settings, ctx)
+    return UpdateStats("actor", metrics["loss/policy"], metrics["actor/grad_norm"], metrics)
 
 
-def critic_update(
-    critic: torch.nn.Module,
-    params: Sequence[torch.nn.Parameter],
-    opt: torch.optim.Optimizer,
-    batch: TokenBatch,
-    old_values: Tensor,
-    returns: Tensor,
-    critic_mask: Tensor,
-    settings: UpdateConfig,
-    value_clip: float,
-    ctx: UpdateContext,
-    features: Tensor | None = None,
-) -> dict[str, float]:
-    """Clipped value regression on the positions of ``critic_mask`` [B, L]; returns mean stats.
-
-    old_values, returns [B, L] are aligned with the tokens (shifted critic outputs, see
-    ``vagent.recipes.scoring.shift_right``). ``features`` [B, L, H]: the backbone's hidden states from the
-    scoring pass (``score_shared``) of a critic that shares the policy's backbone; the head then
-    trains on them without a backbone forward (the same values: the backbone has not changed).
+def critic_update(critic: Learner[ValueModel], batch: TokenBatch, scores: PPOScores, advantages: PPOAdvantages,
+                  settings: UpdateConfig, ctx: UpdateContext, value_clip: float) -> UpdateStats:
+    """Clipped value regression of V_old (``scores.values``) toward ``advantages.returns`` on the
+    positions of ``advantages.critic_mask`` [B, L] (values aligned with the tokens: shifted critic
+    outputs, ``vagent.recipes.scoring.shift_right``). ``scores.features`` [B, L, H]: the backbone's
+    hidden states from the scoring pass (``score_shared``) of a critic that shares the policy's
+    backbone; the head then trains on them without a backbone forward (the same values: the
+    backbone has not changed). ``value_clip``: ``ppo.value_clip`` (0: no clipping).
     """
-    inputs = CriticInputs(old_values, returns, features)
-    loss = CriticLoss(critic, settings, ctx, value_clip)
-    return update_loop(critic, params, opt, batch, inputs, critic_mask, loss, settings, ctx)
+    inputs = CriticInputs(scores.values, advantages.returns, scores.features)
+    loss = CriticLoss(critic.module, settings, ctx, value_clip)
+    metrics = update_loop(critic.module, critic.params, critic.opt, batch, inputs, advantages.critic_mask, loss,
+                          settings, ctx)
+    return UpdateStats("critic", metrics["loss/value"], metrics["critic/grad_norm"], metrics)

@@ -44,7 +44,7 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar
 from vagent.config import ConfigError
 from vagent.eval.backends.common import parse_retry_after
 from vagent.rewards.base import JudgeItem, JudgeResult
-from vagent.rewards.parse import _load_structured, _structured, truth_claims, vocabulary
+from vagent.rewards.parse import load_structured, parse_structured, truth_claims, vocabulary
 from vagent.rewards.rule import RuleJudge, RuleJudgeConfig, clip_reason, score_claims
 
 T = TypeVar("T")
@@ -175,10 +175,10 @@ def parse_yesno(answer: str) -> float:
 
 def score_parsed_answer(answer: str, item: JudgeItem, rule: RuleJudgeConfig | None = None) -> tuple[float, int]:
     """(score, n_claims) of a parse-mode answer; ValueError if it holds no JSON list/object."""
-    value = _load_structured(answer or "")
+    value = load_structured(answer or "")
     if value is None:
         raise ValueError(f"no JSON in the judge's answer: {(answer or '')[:80]!r}")
-    parsed = _structured(value, vocabulary(item.spec, item.legend))
+    parsed = parse_structured(value, vocabulary(item.spec, item.legend))
     score, _ = score_claims(parsed.claims, truth_claims(item.state), item.spec, rule)
     return score, len(parsed.claims)
 
@@ -261,7 +261,7 @@ class LLMJudge:
         """Raise ValueError if ``answer`` is garbage for this mode (so it is retried, not cached)."""
         if self.config.mode == "yesno":
             parse_yesno(answer)
-        elif _load_structured(answer or "") is None:
+        elif load_structured(answer or "") is None:
             raise ValueError(f"no JSON in the judge's answer: {(answer or '')[:80]!r}")
 
     async def _fetch_all(self, todo: dict[str, list[dict[str, str]]], answers: dict[str, str],

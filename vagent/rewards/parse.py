@@ -383,7 +383,7 @@ _POS_KEYS = ("position", "coordinates", "coords", "coordinate", "pos", "xyz", "l
 _LIST_KEYS = ("objects", "relations", "entities", "items", "state")
 
 
-def _load_structured(text: str) -> Any:
+def load_structured(text: str) -> Any:
     """The JSON/Python-literal value in ``text`` (first '{' or '[' to the last matching bracket)."""
     starts = [i for i in (text.find("{"), text.find("[")) if i != -1]
     if not starts:
@@ -483,7 +483,9 @@ def _value_claims(kind: str, value: Any, voc: Vocabulary, plural: bool) -> list[
     return []
 
 
-def _structured(value: Any, voc: Vocabulary) -> ParsedDescription:
+def parse_structured(value: Any, voc: Vocabulary) -> ParsedDescription:
+    """The claims of a structured description (the value :func:`load_structured` read: objects with
+    a name and a position or relation, nested lists and dicts up to depth 4) in ``voc``'s words."""
     claims: list[Claim] = []
     mentioned: set[str] = set()
     notes: list[str] = []
@@ -577,9 +579,9 @@ def parse_description(text: str, spec: JudgeSpec, legend: str | None = None) -> 
         rows = _grid_block(text, voc.symbols)
         if rows is not None:
             return _symbolic(rows, voc)
-    value = _load_structured(text)
+    value = load_structured(text)
     if value is not None:
-        parsed = _structured(value, voc)
+        parsed = parse_structured(value, voc)
         if parsed.claims or parsed.mentioned:
             return parsed
     return _natural(text, voc)

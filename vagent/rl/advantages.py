@@ -115,8 +115,8 @@ class _Packed(NamedTuple):
 
     src: Tensor  # [nnz] long, flat index into [B * L]
     dst: Tensor  # [nnz] long, flat index into [B * n]
-    count: Tensor  # [B] long, True entries per row
-    n: int  # max(count): width of the packed table
+    row_counts: Tensor  # [B] long, True entries per row (not `count`: that is tuple.count)
+    n: int  # max(row_counts): width of the packed table
     shape: tuple[int, int]  # (B, L)
 
 
@@ -154,7 +154,7 @@ def _unpack(y: Tensor, p: _Packed) -> Tensor:
 
 def _valid(p: _Packed) -> Tensor:
     """Bool [B, n]: which packed entries exist (j < count[b])."""
-    return torch.arange(p.n, device=p.count.device)[None, :] < p.count[:, None]
+    return torch.arange(p.n, device=p.row_counts.device)[None, :] < p.row_counts[:, None]
 
 
 def _check_rewards_on_mask(rewards: Tensor, p: _Packed, name: str = "token_rewards") -> None:
@@ -237,7 +237,7 @@ def _turn_packing(turn_end_mask: Tensor, p: _Packed) -> tuple[Tensor, _Packed]:
             "turn k (mark the final token the policy generated, not an observation/template token)"
         )
     # the last M=1 token of every non-empty row must close a turn, else its tokens have no e_k
-    last_is_end = ec.gather(1, (p.count - 1).clamp(min=0)[:, None])[:, 0] | (p.count == 0)
+    last_is_end = ec.gather(1, (p.row_counts - 1).clamp(min=0)[:, None])[:, 0] | (p.row_counts == 0)
     if not bool(last_is_end.all()):
         b = int((~last_is_end).nonzero()[0])
         raise ValueError(
@@ -285,7 +285,7 @@ def masked_gae(
     _check_rewards_on_mask(token_rewards, p)
     boot = _bootstrap(truncated, final_values, p.shape[0], token_rewards.device)
     rc, vc = _pack(token_rewards, p), _pack(values, p)  # [B, n] packed r_t, V(t)
-    delta = rc + gamma * _next(vc, boot, p.count) - vc  # r_t + gamma V(t') - V(t)
+    delta = rc + gamma * _next(vc, boot, p.row_counts) - vc  # r_t + gamma V(t') - V(t)
     delta = torch.where(_valid(p), delta, 0.0)
     c = torch.full_like(delta, gamma * lam)
     adv = _reverse_scan(delta, c, unit=gamma * lam == 1.0)  # A_t = delta_t + g l A_t'
@@ -342,9 +342,9 @@ def bi_level_gae(
     ec, pe = _turn_packing(turn_end_mask, p)  # turn ends among packed tokens; turns packed [B, K]
     boot = _bootstrap(truncated, final_values, p.shape[0], token_rewards.device)
     rc, vc = _pack(token_rewards, p), _pack(values, p)  # [B, n]
-    ak = _turn_core(_pack(rc, pe), _pack(vc, pe), pe.count, boot, gamma_turn, lam)  # A_k [B, K]
+    ak = _turn_core(_pack(rc, pe), _pack(vc, pe), pe.row_counts, boot, gamma_turn, lam)  # A_k [B, K]
     # token level: d = A_k at e_k (next value 0, reset), r_t + g V(t') - V(t) before it
-    delta = rc + gamma_token * _next(vc, torch.zeros_like(boot), p.count) - vc
+    delta = rc + gamma_token * _next(vc, torch.zeros_like(boot), p.row_counts) - vc
     d = torch.where(ec, _unpack(ak, pe), delta)  # _unpack(ak, pe): A_k placed at e_k
     d = torch.where(_valid(p), d, 0.0)
     c = torch.where(ec, 0.0, gamma_token * lam)  # reset the chain at e_k
@@ -384,7 +384,7 @@ def turn_gae(
     turn_of = torch.where(_valid(p), ec.long().cumsum(1) - ec.long(), K)  # turn k of each token
     rk = torch.zeros(p.shape[0], K + 1, device=rc.device).scatter_add_(1, turn_of, rc)[:, :K]
     vk = _pack(vc, pe)  # r_k = sum of the turn's token rewards; V(e_k)
-    ak = _turn_core(rk, vk, pe.count, boot, gamma_turn, lam)  # A_k [B, K]
+    ak = _turn_core(rk, vk, pe.row_counts, boot, gamma_turn, lam)  # A_k [B, K]
     adv = F.pad(ak, (0, 1)).gather(1, turn_of)  # A_k on every token of turn k
     return _unpack(adv, p), _unpack(_unpack(ak + vk, pe), p)  # returns A_k + V(e_k) at e_k only
 

@@ -155,15 +155,17 @@ class ValueLoss(NamedTuple):
 
     loss: Tensor
     clip_frac: Tensor  # tokens where the clipped error was the larger one
-    explained_variance: Tensor  # 1 - Var(R - V) / Var(R) over M; nan if Var(R) == 0
+    explained_variance: Tensor | None  # 1 - Var(R - V) / Var(R) over M; nan if Var(R) == 0; None: not computed
     value_mean: Tensor  # mean V over M
     return_mean: Tensor  # mean R over M
 
     def metrics(self, prefix: str = "loss/") -> dict[str, float]:
-        """Python floats: ``loss/value``, ``loss/value_clip_frac``, ``loss/explained_variance``.."""
-        vals = torch.stack([t.detach().float() for t in self]).tolist()
+        """Python floats: ``loss/value``, ``loss/value_clip_frac``, ``loss/explained_variance`` (when
+        computed), ``loss/value_mean``, ``loss/return_mean``."""
         names = ["value", "value_clip_frac", "explained_variance", "value_mean", "return_mean"]
-        return {prefix + k: v for k, v in zip(names, vals)}
+        kept = [(k, t) for k, t in zip(names, self) if t is not None]
+        vals = torch.stack([t.detach().float() for _, t in kept]).tolist()
+        return {prefix + k: v for (k, _), v in zip(kept, vals)}
 
 
 def value_loss(
@@ -173,6 +175,7 @@ def value_loss(
     mask: Tensor,
     clip: float | None = 0.5,
     agg: str = "token-mean",
+    with_explained_variance: bool = True,
 ) -> ValueLoss:
     """Clipped value loss (PPO, arXiv 1707.06347; as in verl/CleanRL, on which VAGEN builds)::
 
@@ -185,7 +188,9 @@ def value_loss(
 
     ``mask`` must be where returns are DEFINED (docs/algorithms.md reference section 11 bug 3): the loss mask for
     masked/bi-level GAE, ``turn_end_mask`` for :func:`turn_gae`, :func:`anchor_mask` for
-    :func:`no_concat_gae`. All tensors [B, L]; ``values`` requires grad.
+    :func:`no_concat_gae`. All tensors [B, L]; ``values`` requires grad. ``with_explained_variance``
+    False: ``explained_variance`` is None (a micro-batch's ratio of variances is not the batch's;
+    the PPO recipe computes it once on the whole batch).
     """
     m = mask.bool()
     v = values.float()
@@ -200,10 +205,12 @@ def value_loss(
         loss_mat = 0.5 * torch.maximum(err, err_clip)
         clipped = err_clip > err
     R_mean = _mean(R, m)
-    var_R = _mean((R - R_mean) ** 2, m)  # population variances over M, as CleanRL
-    resid = (R - v).detach()
-    var_res = _mean((resid - _mean(resid, m)) ** 2, m)
-    ev = torch.where(var_R > 0, 1.0 - var_res / var_R.clamp(min=1e-12), torch.nan)
+    ev = None
+    if with_explained_variance:
+        var_R = _mean((R - R_mean) ** 2, m)  # population variances over M, as CleanRL
+        resid = (R - v).detach()
+        var_res = _mean((resid - _mean(resid, m)) ** 2, m)
+        ev = torch.where(var_R > 0, 1.0 - var_res / var_R.clamp(min=1e-12), torch.nan)
     return ValueLoss(
         loss=aggregate(loss_mat, m, agg),
         clip_frac=_mean(clipped.float(), m),

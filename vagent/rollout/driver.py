@@ -41,7 +41,7 @@ trainer's current weights).
 
 ``env_factory_for(entry)``: envs of a config entry with ``urls`` live on ``vagent serve-env``
 servers (``RemoteEnv``: failover over the urls, replay on server loss); one connection pool per
-entry for the whole run.
+entry, kept until ``close_env_factories()`` (the RL loop's end, ``vagent.recipes.tail.StepLoop``).
 """
 
 from __future__ import annotations
@@ -56,9 +56,8 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from vagent.rollout.finish import RolloutResult
 from vagent.rollout.policy import Policy
 from vagent.rollout.records import Episode
-# the generators and the weight push live in vagent.rollout.replicas; these names stay importable here
-from vagent.rollout.replicas import (  # noqa: F401 -- re-exported
-    FreshModel, PushedEngine, engine_replicas, merge_lora_into_state, push_weights, saved_model_dir, vllm_settings,
+from vagent.rollout.replicas import (
+    FreshModel, PushedEngine, engine_replicas, push_weights, saved_model_dir, vllm_settings,
 )
 
 if TYPE_CHECKING:  # torch, the model loader and the run config stay out of `import vagent.rollout.driver`
@@ -75,6 +74,7 @@ logger = logging.getLogger(__name__)
 #: the recipe's rollout of one step: ``(policy, step, unshard) -> episodes`` (the module docstring)
 RolloutRun = Callable[[Policy, int, bool], RolloutResult]
 
+#: (urls, name, config, token) -> its RemoteEnv factory, whose ``transport`` holds the connection pool
 _FACTORIES: dict[tuple, Callable[[], Env]] = {}
 _FACTORIES_LOCK = threading.Lock()
 
@@ -96,6 +96,19 @@ def env_factory_for(entry: EnvEntry) -> Callable[[], Env] | None:
 
             _FACTORIES[key] = remote_env_factory(urls, entry.name, token, **dict(entry.config))
         return _FACTORIES[key]
+
+
+def close_env_factories() -> int:
+    """Close the connection pool of every cached remote env factory and forget the factories
+    (a later ``env_factory_for`` opens a new pool); returns how many were closed."""
+    with _FACTORIES_LOCK:
+        factories = list(_FACTORIES.values())
+        _FACTORIES.clear()
+    for make in factories:
+        transport = getattr(make, "transport", None)
+        if transport is not None:
+            transport.close()
+    return len(factories)
 
 
 def check_rollout_setup(settings: RolloutConfig, distributed: bool) -> None:
@@ -178,13 +191,21 @@ class RolloutDriver:
         model directory, which may predate SFT; hf replicas copied the trainer's model), then check
         them with the canary."""
         if push:
-            push_weights(self.engine, self.model, 0)
-        self._verify(0)
+            self._push_now(0)
+        else:
+            self._verify(0)
 
     def _push(self, version: int) -> None:
         if self.engine is not None and self.engine.weights_version != version:
-            push_weights(self.engine, self.model, version)
-            self._verify(version)
+            self._push_now(version)
+
+    def _push_now(self, version: int) -> None:
+        """Push the trainer's weights to the engine as ``version``, then the canary's check."""
+        if self.engine is None or self.model is None:
+            raise RuntimeError("a weight push needs the driver's engine and the trainer's model: build the driver "
+                               "with engine= and model= (make_driver does)")
+        push_weights(self.engine, self.model, version)
+        self._verify(version)
 
     def _verify(self, version: int) -> None:
         """The canary's check of the weights just pushed (raises ``WeightSyncError`` before any
@@ -206,8 +227,8 @@ class RolloutDriver:
         if self._pool is not None and step + 1 < self.steps:
             self._push(step)
             self._pending = (step + 1, self._pool.submit(self._run_beside, step + 1), step)
-        elif getattr(self.engine, "sleep", None) is not None:
-            self.engine.sleep()  # a colocated vLLM frees its KV cache while the trainer updates
+        elif (sleep := getattr(self.engine, "sleep", None)) is not None:
+            sleep()  # a colocated vLLM frees its KV cache while the trainer updates
         self._annotate(episodes, step, version if self.engine is not None else None)
         return episodes
 
@@ -294,5 +315,5 @@ def make_driver(cfg: RunConfig, loaded: LoadedModel, policy: Policy, run: Rollou
     return driver
 
 
-__all__ = ["RolloutDriver", "make_driver", "check_rollout_setup", "engine_replicas", "env_factory_for", "is_default",
-           "merge_lora_into_state", "push_weights", "vllm_settings"]
+__all__ = ["RolloutDriver", "make_driver", "check_rollout_setup", "close_env_factories", "env_factory_for",
+           "is_default"]
