@@ -1,8 +1,10 @@
 """PrimitiveSkill on ManiSkill 3 (backend="maniskill", PhysX and lavapipe on the CPU): the
 kinematic oracle's plan solves every offline task with the kinematic rewards, the same seed lays
 out the same scene, the camera image shows the cubes where the state says and changes when one
-moves, a bad skill changes nothing, drawer is refused with the download command, check_env passes
-and one PPO step trains.
+moves, a bad skill changes nothing, drawer is refused with the download command, check_env passes,
+the solver's replies predict the simulated outcome without changing the env, one SFT step on
+solver demonstrations and one PPO step train, and the guides' ``.venv-maniskill`` commands run
+as written.
 
 Needs scripts/maniskill-env; run with .venv-maniskill/bin/python. Skipped where ManiSkill or a
 Vulkan device is missing, failing instead when VAGENT_REQUIRE_MANISKILL=1 (CI). One ManiSkill env
@@ -11,8 +13,12 @@ per task for the whole module (the first render in a process compiles lavapipe's
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import re
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -199,7 +205,75 @@ def test_check_env_passes_on_the_maniskill_backend(ms_envs):
     assert {"determinism on one instance (seeds [0, 1])", "determinism across instances"} <= set(report.checks)
 
 
-def test_one_ppo_step_on_the_maniskill_backend_trains(ms_envs, tmp_path):
+def test_the_solver_predicts_the_simulated_state_and_leaves_the_env_unchanged(ms_envs):
+    """The solver's <prediction> is the state after its actions on the simulator (found from a
+    saved simulator state that is put back: ManiSkill cannot be deep-copied), within 3 mm of the
+    step that follows (PhysX's contact caches are not part of the saved state, so the step replays
+    the motion with small differences: 1.0 mm measured on stack seed 0); ``state()`` is unchanged
+    by the prediction."""
+    from vagent.envs.formats import parse_response
+    from vagent.rollout.scripted import solver_reply
+
+    env = ms_envs("stack")
+    env.reset(0)
+    for _ in range(3):
+        before = env.state()
+        reply = solver_reply(env)
+        assert env.state() == before
+        predicted = json.loads(parse_response(reply, env.config.format, "|", 2).prediction)
+        res = env.step(reply)
+        actual = env.state()
+        assert predicted["holding"] == actual["gripper"]["holding"]
+        for name, pos in predicted.items():
+            if name == "holding":
+                continue
+            true = actual["gripper"]["position"] if name == "gripper" else next(
+                r["position"] for r in actual["relations"] if r["object"] == name)
+            assert max(abs(a - b) for a, b in zip(pos, true)) < 3.0, (name, pos, true)
+        if res.terminated:
+            break
+    assert res.terminated and res.info["success"]
+
+
+ROOT = Path(__file__).resolve().parents[2]
+GUIDES = ("README.md", "docs/envs_primitive_skill.md")
+
+
+def guide_commands() -> list[tuple[str, str]]:
+    """(guide, command) for each line of a fenced bash block that runs ``.venv-maniskill/bin/vagent``
+    (the user commands of the ManiSkill backend; the test commands are this file)."""
+    out = []
+    for guide in GUIDES:
+        for block in re.findall(r"```bash\n(.*?)```", (ROOT / guide).read_text(), re.S):
+            for line in block.splitlines():
+                line = line.split("  #")[0].strip()
+                if line.startswith(".venv-maniskill/bin/vagent "):
+                    out.append((guide, line))
+    return out
+
+
+def test_the_guides_name_maniskill_user_commands():
+    cmds = guide_commands()
+    assert {g for g, _ in cmds} == set(GUIDES), cmds
+    assert any("--policy solver" in c for _, c in cmds) and any(" demos " in c for _, c in cmds)
+
+
+@pytest.mark.parametrize("guide,command", guide_commands())
+def test_the_guides_maniskill_commands_run_as_written(ms_envs, tmp_path, guide, command):
+    """Each command as written, from a folder where .venv-maniskill is this checkout's."""
+    import sys
+
+    (tmp_path / ".venv-maniskill").symlink_to(Path(sys.executable).parent.parent)
+    out = subprocess.run(["bash", "-c", command], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert out.returncode == 0, f"{guide}: `{command}` exited {out.returncode}\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}"
+    if "--policy solver" in command:
+        assert "success=True" in out.stdout, out.stdout[-2000:]
+    if " demos " in command:
+        assert "wrote 1 demonstrations" in out.stdout, out.stdout[-1000:]
+
+
+def test_one_sft_step_on_solver_demos_and_one_ppo_step_train_on_the_maniskill_backend(ms_envs, tmp_path):
     import torch
 
     from vagent.models.loading import load_policy
@@ -210,9 +284,10 @@ def test_one_ppo_step_on_the_maniskill_backend_trains(ms_envs, tmp_path):
 
     model = build_tiny_vlm(tmp_path / "tiny-vlm", hidden=64, layers=2, image_size=64)
     cfg = load_config(None, [
-        "steps=1", "sft.steps=0", "val.every=0", "threads=1", "model.cache_dir=UNUSED", f"model.path={model}",
+        "steps=1", "val.every=0", "threads=1", "model.cache_dir=UNUSED", f"model.path={model}",
         f"out_dir={tmp_path / 'runs'}", "envs.0.name=primitive_skill", "envs.0.n_train=1", "envs.0.n_val=1",
         "envs.0.config={task: stack, backend: maniskill, image_size: 64}", "rollout.max_turns=2",
+        "sft.steps=1", "sft.demos_per_env=1", "sft.batch_size=1", "sft.max_turns=2",
         "rollout.max_new_tokens=12", "update.epochs=1", "update.mini_batches=1", "update.warmup_steps=0",
         "ppo.critic_warmup_steps=0", "log.tensorboard=false", "log.progress=false", "log.checkpoint_every=1",
         "log.plot_every=0"])

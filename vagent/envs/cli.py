@@ -114,10 +114,11 @@ def _random_reply(env: Any, rng: Any) -> str:
     from vagent.envs.formats import render_response
 
     names = list(getattr(env, "action_names", ()))
-    if not names:
+    draw = getattr(env, "random_action", None)  # an env whose actions take arguments (primitive_skill)
+    if not names and not callable(draw):
         raise SystemExit(f"{type(env).__name__} has no action_names; the random policy needs them.")
     n = int(rng.integers(1, env.config.max_actions_per_turn + 1))
-    actions = [names[int(rng.integers(len(names)))] for _ in range(n)]
+    actions = [draw(rng) if callable(draw) else names[int(rng.integers(len(names)))] for _ in range(n)]
     filler = "a random move"
     return render_response(env.config.format, {"think": filler, "observation": filler, "reasoning": filler,
                                                "prediction": filler, "answer": getattr(env, "action_sep", ",").join(actions)})

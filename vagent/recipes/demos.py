@@ -16,8 +16,10 @@ The system prompt and observations are the env's own, exactly as the RL rollout 
 fields come from the TRUE state:
 
 - ``<observation>``: the env module's ``describe_state(state_before, style)``;
-- ``<prediction>``: ``describe_state(state_after, style)``, where ``state_after`` is obtained by
-  stepping a deep copy of the env with the chosen actions first (so it is exactly what happens);
+- ``<prediction>``: ``describe_state(state_after, style)``, where ``state_after`` is what the
+  chosen actions do, found first without changing the env (``vagent.rollout.scripted.state_after``:
+  the env's ``predict_state`` where it has one, as primitive_skill on ManiSkill, else a stepped
+  deep copy), so it is exactly what happens;
 - ``<reasoning>``: a short plan naming the actions (``"I move Down, Right."``), preceded, when
   ``reasoning_objects`` is set, by the natural-language relation of those objects to the agent in
   the true state (``"The goal is below and to the right of you."``): a step of reasoning a model
@@ -34,7 +36,6 @@ the solver has no action (e.g. fell into a hole) or after ``max_turns`` turns.
 
 from __future__ import annotations
 
-import copy
 import importlib
 import json
 from dataclasses import dataclass, field
@@ -116,9 +117,10 @@ def _choose_actions(env: Any, k: int, frac: float, rng: np.random.Generator) -> 
             )
         return plan, [False] * len(plan)
     actions, random_flags = [], []
+    draw = getattr(env, "random_action", None)  # an env whose actions take arguments (primitive_skill)
     for a in plan:
         if frac > 0 and rng.random() < frac:
-            actions.append(names[int(rng.integers(len(names)))])
+            actions.append(draw(rng) if callable(draw) else names[int(rng.integers(len(names)))])
             random_flags.append(True)
         else:
             actions.append(a)
@@ -130,21 +132,20 @@ def demo_reply(env: Any, actions: Sequence[str], objects: Sequence[str] = (),
                reasoning_objects: Sequence[str] = (), plan: bool = True) -> str:
     """The reply for ``actions`` from the env's current state, reasoning fields from the truth.
 
-    Steps a deep copy of ``env`` to learn the state after the actions (the env itself is
-    untouched).
+    The state after the actions is :func:`vagent.rollout.scripted.state_after`'s (the env
+    itself is untouched).
     """
+    from vagent.rollout.scripted import state_after
+
     cfg = env.config
     describe = _describe_fn(env)
     style = cfg.description_style
     sep = getattr(env, "action_sep", ",")
     answer = sep.join(actions)
     before = env.state()
-    probe = copy.deepcopy(env)
     draft = render_response(cfg.format, {"think": "plan", "observation": "state", "reasoning": "plan",
                                          "prediction": "state", "answer": answer})
-    probe.step(draft)
-    after = probe.state()
-    probe.close()
+    after = state_after(env, draft)
     relation = describe(_filtered(before, reasoning_objects), "natural") if reasoning_objects else ""
     plan_text = f"I move {', '.join(actions)}." if plan else ("" if relation else "I move.")
     fields = {

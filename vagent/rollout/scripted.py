@@ -4,7 +4,8 @@
 - :class:`RandomPolicy`: uniformly random actions from a list, written in a reasoning format.
 - :class:`SolverPolicy`: the env's ``optimal_actions()`` written in the env's reasoning format with
   CORRECT state descriptions (``describe_state`` of the env's module for ``<observation>``, and
-  for ``<prediction>`` the state after the actions, found by stepping a deep copy of the env). It
+  for ``<prediction>`` the state after the actions, :func:`state_after`: the env's own
+  ``predict_state(reply)`` where it has one, else a deep copy of the env stepped). It
   needs the live envs: it declares ``needs_envs = True`` and ``rollout`` passes them.
 - :class:`TokenScriptedPolicy`: like ScriptedPolicy but token level: it encodes the conversation
   with a real ``ChatEncoder`` and records the scripted reply's tokenizer ids as if sampled
@@ -83,12 +84,35 @@ def _env_module_function(env: Env, name: str) -> Callable:
     return fn
 
 
+def state_after(env: Env, reply: str) -> dict:
+    """``env.state()`` after ``env.step(reply)``, ``env`` itself untouched.
+
+    An env with a simulator that cannot be copied (primitive_skill on ManiSkill) says how with
+    ``predict_state(reply) -> dict``; any other env is deep-copied and the copy stepped. TypeError,
+    naming the fix, when neither works."""
+    predict = getattr(env, "predict_state", None)
+    if callable(predict):
+        return predict(reply)
+    try:
+        probe = copy.deepcopy(env)
+    except Exception as exc:  # noqa: BLE001 -- pickling errors of native handles have many types
+        raise TypeError(
+            f"{type(env).__name__} cannot be deep-copied ({type(exc).__name__}: {exc}), so the state after a reply "
+            "cannot be predicted for <prediction>: give the env a predict_state(reply) -> dict method that "
+            "returns state() after step(reply) and leaves the env unchanged.") from exc
+    try:
+        probe.step(reply)
+        return probe.state()
+    finally:
+        probe.close()
+
+
 def solver_reply(env: Env, reasoning: str = "I follow the shortest path to the goal.",
                  max_actions: int | None = None) -> str:
     """The solver's reply for ``env`` in its current state, in the env's reasoning format.
 
     ``<observation>`` describes ``env.state()``; ``<prediction>`` the state after the actions
-    (a deep copy of the env is stepped, the env itself is untouched); ``<answer>`` holds the first
+    (:func:`state_after`; the env itself is untouched); ``<answer>`` holds the first
     ``max_actions`` (default: the env's ``max_actions_per_turn``) of ``env.optimal_actions()``.
     """
     if not hasattr(env, "optimal_actions"):
@@ -101,9 +125,8 @@ def solver_reply(env: Env, reasoning: str = "I follow the shortest path to the g
     fields = {"observation": describe(env.state(), cfg.description_style), "reasoning": reasoning,
               "think": reasoning, "prediction": "(filled below)", "answer": sep.join(actions)}
     if "worldmodeling" in cfg.format:  # the formats with a <prediction> field
-        probe = copy.deepcopy(env)
-        probe.step(render_response(cfg.format, fields))
-        fields["prediction"] = describe(probe.state(), cfg.description_style)
+        fields["prediction"] = describe(state_after(env, render_response(cfg.format, fields)),
+                                        cfg.description_style)
     return render_response(cfg.format, fields)
 
 
@@ -163,4 +186,4 @@ class TokenScriptedPolicy:
         return out
 
 
-__all__ = ["ScriptedPolicy", "RandomPolicy", "SolverPolicy", "TokenScriptedPolicy", "solver_reply"]
+__all__ = ["ScriptedPolicy", "RandomPolicy", "SolverPolicy", "TokenScriptedPolicy", "solver_reply", "state_after"]

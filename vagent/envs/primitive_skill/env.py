@@ -275,6 +275,12 @@ class Backend(Protocol):
 
     def render(self, size: int) -> Image.Image: ...
 
+    def save(self) -> Any:
+        """A snapshot of the simulation that :meth:`restore` puts back (for a prediction)."""
+        ...
+
+    def restore(self, saved: Any) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -297,6 +303,12 @@ class KinematicBackend:
 
     def render(self, size: int) -> Image.Image:
         return render_scene(self.scene(), size)
+
+    def save(self) -> Scene:
+        return self.scene().copy()
+
+    def restore(self, saved: Scene) -> None:
+        self._scene = saved
 
     def close(self) -> None:
         self._scene = None
@@ -368,16 +380,7 @@ class PrimitiveSkillEnv:
         cfg, r = self.config, self.rewards
         ps = parse_primitive_response(response, cfg.format, cfg.max_actions_per_turn)
         before = self._progress()
-        executed: list[tuple[Skill, SkillResult]] = []
-        failed: tuple[Skill, SkillResult] | None = None
-        for skill in ps.skills:
-            res = self._backend.apply(skill)
-            if not res.ok:
-                failed = (skill, res)
-                break
-            executed.append((skill, res))
-            if self.task.success(self._backend.scene(), self.params):
-                break
+        executed, failed = self._execute(ps.skills)
         after = self._progress()
         success = bool(self.task.success(self._backend.scene(), self.params))
         reward = (after - before) - r["action_cost"] * len(executed)
@@ -413,12 +416,70 @@ class PrimitiveSkillEnv:
         self._backend.close()
         self._clock.close()
 
+    def predict_state(self, response: str) -> dict:
+        """``state()`` after ``step(response)``, the env left as it was (no turn counted): the
+        ``<prediction>`` of the solver's and the demos' replies. The skills run, then the backend's
+        snapshot from before them is put back: a copy of the scene (kinematic), or the simulator's
+        saved state (ManiSkill, whose simulator cannot be deep-copied; the prediction is the
+        simulated outcome and costs the skills' simulation time)."""
+        self._clock.require_started()
+        ps = parse_primitive_response(response, self.config.format, self.config.max_actions_per_turn)
+        saved = self._backend.save()
+        try:
+            self._execute(ps.skills)
+            return make_state(self._backend.scene(), self.task, self.params)
+        finally:
+            self._backend.restore(saved)
+
+    def random_action(self, rng: np.random.Generator) -> str:
+        """A random, well-formed skill call aimed at the scene (``vagent play --policy random``, the
+        random actions of ``vagent demos``): ``pick`` at a random object's centre, ``place`` the
+        held object (else a cube's size) at a random table point at its resting height, or ``push``
+        from 10 mm beside a random object towards it, 20 to 80 mm along x or y; whole mm, inside the
+        workspace. Many still fail (a covered cube, an empty gripper): the env says why."""
+        self._clock.require_started()
+        scene, b = self._backend.scene(), self.bounds
+        body = list(scene.bodies.values())[int(rng.integers(len(scene.bodies)))]
+        x, y, z = body.pos
+        skill = ACTIONS[int(rng.integers(len(ACTIONS)))]
+
+        def clip(v: float, lo_hi: tuple[float, float]) -> float:
+            return float(round(min(max(v, lo_hi[0]), lo_hi[1])))
+
+        if skill == "pick":
+            args: tuple[float, ...] = (clip(x, b.x), clip(y, b.y), clip(z, b.z))
+        elif skill == "place":
+            held = scene.bodies.get(scene.held) if scene.held else None
+            half_z = held.half[2] if held is not None else body.half[2]
+            args = (clip(rng.uniform(*b.x), b.x), clip(rng.uniform(*b.y), b.y), clip(half_z, b.z))
+        else:
+            axis, sign = int(rng.integers(2)), float(rng.choice((-1.0, 1.0)))  # push along +-x or +-y
+            start = [x, y]
+            start[axis] -= sign * (body.half[axis] + 10.0)
+            end = list(start)
+            end[axis] += sign * float(rng.uniform(20.0, 80.0))
+            args = (clip(start[0], b.x), clip(start[1], b.y), clip(z, b.z),
+                    clip(end[0], b.x), clip(end[1], b.y), clip(z, b.z))
+        return Skill(skill, args).text()
+
     def optimal_actions(self) -> list[str]:
         """The oracle's remaining plan from the current scene (tasks.py); [] once solved."""
         self._clock.require_started()
         return [s.text() for s in self.task.plan(self._backend.scene(), self.params)]
 
     # -- helpers ----------------------------------------------------------------------------
+    def _execute(self, skills) -> tuple[list[tuple[Skill, SkillResult]], tuple[Skill, SkillResult] | None]:
+        """Run ``skills`` in order until one fails or the task is solved: (executed, failed or None)."""
+        executed: list[tuple[Skill, SkillResult]] = []
+        for skill in skills:
+            res = self._backend.apply(skill)
+            if not res.ok:
+                return executed, (skill, res)
+            executed.append((skill, res))
+            if self.task.success(self._backend.scene(), self.params):
+                break
+        return executed, None
+
     def _progress(self) -> float:
         r = self.rewards
         return progress_value(self._backend.scene(), self.task, self.params, r["stage"], r["success"])

@@ -369,6 +369,21 @@ class ManiSkillBackend:
         img = Image.fromarray(arr[..., :3].astype("uint8")).convert("RGB")
         return img if img.size == (size, size) else img.resize((size, size), Image.BILINEAR)
 
+    def save(self) -> tuple:
+        """The simulator's state (ManiSkill's ``get_state_dict``: poses, velocities, joint
+        positions) and the skill executor's own (gripper command, joint target, step count)."""
+        def frozen(v: Any) -> Any:  # the tensors may be views the simulator updates in place
+            return {k: frozen(x) for k, x in v.items()} if isinstance(v, dict) else v.clone() if hasattr(v, "clone") else v
+
+        return frozen(self.base.get_state_dict()), self.gripper, self._target_q, self.sim_steps
+
+    def restore(self, saved: tuple) -> None:
+        """Put back a :meth:`save`: the bodies, the arm and the executor as they were (PhysX's
+        contact caches are not part of it, so later digits of a replay may differ)."""
+        state, self.gripper, self._target_q, self.sim_steps = saved
+        self.base.set_state_dict(state)
+        self._scene_cache = None
+
     def close(self) -> None:
         self.env.close()
 
