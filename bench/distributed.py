@@ -98,19 +98,27 @@ def gpu(args: argparse.Namespace) -> None:
     B, L = args.rows, args.length
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(10, 4000, (B, L), generator=g)
-    loss = torch.zeros(B, L, dtype=torch.bool)
-    loss[:, L // 2:] = True  # the second half of every row is "sampled"
+    # --ragged: row lengths uniform in [L/8, L] (right-padded), as a multi-turn batch is; else all L
+    lengths = (torch.randint(L // 8, L + 1, (B,), generator=g) if args.ragged else torch.full((B,), L))
+    real = torch.arange(L)[None, :] < lengths[:, None]
+    ids = torch.where(real, ids, torch.zeros_like(ids))
+    loss = real & (torch.arange(L)[None, :] >= (lengths // 2)[:, None])  # the second half of every row is "sampled"
+    n_tokens = int(lengths.sum())
     f32 = torch.zeros(B, L)
     batch = TokenBatch(
-        input_ids=ids, attention_mask=torch.ones(B, L, dtype=torch.long), loss_mask=loss, old_logprobs=f32,
+        input_ids=ids, attention_mask=real.long(), loss_mask=loss, old_logprobs=f32,
         turn_end_mask=torch.zeros(B, L, dtype=torch.bool), token_rewards=f32.clone(),
         turn_index=torch.full((B, L), -1), bootstrap_index=torch.full((B,), -1), truncated=torch.zeros(B, dtype=torch.bool),
         scores=torch.zeros(B), group_ids=torch.arange(B), traj_ids=torch.arange(B), row_turn=torch.full((B,), -1),
         pixel_values=None, image_grid_thw=None, state_keys=[[] for _ in range(B)],
         n_images=torch.zeros(B, dtype=torch.long), episode_index=torch.arange(B),
     ).to(device)
-    u = UpdateConfig(micro_batch_tokens=args.micro_batch_tokens, epochs=1, mini_batches=1, actor_lr=1e-6)
-    for ckpt in (False, True):
+    # the runs: (activation checkpointing, packing): without / with checkpointing, or with --ragged
+    # padded / packed (update.packing) without checkpointing
+    runs = [(False, False), (False, True)] if args.ragged else [(False, False), (True, False)]
+    for ckpt, packing in runs:
+        u = UpdateConfig(micro_batch_tokens=args.micro_batch_tokens, epochs=1, mini_batches=1, actor_lr=1e-6,
+                         packing=packing)
         loaded = load_policy(model_dir, dtype="float32", device=device, gradient_checkpointing=ckpt)
         model = shard_model(loaded.model, bf16=True)
         n_params = count_parameters(loaded.model)
@@ -132,11 +140,13 @@ def gpu(args: argparse.Namespace) -> None:
             if i > 0:  # the first step warms up
                 times.append(time.perf_counter() - t0)
         t = statistics.median(times)
-        tokens_per_s = B * L / t  # the global batch: every rank's share together
-        mfu = 6 * n_params * B * L / (t * w.size * peak) if peak else float("nan")
+        tokens_per_s = n_tokens / t  # real (non-pad) tokens of the global batch: every rank's share together
+        mfu = 6 * n_params * n_tokens / (t * w.size * peak) if peak else float("nan")
         mem = torch.cuda.max_memory_allocated(device) / 2**30
         if w.is_main:
-            print(f"{card} x {w.size}, {n_params / 1e9:.2f}B params, batch {B} x {L}, activation checkpointing "
+            shape = f"batch {B} x {L}" + (f" ragged ({n_tokens} real tokens), packing {'on' if packing else 'off'}"
+                                          if args.ragged else "")
+            print(f"{card} x {w.size}, {n_params / 1e9:.2f}B params, {shape}, activation checkpointing "
                   f"{'on ' if ckpt else 'off'}: update {tokens_per_s:,.0f} tokens/s, MFU {mfu:.1%}, "
                   f"peak memory {mem:.1f} GiB per card (median of {args.steps} steps)", flush=True)
         del model, loaded, opt, params
@@ -154,6 +164,9 @@ def main() -> int:
     ap.add_argument("--length", type=int, default=1024, help="GPU: tokens per row")
     ap.add_argument("--micro-batch-tokens", type=int, default=8192, help="GPU: update.micro_batch_tokens")
     ap.add_argument("--model", default=None, help="GPU: where the 3B-shaped model is built / reused")
+    ap.add_argument("--ragged", action="store_true",
+                    help="GPU: rows of L/8..L tokens, timed padded and packed (update.packing) instead of "
+                         "without / with activation checkpointing")
     args = ap.parse_args()
     gpu(args) if args.gpu else cpu(args)
     return 0

@@ -35,7 +35,7 @@ def test_dry_run_resolves_the_wheels_and_skips_the_cuda_stages_in_one_line_each(
     assert by_name["versions"]["status"] == "ok" and "torch" in by_name["versions"]["figures"]
     assert by_name["wheels"]["status"] == "ok", by_name["wheels"]["reason"]
     assert "transformers" in " ".join(by_name["wheels"]["figures"]["wheels"])
-    cuda_stages = ["pytest_gpu", "ppo_cpu", "ppo_cuda", "build_3b", "update_bench", "generation"]
+    cuda_stages = ["pytest_gpu", "ppo_cpu", "ppo_cuda", "build_3b", "update_bench", "update_packed", "generation"]
     for name in cuda_stages:
         assert by_name[name]["status"] == "skipped" and by_name[name]["reason"], name
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("gpu-check: ")]
@@ -88,3 +88,14 @@ def test_cuda_vs_cpu_comparison_reports_the_metrics_over_tolerance():
     assert res["steps_compared"] == 2 and res["metrics_compared"] == 3  # step, loss/policy, reward/mean
     assert list(res["over_tolerance"]) == ["loss/policy"]
     assert res["over_tolerance"]["loss/policy"] == pytest.approx(0.002)
+
+
+def test_packed_stage_figures_are_parsed_with_their_ratio():
+    check = load_script("gpu-check")
+    out = ("NVIDIA H100 80GB HBM3 x 1, 3.75B params, batch 16 x 1024 ragged (9000 real tokens), packing off, "
+           "activation checkpointing off: update 10,000 tokens/s, MFU 30.0%, peak memory 40.5 GiB per card\n"
+           "NVIDIA H100 80GB HBM3 x 1, 3.75B params, batch 16 x 1024 ragged (9000 real tokens), packing on, "
+           "activation checkpointing off: update 15,000 tokens/s, MFU 45.0%, peak memory 30.0 GiB per card\n")
+    figs = check.figures_of("update_packed", out, Path("."))
+    assert figs["padded"] == {"update_tokens_per_s": 10000.0, "mfu_percent": 30.0, "peak_memory_gib": 40.5}
+    assert figs["packed"]["peak_memory_gib"] == 30.0 and figs["packed_over_padded"] == 1.5
