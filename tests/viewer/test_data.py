@@ -8,7 +8,8 @@ import json
 import pytest
 
 from tests.viewer._run import VAL_SEEDS, make_run
-from vagent.viewer.data import ViewerError, open_source, turn_view
+from vagent.viewer.data import ViewerError, open_source
+from vagent.viewer.turns import turn_view
 
 
 @pytest.fixture(scope="module")

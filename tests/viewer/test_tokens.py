@@ -14,7 +14,7 @@ from tests.viewer._run import PAD, CharTokenizer, FakeEncoder, episode
 from vagent.rollout.batch import build_token_batch
 from vagent.runs.rundir import due
 from vagent.runs.tokens import _floats, read_token_rows, rows_as_tensors, save_token_rows, token_dump_path
-from vagent.viewer.data import split_row
+from vagent.viewer.turns import split_row
 
 LOG = SimpleNamespace(rollouts_every=2, rollouts_n=3, rollouts_max_mb=50.0)
 

@@ -1,6 +1,7 @@
 """``vagent view``: see what the agent saw, said, and was credited for, token by token.
 
 - :mod:`vagent.viewer.data`    run / evaluation directories -> index, episode summaries, episodes
+- :mod:`vagent.viewer.turns`   an episode's turns: reward parts, its summary, token rows split per turn
 - :mod:`vagent.viewer.sweep`   a sweep directory -> the report's tables, curves and trials (vagent.sweep.report)
 - :mod:`vagent.viewer.server`  the loopback HTTP server and the self-contained ``--out`` page
 - :mod:`vagent.viewer.cli`     the ``view`` subcommand

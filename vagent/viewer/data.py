@@ -8,13 +8,8 @@ Both kinds of directory become the same three documents (plain JSON, built on de
   (``metrics.jsonl``), and which training columns exist;
 - ``episodes(group)``: one short summary per episode of a group (what filters and sorting need);
 - ``episode(group, i)``: one episode as turns: image paths, prompt, reply, reward parts, and,
-  where the run dumped tokens (``vagent.runs.tokens``), its token rows split per turn.
-
-Token rows are split into turns by the loss mask alone: a turn's reply is the run of mask-1
-tokens whose ``turn_index`` is that turn; its prompt is the mask-0 tokens since the previous
-reply in the same row (the previous reply's closing template, the observation, the generation
-prompt); what follows the last reply of a row (closing template, a truncated episode's final
-observation) is the row's ``after``.
+  where the run dumped tokens (``vagent.runs.tokens``), its token rows split per turn
+  (:mod:`vagent.viewer.turns`).
 """
 
 from __future__ import annotations
@@ -27,6 +22,9 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from vagent.runs.tokens import read_token_rows
+from vagent.viewer.turns import (
+    attach_tokens, episode_summary, finite_number, max_abs_advantage, split_row, turn_view,
+)
 
 #: token dumps bigger than this are not read (``--max-token-mb``): a 200 MB dump takes 23 s and
 #: 0.8 GB to parse, for one episode's rows (bench/viewer.py, docs/results.md)
@@ -72,13 +70,6 @@ def _read_lines(path: Path, rel: str) -> list[tuple[int, dict]]:
                 raise BadFile(f"{rel} line {n}: a {type(rec).__name__}, expected a JSON object")
             out.append((n, rec))
     return out
-
-
-def _number(x: Any) -> float | None:
-    """``x`` if it is a finite number (not a bool), else None: what a rate or loss column shows."""
-    if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x):
-        return x
-    return None
 
 
 _NONE = type(None)
@@ -206,143 +197,6 @@ def _has_cells(path: Path) -> bool:
         return False
 
 
-# ---------------------------------------------------------------------- turns and rewards
-def _judge_parts(turn: Mapping[str, Any]) -> list[dict]:
-    """Each judged field's score, reward and why the reward is what it is (``vagent.rewards``)."""
-    out = []
-    scores, rewards = turn.get("reasoning_scores") or {}, turn.get("reasoning_rewards") or {}
-    for kind in sorted(set(scores) | set(rewards)):
-        s, r = scores.get(kind), rewards.get(kind, 0.0)
-        if r < 0:
-            why = (f"anti-hacking penalty {r:+.3f}: a frequent description that scored {s:.3f}, below the "
-                   "threshold, gets the penalty instead of weight x score")
-        elif s and r == 0:
-            why = f"rule checks failed (missing entities or too long): the score {s:.3f} was set to 0"
-        else:
-            why = f"weight x score = {r:+.3f}" if s is not None else "reward without a score"
-        recorded = (turn.get("judge_reasons") or {}).get(kind)  # the judge's own reason (runs that record it)
-        out.append({"kind": kind, "score": s, "reward": r, "reason": recorded or why})
-    return out
-
-
-@lru_cache(maxsize=64)
-def _format_amount(env_name: str, config_json: str) -> float | None:
-    """The ``format`` reward term of a built-in env with this config (``env.rewards["format"]``),
-    None for other envs or a config that no longer builds (the page then shows it inside env)."""
-    from vagent.envs.registry import list_envs, make
-
-    if env_name not in list_envs(builtin_only=True):
-        return None
-    try:
-        env = make(env_name, **json.loads(config_json))
-    except Exception:  # noqa: BLE001 - display only: an old run's config may not build any more
-        return None
-    try:
-        amount = (getattr(env, "rewards", None) or {}).get("format")
-    finally:
-        getattr(env, "close", lambda: None)()
-    return float(amount) if amount is not None else None
-
-
-def _format_reward(turn: Mapping[str, Any], env_name: str, env_config: Mapping[str, Any]) -> float | None:
-    """The format bonus inside ``env_reward`` (``vagent.envs.formats.format_reward``): the env's
-    format amount when the format was right and an action ran; None when the amount is unknown."""
-    amount = _format_amount(env_name or "", json.dumps(env_config, sort_keys=True))
-    if amount is None:
-        return None
-    info = turn.get("info") or {}
-    ran = info.get("n_valid_actions", 1)
-    return amount if turn.get("format_ok", (turn.get("parsed") or {}).get("format_ok")) and ran else 0.0
-
-
-def turn_view(turn: Mapping[str, Any], env_name: str, env_config: Mapping[str, Any], images: list[str],
-              prompt: str, observation: str | None = None) -> dict:
-    """One turn as the page shows it; ``observation``: the observation's text (shown in full when the
-    turn has no image: a text env's board is there, not in the collapsed prompt)."""
-    parsed = turn.get("parsed") or {}
-    fmt = _format_reward(turn, env_name, env_config)
-    env_r = _number(turn.get("env_reward")) or 0.0
-    judge = _judge_parts(turn)
-    return {
-        "index": turn["index"], "images": images, "prompt": prompt, "observation": observation,
-        "reply": turn.get("reply") or "",
-        "format_ok": bool(turn.get("format_ok", parsed.get("format_ok"))), "format_error": parsed.get("error"),
-        "actions": parsed.get("actions") or [], "finish_reason": turn.get("finish_reason"),
-        "reward": _number(turn.get("reward")),
-        "reward_parts": {"env": env_r - (fmt or 0.0), "format": fmt, "judge": sum(j["reward"] for j in judge)},
-        "judge": judge, "info": turn.get("info") or {}, "tokens": None,
-    }
-
-
-def _penalized(turn: Mapping[str, Any]) -> int:
-    """Judged fields of a turn whose reward is a penalty or a zeroed score (as _judge_parts says)."""
-    scores = turn.get("reasoning_scores") or {}
-    return sum(r < 0 or (bool(scores.get(k)) and r == 0) for k, r in (turn.get("reasoning_rewards") or {}).items())
-
-
-def _summary(i: int, rec: Mapping[str, Any], turns: list[Mapping[str, Any]]) -> dict:
-    n_fmt = sum(not t.get("format_ok", (t.get("parsed") or {}).get("format_ok", False)) for t in turns)
-    return {
-        "i": i, "env": rec.get("env_name"), "seed": rec.get("seed", (rec.get("key") or {}).get("seed")),
-        "sample": (rec.get("key") or {}).get("sample", rec.get("traj_id")),
-        "success": bool(rec.get("success")), "total_reward": rec.get("total_reward"),
-        "env_return": rec.get("env_return"), "n_turns": len(turns), "format_errors": n_fmt,
-        "judge_penalties": sum(_penalized(t) for t in turns),
-        "error": rec.get("error"), "max_abs_adv": None, "has_tokens": False,
-        "first_reply": ((turns[0].get("reply") if turns else None) or "")[:160],
-    }
-
-
-# ---------------------------------------------------------------------- token rows -> turns
-def split_row(row: Mapping[str, Any]) -> tuple[dict[int, dict], list[int]]:
-    """{turn: {"ctx": [start, end), "reply": [start, end)}} of one dumped row, and its ``after``
-    span [start, end) (see the module docstring)."""
-    mask, turn = row["loss_mask"], row["turn_index"]
-    n, spans, prev_end, p = len(mask), {}, 0, 0
-    while p < n:
-        if not mask[p]:
-            p += 1
-            continue
-        k, start = turn[p], p
-        while p < n and mask[p] and turn[p] == k:
-            p += 1
-        spans[k] = {"ctx": [prev_end, start], "reply": [start, p]}
-        prev_end = p
-    return spans, [prev_end, n]
-
-
-def _row_payload(row: Mapping[str, Any], fields: list[str]) -> dict:
-    out = {"row": row["row"], "ids": row["input_ids"], "mask": row["loss_mask"], "slp": row["sample_logprobs"],
-           "truncated": row["truncated"], "bootstrap_index": row["bootstrap_index"]}
-    for name in fields:
-        out[name] = row[name]
-    return out
-
-
-def attach_tokens(turns: list[dict], rows: list[Mapping[str, Any]], doc: Mapping[str, Any]) -> dict:
-    """Put each turn's token span on it (in place); returns the episode's token payload."""
-    payload_rows, after = [], []
-    for r, row in enumerate(rows):
-        spans, tail = split_row(row)
-        for k, span in spans.items():
-            if 0 <= k < len(turns):
-                turns[k]["tokens"] = {"row": r, **span, "n_loss": span["reply"][1] - span["reply"][0]}
-        if tail[1] > tail[0]:
-            after.append({"row": r, "span": tail})
-        payload_rows.append(_row_payload(row, doc["fields"]))
-    ids = {i for row in rows for i in row["input_ids"]}
-    return {"rows": payload_rows, "after": after, "fields": doc["fields"],
-            "pieces": {str(i): doc["pieces"].get(str(i), f"<{i}>") for i in ids},
-            "image_token_id": doc.get("image_token_id"),
-            "n_loss": sum(sum(row["loss_mask"]) for row in rows)}
-
-
-def _max_abs_adv(rows: list[Mapping[str, Any]]) -> float | None:
-    vals = [abs(a) for row in rows for a, m in zip(row.get("advantages") or [], row["loss_mask"])
-            if m and a is not None]
-    return max(vals) if vals else None
-
-
 # ---------------------------------------------------------------------- run directories
 class RunSource:
     """A training run directory (``vagent.runs.rundir``): groups are the RL steps with dumps
@@ -408,21 +262,22 @@ class RunSource:
         updated: dict[int, bool] = {}
         val = []
         for m in rl:
-            if "actor/updated" in m and _number(m["actor/updated"]) is not None:
+            if "actor/updated" in m and finite_number(m["actor/updated"]) is not None:
                 updated[m["step"]] = bool(m["actor/updated"])
             if "val/success_rate" in m:
-                val.append({"step": m["step"], **{k: _number(m.get(f"val/{name}")) for k, name in (
+                val.append({"step": m["step"], **{k: finite_number(m.get(f"val/{name}")) for k, name in (
                     ("success", "success_rate"), ("return", "return"), ("format", "format_accuracy"),
                     ("turns", "turns"))}})
             if "rollout/success_rate" in m or "reward/mean" in m:
                 steps[m["step"]] = {
-                    "step": m["step"], "success": _number(m.get("rollout/success_rate")),
-                    "return": _number(m.get("rollout/return_mean", m.get("reward/mean"))),
-                    "format": _number(m.get("rollout/format_accuracy")), "loss_policy": _number(m.get("loss/policy")),
-                    "explained_variance": _number(m.get("critic/explained_variance")),
+                    "step": m["step"], "success": finite_number(m.get("rollout/success_rate")),
+                    "return": finite_number(m.get("rollout/return_mean", m.get("reward/mean"))),
+                    "format": finite_number(m.get("rollout/format_accuracy")),
+                    "loss_policy": finite_number(m.get("loss/policy")),
+                    "explained_variance": finite_number(m.get("critic/explained_variance")),
                     # the engine/trainer gap (overlap 1: behaviour vs proximal) and the weight-push canary
-                    "mismatch_kl": _number(m.get("mismatch/kl", m.get("mismatch/behaviour_proximal_kl"))),
-                    "canary_gap": _number(m.get("sync/canary_max_abs_diff")),
+                    "mismatch_kl": finite_number(m.get("mismatch/kl", m.get("mismatch/behaviour_proximal_kl"))),
+                    "canary_gap": finite_number(m.get("sync/canary_max_abs_diff")),
                 }
         for s, row in steps.items():
             row["actor_updated"] = updated.get(s)
@@ -441,7 +296,8 @@ class RunSource:
         """Whether the actor was updated at ``step`` (``actor/updated`` of metrics.jsonl; PPO's critic
         warm-up logs 0); None when the run does not log it (GRPO always updates the actor)."""
         flags = [bool(m["actor/updated"]) for m in self._metrics()
-                 if m["step"] == step and m.get("phase", "rl") == "rl" and _number(m.get("actor/updated")) is not None]
+                 if m["step"] == step and m.get("phase", "rl") == "rl"
+                 and finite_number(m.get("actor/updated")) is not None]
         return flags[-1] if flags else None
 
     def _token_path(self, step: int) -> Path:
@@ -514,9 +370,9 @@ class RunSource:
         recs, _, rows_of = self._load(*self._group_of(group))
         out = []
         for i, (where, rec) in enumerate(recs):
-            s = _guarded(where, lambda: _summary(i, rec, rec["turns"]))
+            s = _guarded(where, lambda: episode_summary(i, rec, rec["turns"]))
             rows = rows_of.get(i, [])
-            s["has_tokens"], s["max_abs_adv"] = bool(rows), _max_abs_adv(rows)
+            s["has_tokens"], s["max_abs_adv"] = bool(rows), max_abs_advantage(rows)
             out.append(s)
         return out
 
@@ -545,7 +401,8 @@ class RunSource:
             why = (doc or {}).get("skipped") or ("no token dump for this step (a run from before token dumps, or "
                                                  "log.rollouts_every off)" if doc is None else
                                                  "no token rows: the episode failed or its GRPO group was filtered out")
-        summary = {**_summary(i, rec, rec["turns"]), "has_tokens": bool(rows), "max_abs_adv": _max_abs_adv(rows)}
+        summary = {**episode_summary(i, rec, rec["turns"]), "has_tokens": bool(rows),
+                   "max_abs_adv": max_abs_advantage(rows)}
         return {"group": group, "i": i, **summary, "env_config": cfg,
                 "terminated": rec.get("terminated"), "truncated": rec.get("truncated"),
                 "final_images": [f"rollouts/{f}" for f in rec.get("final_frames") or []],
@@ -584,9 +441,10 @@ class EvalSource:
         groups = []
         for gid in self._cells:
             c = rows.get(gid, {})
-            groups.append({"id": gid, "label": gid, "success": _number(c.get("success_rate")),
-                           "return": _number(c.get("mean_return")), "format": _number(c.get("format_accuracy")),
-                           "episodes": _number(c.get("finished")), "tokens": "no"})
+            groups.append({"id": gid, "label": gid, "success": finite_number(c.get("success_rate")),
+                           "return": finite_number(c.get("mean_return")),
+                           "format": finite_number(c.get("format_accuracy")),
+                           "episodes": finite_number(c.get("finished")), "tokens": "no"})
         return {"kind": "eval", "title": self.root.name, "path": str(self.root), "groups": groups, "steps": [],
                 "val": [], "training": False}
 
@@ -605,7 +463,7 @@ class EvalSource:
         return sorted(recs, key=lambda wr: (wr[1]["key"]["seed"], wr[1]["key"]["sample"]))
 
     def episodes(self, group: str) -> list[dict]:
-        return [_guarded(w, lambda: _summary(i, r, r["turns"])) for i, (w, r) in enumerate(self._load(group))]
+        return [_guarded(w, lambda: episode_summary(i, r, r["turns"])) for i, (w, r) in enumerate(self._load(group))]
 
     def episode(self, group: str, i: int) -> dict:
         recs = self._load(group)
@@ -625,7 +483,7 @@ class EvalSource:
             turns.append(turn_view({**t, "format_ok": fmt_ok}, rec.get("env_name"), cfg, list(obs.get("images") or []),
                                    prompt, text))
         final = rec.get("final_observation") or {}
-        return {"group": group, "i": i, **_summary(i, rec, rec["turns"]), "env_config": cfg,
+        return {"group": group, "i": i, **episode_summary(i, rec, rec["turns"]), "env_config": cfg,
                 "terminated": rec.get("terminated"), "truncated": rec.get("truncated"),
                 "final_images": list(final.get("images") or []), "turns": turns, "token_data": None,
                 "no_tokens_reason": "evaluation records hold no tokens", "actor_updated": None,
@@ -680,5 +538,5 @@ def _safe_file(root: Path, rel: str) -> Path:
     return path
 
 
-__all__ = ["ViewerError", "BadFile", "RunSource", "EvalSource", "open_source", "split_row", "attach_tokens", "turn_view",
-           "check_record", "check_token_doc", "env_legend", "MAX_TOKEN_MB"]
+__all__ = ["ViewerError", "BadFile", "RunSource", "EvalSource", "open_source", "check_record", "check_token_doc",
+           "env_legend", "MAX_TOKEN_MB"]
