@@ -139,3 +139,16 @@ def test_a_killed_driver_leaves_no_ray_process_and_the_next_start_reaps_a_crash(
                 os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+
+
+def test_only_rays_own_processes_are_taken_for_a_sessions():
+    """A rank of a job that joined the cluster holds a driver log in the session folder, but it is
+    the job's, not Ray's: the reaper never kills it."""
+    from vagent.models.ray_reaper import _is_ray
+
+    site = "/x/site-packages/ray"
+    assert _is_ray("raylet", [f"{site}/core/src/ray/raylet/raylet", "--raylet_socket_name=/tmp/ray/s/sockets/raylet"])
+    assert _is_ray("ray::DashboardAgent", ["ray::DashboardAgent"])
+    assert _is_ray("python", ["/usr/bin/python", f"{site}/_private/log_monitor.py", "--session-dir=/tmp/ray/s"])
+    assert not _is_ray("python", ["/usr/bin/python", "-m", "vagent", "train", "out_dir=/data/ray/runs"])
+    assert not _is_ray("tail", ["tail", "-f", "/tmp/ray/session_1_2/logs/raylet.out"])

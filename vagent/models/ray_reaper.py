@@ -48,16 +48,26 @@ def ray_session_processes(driver_pid: int | None = None, sessions: list[str] | N
     else:
         mark = re.compile(rf"session_[0-9_-]+_{driver_pid}\b")
     found = []
-    for proc in psutil.process_iter(["cmdline", "status"]):
+    for proc in psutil.process_iter(["cmdline", "status", "name"]):
         if proc.pid in (driver_pid, os.getpid()) or proc.info["status"] == psutil.STATUS_ZOMBIE:
             continue
+        args = proc.info["cmdline"] or []
+        cmdline = " ".join(args)
+        if not _is_ray(proc.info["name"] or "", args):
+            continue  # e.g. another rank of a job that joined the cluster: it holds a driver log there
         try:
-            if mark.search(" ".join(proc.info["cmdline"] or [])) or any(
-                    mark.search(f.path) for f in proc.open_files()):
+            if mark.search(cmdline) or any(mark.search(f.path) for f in proc.open_files()):
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return found
+
+
+def _is_ray(name: str, args: list[str]) -> bool:
+    """Whether a process is one of Ray's: a retitled worker or agent (``ray::...``), a daemon
+    binary, or Python running a file of the ray package (log monitor, workers before they retitle):
+    the program or the script (its first two arguments) lies in a ``ray`` folder."""
+    return name.startswith("ray::") or name in ("raylet", "gcs_server") or any("/ray/" in a for a in args[:2])
 
 
 def kill_session(driver_pid: int | None = None, sessions: list[str] | None = None, settle_s: float = 1.0,
