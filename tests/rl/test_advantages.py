@@ -583,7 +583,7 @@ def test_cuda_matches_cpu():
 
 def test_reverse_scan_unit_path_equals_general_path():
     # c in {0, 1}: the segmented suffix sum must equal the doubling scan (and a plain loop)
-    from vagent.rl.advantages import _reverse_scan
+    from vagent.rl.scan import reverse_scan
 
     g = torch.Generator().manual_seed(13)
     d = torch.randn(4, 300, generator=g)
@@ -595,5 +595,5 @@ def test_reverse_scan_unit_path_equals_general_path():
     for j in reversed(range(300)):
         nxt = d[:, j] + c[:, j] * nxt
         ref[:, j] = nxt
-    close(_reverse_scan(d, c), ref, 1e-4)
-    close(_reverse_scan(d, c, unit=True), ref, 1e-4)
+    close(reverse_scan(d, c), ref, 1e-4)
+    close(reverse_scan(d, c, unit=True), ref, 1e-4)

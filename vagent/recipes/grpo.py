@@ -53,9 +53,8 @@ from vagent.recipes.sharding import policy_to_copy, shard_for_training
 from vagent.recipes.stages import Advantages, Scores, StepClock, StepOutcome, TrainState
 from vagent.recipes.tail import StepLoop, off_policy, reference_kl, token_batch
 from vagent.recipes.update import Learner, UpdateContext, actor_update
-from vagent.rl.advantages import (
-    gigpo_advantages, grpo_advantages, masked_mean, reinforce_pp_advantages, rloo_advantages,
-)
+from vagent.rl.advantages import masked_mean
+from vagent.rl.group_advantages import gigpo_advantages, grpo_advantages, reinforce_pp_advantages, rloo_advantages
 from vagent.rollout.batch import TokenBatch
 from vagent.rollout.finish import RolloutResult
 

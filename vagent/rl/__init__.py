@@ -7,17 +7,14 @@ and shapes in the docstring. The math and the choices are summarised in docs/alg
 from vagent.rl.advantages import (
     anchor_mask,
     bi_level_gae,
-    gigpo_advantages,
-    grpo_advantages,
     masked_gae,
     masked_mean,
     masked_sum,
     masked_whiten,
     no_concat_gae,
-    reinforce_pp_advantages,
-    rloo_advantages,
     turn_gae,
 )
+from vagent.rl.group_advantages import gigpo_advantages, grpo_advantages, reinforce_pp_advantages, rloo_advantages
 from vagent.rl.filters import FilterResult, variance_filter
 from vagent.rl.losses import (
     AGG_MODES,

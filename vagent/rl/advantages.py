@@ -1,4 +1,6 @@
-"""Advantage estimators for multi-turn agents: pure, batched tensor functions.
+"""Advantage estimators with a critic for multi-turn agents (GAE at the token, turn and bi-level
+scale; no-concat GAE) and the masked reductions: pure, batched tensor functions. The critic-free,
+group-relative estimators (GRPO, RLOO, REINFORCE++, GiGPO) are :mod:`vagent.rl.group_advantages`.
 
 Every estimator returns ``(advantages, returns)``, both float32 ``[B, L]``, NOT whitened (whiten
 with :func:`masked_whiten` in the recipe), and zero outside the positions where each is defined.
@@ -19,10 +21,10 @@ sampled token the next value is 0 when the episode terminated, and ``final_value
 critic's value of the observation that followed, computed by the caller) when ``truncated[b]``.
 The legacy code never bootstrapped.
 
-How it is vectorised: the M=1 tokens of each row are packed to the left of a [B, n] table
-(``nonzero`` of the mask, n = most M=1 tokens in a row); every GAE here is then the first-order
-reverse recurrence ``y_j = d_j + c_j y_{j+1}`` over the packed positions, solved by
-:func:`_reverse_scan`, a log-depth doubling scan (ceil(log2 n) elementwise steps over the whole
+How it is vectorised (:mod:`vagent.rl.scan`): the M=1 tokens of each row are packed to the left
+of a [B, n] table (``nonzero`` of the mask, n = most M=1 tokens in a row); every GAE here is then
+the first-order reverse recurrence ``y_j = d_j + c_j y_{j+1}`` over the packed positions, solved
+by :func:`~vagent.rl.scan.reverse_scan`, a log-depth doubling scan (ceil(log2 n) elementwise steps over the whole
 batch), or a segmented float64 suffix sum when gamma * lam = 1 (the paper's token level). No
 Python loop over rows or positions; zeros in ``c`` (a reset at a turn end) are exact
 because only products, never divisions, are used.
@@ -33,26 +35,20 @@ padded multi-turn batches); speed in bench/advantages.py.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
-from typing import NamedTuple
-
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from vagent.rl.scan import Packed, bool_mask, mask_packing, pack, packed_valid, reverse_scan, unpack
+
 __all__ = [
     "anchor_mask",
     "bi_level_gae",
-    "gigpo_advantages",
-    "grpo_advantages",
     "masked_gae",
     "masked_mean",
     "masked_sum",
     "masked_whiten",
     "no_concat_gae",
-    "reinforce_pp_advantages",
-    "rloo_advantages",
     "turn_gae",
 ]
 
@@ -92,72 +88,11 @@ def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float =
 
 
 # ----------------------------------------------------------------------------------------------
-# internal helpers: validation, compaction, scan
+# internal helpers: validation, bootstrap (compaction and the scan: vagent.rl.scan)
 # ----------------------------------------------------------------------------------------------
 
 
-def _bool_mask(mask: Tensor, name: str, shape: torch.Size | None = None) -> Tensor:
-    if shape is not None and mask.shape != shape:
-        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(mask.shape)}")
-    if mask.dtype != torch.bool:
-        if ((mask != 0) & (mask != 1)).any():
-            raise ValueError(f"{name} must be bool or 0/1, found other values")
-        mask = mask.bool()
-    return mask
-
-
-class _Packed(NamedTuple):
-    """Where the True entries of a bool [B, L] mask go when packed to the left of a [B, n] table.
-
-    Entry i (row-major order) is ``mask.view(-1)[src[i]]`` and lands at ``table.view(-1)[dst[i]]``.
-    Flat 1-D indices keep gathers/scatters on PyTorch's fast index_select/index_copy paths.
-    """
-
-    src: Tensor  # [nnz] long, flat index into [B * L]
-    dst: Tensor  # [nnz] long, flat index into [B * n]
-    row_counts: Tensor  # [B] long, True entries per row (not `count`: that is tuple.count)
-    n: int  # max(row_counts): width of the packed table
-    shape: tuple[int, int]  # (B, L)
-
-
-def _flat_nonzero(mask: Tensor) -> Tensor:
-    """Flat indices of the True entries, ascending. numpy's flatnonzero is ~3x faster on CPU."""
-    if mask.device.type == "cpu":
-        return torch.from_numpy(np.flatnonzero(mask.reshape(-1).numpy()))
-    return mask.reshape(-1).nonzero()[:, 0]
-
-
-def _packing(mask: Tensor) -> _Packed:
-    B, L = mask.shape
-    src = _flat_nonzero(mask)  # row-major: each row's entries in order
-    rows = torch.div(src, L, rounding_mode="floor")
-    count = torch.bincount(rows, minlength=B)
-    n = int(count.max()) if B else 0
-    start = count.cumsum(0) - count  # index in src of each row's first entry
-    slot = torch.arange(src.numel(), device=mask.device) - start[rows]  # position within its row
-    return _Packed(src, rows * n + slot, count, n, (B, L))
-
-
-def _pack(x: Tensor, p: _Packed) -> Tensor:
-    """x [B, L] -> float32 [B, n]: row b's masked entries, in order, left-aligned; 0 after them."""
-    vals = x.reshape(-1).index_select(0, p.src).float()
-    out = torch.zeros(p.shape[0] * p.n, dtype=torch.float32, device=x.device)
-    return out.index_copy_(0, p.dst, vals).view(p.shape[0], p.n)
-
-
-def _unpack(y: Tensor, p: _Packed) -> Tensor:
-    """Inverse of _pack: y [B, n] -> float32 [B, L], y's entries at the True positions, else 0."""
-    vals = y.reshape(-1).index_select(0, p.dst).float()
-    out = torch.zeros(p.shape[0] * p.shape[1], dtype=torch.float32, device=y.device)
-    return out.index_copy_(0, p.src, vals).view(p.shape)
-
-
-def _valid(p: _Packed) -> Tensor:
-    """Bool [B, n]: which packed entries exist (j < count[b])."""
-    return torch.arange(p.n, device=p.row_counts.device)[None, :] < p.row_counts[:, None]
-
-
-def _check_rewards_on_mask(rewards: Tensor, p: _Packed, name: str = "token_rewards") -> None:
+def _check_rewards_on_mask(rewards: Tensor, p: Packed, name: str = "token_rewards") -> None:
     """ValueError if a reward is non-zero outside the mask (counted, then located on failure)."""
     inside = rewards.reshape(-1).index_select(0, p.src)
     if int(torch.count_nonzero(rewards)) == int(torch.count_nonzero(inside)):
@@ -197,40 +132,11 @@ def _next(x: Tensor, last: Tensor, count: Tensor) -> Tensor:
     return torch.where(j[None, :] == (count - 1)[:, None], last[:, None], nxt)
 
 
-def _reverse_scan(d: Tensor, c: Tensor, unit: bool = False) -> Tensor:
-    """Solve ``y_j = d_j + c_j * y_{j+1}`` (``y_n = 0``) along dim 1. d, c: float32 [B, n].
-
-    General case: log-depth doubling (Hillis-Steele scan of the affine maps y -> d + c y): before
-    the step with shift s, ``y_j`` sums the window [j, j+s) and ``a_j = prod_{m=j}^{j+s-1} c_m``;
-    one step doubles the window. At most ceil(log2 n) steps of 4 elementwise ops, fewer when
-    resets (c = 0, e.g. at turn ends) cut every chain short; products only, so a reset is exact.
-
-    ``unit=True`` promises every c is 0 or 1 (gamma * lam = 1, the paper's token level): then y is
-    a segmented suffix sum, ``y_j = S_j - S_(end_j + 1)`` with ``S`` the float64 reverse cumsum of d
-    and ``end_j`` the first reset at or after j: a constant number of passes.
-    """
-    n = d.shape[1]
-    if unit and n > 0:
-        S = F.pad(d.double().flip(1).cumsum(1).flip(1), (0, 1))  # S_j = sum_{i >= j} d_i; S_n = 0
-        j = torch.arange(n, device=d.device).expand_as(d)
-        end = torch.where(c == 0, j, n - 1).flip(1).cummin(1).values.flip(1)  # first reset >= j
-        return (S[:, :n] - S.gather(1, end + 1)).float()  # sum_{i=j}^{end_j} d_i
-    y, a = d, c
-    s = 1
-    while s < n:
-        y = y + a * F.pad(y[:, s:], (0, s))  # y_j += (prod_{m=j}^{j+s-1} c_m) y_{j+s}
-        a = a * F.pad(a[:, s:], (0, s))  # a_j = prod_{m=j}^{j+2s-1} c_m (0 past the end)
-        s *= 2
-        if s < n and not bool(a.any()):  # every window holds a reset (c = 0): y is final
-            break
-    return y
-
-
-def _turn_packing(turn_end_mask: Tensor, p: _Packed) -> tuple[Tensor, _Packed]:
+def _turn_packing(turn_end_mask: Tensor, p: Packed) -> tuple[Tensor, Packed]:
     """Validate e_k against the loss mask; return ec (bool [B, n], turn ends among the packed
     tokens) and the packing of ec itself (turns packed to [B, K])."""
-    e = _bool_mask(turn_end_mask, "turn_end_mask", torch.Size(p.shape))
-    ec = _pack(e, p) > 0  # turn ends among the packed tokens
+    e = bool_mask(turn_end_mask, "turn_end_mask", torch.Size(p.shape))
+    ec = pack(e, p) > 0  # turn ends among the packed tokens
     if int(torch.count_nonzero(e)) != int(torch.count_nonzero(ec)):
         raise ValueError(
             "turn_end_mask marks tokens with loss_mask 0: e_k must be the last SAMPLED token of "
@@ -245,7 +151,7 @@ def _turn_packing(turn_end_mask: Tensor, p: _Packed) -> tuple[Tensor, _Packed]:
             "must belong to a turn that ends at an e_k; mark the final sampled token even when the "
             "turn was cut by the token budget (and pass truncated/final_values to bootstrap)."
         )
-    return ec, _packing(ec)
+    return ec, mask_packing(ec)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -281,15 +187,15 @@ def masked_gae(
     Returns:
         (advantages [B, L], returns [B, L]) float32, 0 at M=0.
     """
-    p = _packing(_bool_mask(loss_mask, "loss_mask", token_rewards.shape))
+    p = mask_packing(bool_mask(loss_mask, "loss_mask", token_rewards.shape))
     _check_rewards_on_mask(token_rewards, p)
     boot = _bootstrap(truncated, final_values, p.shape[0], token_rewards.device)
-    rc, vc = _pack(token_rewards, p), _pack(values, p)  # [B, n] packed r_t, V(t)
+    rc, vc = pack(token_rewards, p), pack(values, p)  # [B, n] packed r_t, V(t)
     delta = rc + gamma * _next(vc, boot, p.row_counts) - vc  # r_t + gamma V(t') - V(t)
-    delta = torch.where(_valid(p), delta, 0.0)
+    delta = torch.where(packed_valid(p), delta, 0.0)
     c = torch.full_like(delta, gamma * lam)
-    adv = _reverse_scan(delta, c, unit=gamma * lam == 1.0)  # A_t = delta_t + g l A_t'
-    return _unpack(adv, p), _unpack(adv + vc, p)  # returns = A + V on M
+    adv = reverse_scan(delta, c, unit=gamma * lam == 1.0)  # A_t = delta_t + g l A_t'
+    return unpack(adv, p), unpack(adv + vc, p)  # returns = A + V on M
 
 
 def _turn_core(rk: Tensor, vk: Tensor, k_count: Tensor, boot: Tensor, gamma_turn, lam) -> Tensor:
@@ -297,7 +203,7 @@ def _turn_core(rk: Tensor, vk: Tensor, k_count: Tensor, boot: Tensor, gamma_turn
     per row; boot [B] value after the last turn. Returns A_k [B, K] (0 after the last turn)."""
     delta = rk + gamma_turn * _next(vk, boot, k_count) - vk  # r_k + g_turn V(e_k+1) - V(e_k)
     delta = torch.where(torch.arange(rk.shape[1], device=rk.device) < k_count[:, None], delta, 0.0)
-    return _reverse_scan(delta, torch.full_like(delta, gamma_turn * lam))  # A_k = d_k + g l A_k+1
+    return reverse_scan(delta, torch.full_like(delta, gamma_turn * lam))  # A_k = d_k + g l A_k+1
 
 
 @torch.no_grad()
@@ -337,19 +243,19 @@ def bi_level_gae(
     Returns:
         (advantages [B, L], returns [B, L]) float32, 0 at M=0.
     """
-    p = _packing(_bool_mask(loss_mask, "loss_mask", token_rewards.shape))
+    p = mask_packing(bool_mask(loss_mask, "loss_mask", token_rewards.shape))
     _check_rewards_on_mask(token_rewards, p)
     ec, pe = _turn_packing(turn_end_mask, p)  # turn ends among packed tokens; turns packed [B, K]
     boot = _bootstrap(truncated, final_values, p.shape[0], token_rewards.device)
-    rc, vc = _pack(token_rewards, p), _pack(values, p)  # [B, n]
-    ak = _turn_core(_pack(rc, pe), _pack(vc, pe), pe.row_counts, boot, gamma_turn, lam)  # A_k [B, K]
+    rc, vc = pack(token_rewards, p), pack(values, p)  # [B, n]
+    ak = _turn_core(pack(rc, pe), pack(vc, pe), pe.row_counts, boot, gamma_turn, lam)  # A_k [B, K]
     # token level: d = A_k at e_k (next value 0, reset), r_t + g V(t') - V(t) before it
     delta = rc + gamma_token * _next(vc, torch.zeros_like(boot), p.row_counts) - vc
-    d = torch.where(ec, _unpack(ak, pe), delta)  # _unpack(ak, pe): A_k placed at e_k
-    d = torch.where(_valid(p), d, 0.0)
+    d = torch.where(ec, unpack(ak, pe), delta)  # unpack(ak, pe): A_k placed at e_k
+    d = torch.where(packed_valid(p), d, 0.0)
     c = torch.where(ec, 0.0, gamma_token * lam)  # reset the chain at e_k
-    adv = _reverse_scan(d, c, unit=gamma_token * lam == 1.0)
-    return _unpack(adv, p), _unpack(adv + vc, p)  # returns = A + V on M
+    adv = reverse_scan(d, c, unit=gamma_token * lam == 1.0)
+    return unpack(adv, p), unpack(adv + vc, p)  # returns = A + V on M
 
 
 @torch.no_grad()
@@ -375,18 +281,18 @@ def turn_gae(
 
     Args/Returns: as :func:`bi_level_gae` (no gamma_token).
     """
-    p = _packing(_bool_mask(loss_mask, "loss_mask", token_rewards.shape))
+    p = mask_packing(bool_mask(loss_mask, "loss_mask", token_rewards.shape))
     _check_rewards_on_mask(token_rewards, p)
     ec, pe = _turn_packing(turn_end_mask, p)  # turn ends among packed tokens; turns packed [B, K]
     boot = _bootstrap(truncated, final_values, p.shape[0], token_rewards.device)
-    rc, vc = _pack(token_rewards, p), _pack(values, p)  # [B, n]
+    rc, vc = pack(token_rewards, p), pack(values, p)  # [B, n]
     K = pe.n
-    turn_of = torch.where(_valid(p), ec.long().cumsum(1) - ec.long(), K)  # turn k of each token
+    turn_of = torch.where(packed_valid(p), ec.long().cumsum(1) - ec.long(), K)  # turn k of each token
     rk = torch.zeros(p.shape[0], K + 1, device=rc.device).scatter_add_(1, turn_of, rc)[:, :K]
-    vk = _pack(vc, pe)  # r_k = sum of the turn's token rewards; V(e_k)
+    vk = pack(vc, pe)  # r_k = sum of the turn's token rewards; V(e_k)
     ak = _turn_core(rk, vk, pe.row_counts, boot, gamma_turn, lam)  # A_k [B, K]
     adv = F.pad(ak, (0, 1)).gather(1, turn_of)  # A_k on every token of turn k
-    return _unpack(adv, p), _unpack(_unpack(ak + vk, pe), p)  # returns A_k + V(e_k) at e_k only
+    return unpack(adv, p), unpack(unpack(ak + vk, pe), p)  # returns A_k + V(e_k) at e_k only
 
 
 # ----------------------------------------------------------------------------------------------
@@ -399,7 +305,7 @@ def anchor_mask(loss_mask: Tensor, anchor: str = "first") -> Tensor:
 
     In no-concat mode the critic is trained only here (docs/algorithms.md reference section 11, bug 3).
     """
-    m = _bool_mask(loss_mask, "loss_mask")
+    m = bool_mask(loss_mask, "loss_mask")
     if anchor == "first":
         return m & (m.cumsum(1) == 1)
     if anchor == "last":
@@ -443,12 +349,12 @@ def no_concat_gae(
     Returns:
         (advantages [N, L], returns [N, L]) float32.
     """
-    m = _bool_mask(loss_mask, "loss_mask", values.shape)
+    m = bool_mask(loss_mask, "loss_mask", values.shape)
     N = m.shape[0]
     if not m.any(1).all():
         raise ValueError("no_concat_gae: a row has no M=1 token, hence no value anchor; drop it")
     if turn_rewards.dim() == 2:
-        _check_rewards_on_mask(turn_rewards, _packing(m), "turn_rewards")
+        _check_rewards_on_mask(turn_rewards, mask_packing(m), "turn_rewards")
         turn_rewards = masked_sum(turn_rewards, m, 1)  # r_k = sum of the row's token rewards
     if turn_rewards.shape != (N,) or traj_ids.shape != (N,) or turn_ids.shape != (N,):
         raise ValueError(
@@ -469,196 +375,7 @@ def no_concat_gae(
     v_next = torch.where(same, F.pad(vs[1:], (0, 1)), boot[perm])  # V_(k+1), bootstrap on last turn
     delta = turn_rewards.float().to(m.device)[perm] + gamma * v_next - vs  # r_k + g V_k+1 - V_k
     c = torch.where(same, gamma * lam, 0.0)  # chain only within a trajectory
-    a_sorted = _reverse_scan(delta[None, :], c[None, :])[0]
+    a_sorted = reverse_scan(delta[None, :], c[None, :])[0]
     ak = torch.empty_like(a_sorted).scatter_(0, perm, a_sorted)  # back to row order
     adv = torch.where(m, ak[:, None], 0.0)
     return adv, torch.where(am, (ak + v_anchor)[:, None], 0.0)
-
-
-# ----------------------------------------------------------------------------------------------
-# critic-free, group-based estimators
-# ----------------------------------------------------------------------------------------------
-
-
-def _group_stats(x: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Per-element group size n, mean and unbiased std (std 0 for singletons). x, group_ids [B]."""
-    inv = torch.unique(group_ids, return_inverse=True)[1]  # dense group index per element
-    G = int(inv.max()) + 1 if inv.numel() else 0
-    n = torch.zeros(G, device=x.device).index_add_(0, inv, torch.ones_like(x))
-    mean = torch.zeros(G, device=x.device).index_add_(0, inv, x) / n
-    sq = torch.zeros(G, device=x.device).index_add_(0, inv, (x - mean[inv]) ** 2)
-    std = (sq / (n - 1).clamp(min=1)).sqrt()  # unbiased (Bessel) std, as torch.std in verl/TRL
-    return n[inv], mean[inv], std[inv]
-
-
-def _group_normalize(x: Tensor, group_ids: Tensor, norm_by_std: bool, eps: float) -> Tensor:
-    """(x - mean_g) / (std_g + eps) per element ([B] -> [B]); 0 for singleton groups."""
-    n, mean, std = _group_stats(x, group_ids)
-    a = x - mean  # x_i - mean_g
-    if norm_by_std:
-        a = a / (std + eps)  # / (std_g + eps)
-    return torch.where(n > 1, a, 0.0)
-
-
-def _check_scores(scores: Tensor, group_ids: Tensor, loss_mask: Tensor) -> Tensor:
-    B = scores.shape[0] if scores.dim() == 1 else -1
-    if B < 0 or group_ids.shape != scores.shape or loss_mask.dim() != 2 or loss_mask.shape[0] != B:
-        raise ValueError(
-            f"scores and group_ids must be [B] and loss_mask [B, L]; got {tuple(scores.shape)}, "
-            f"{tuple(group_ids.shape)}, {tuple(loss_mask.shape)}"
-        )
-    return _bool_mask(loss_mask, "loss_mask")
-
-
-@torch.no_grad()
-def grpo_advantages(
-    scores: Tensor,
-    group_ids: Tensor,
-    loss_mask: Tensor,
-    norm_by_std: bool = True,
-    eps: float = 1e-6,
-) -> tuple[Tensor, Tensor]:
-    """GRPO outcome advantages (DeepSeekMath arXiv 2402.03300, section 4.1.2).
-
-    A group is the n rollouts of one environment, seed and config::
-
-        A_i = (R_i - mean_g R) / (std_g R + eps)      (norm_by_std=False: R_i - mean_g R, Dr. GRPO)
-
-    std_g is the unbiased (Bessel, n-1) std, as ``torch.std`` in verl and TRL. A singleton group
-    gets A = 0 (verl would give it A = R_i). A_i is broadcast over the trajectory's M=1 tokens.
-
-    Args: scores [B] trajectory returns; group_ids [B] int; loss_mask [B, L].
-    Returns: (advantages [B, L], returns [B, L]), returns == advantages (no critic).
-    """
-    m = _check_scores(scores, group_ids, loss_mask)
-    a = _group_normalize(scores.float(), group_ids.to(scores.device), norm_by_std, eps)  # [B]
-    adv = torch.where(m, a[:, None], 0.0)
-    return adv, adv.clone()
-
-
-@torch.no_grad()
-def rloo_advantages(scores: Tensor, group_ids: Tensor, loss_mask: Tensor) -> tuple[Tensor, Tensor]:
-    """RLOO (Ahmadian et al., arXiv 2402.14740): leave-one-out baseline within the group::
-
-        A_i = R_i - 1/(n-1) sum_{j != i} R_j = n/(n-1) (R_i - mean_g R)
-
-    Singleton group -> 0. Shapes as :func:`grpo_advantages`; returns == advantages.
-    """
-    m = _check_scores(scores, group_ids, loss_mask)
-    x = scores.float()
-    n, mean, _ = _group_stats(x, group_ids.to(x.device))
-    a = torch.where(n > 1, n / (n - 1).clamp(min=1) * (x - mean), 0.0)  # n/(n-1) (R_i - mean)
-    adv = torch.where(m, a[:, None], 0.0)
-    return adv, adv.clone()
-
-
-@torch.no_grad()
-def reinforce_pp_advantages(
-    scores: Tensor, group_ids: Tensor, loss_mask: Tensor
-) -> tuple[Tensor, Tensor]:
-    """REINFORCE++ with a group baseline (Hu, arXiv 2501.03262; verl's
-    ``reinforce_plus_plus_baseline``)::
-
-        A_i = R_i - mean_g R,   broadcast over M,   then whitened over all M=1 tokens of the batch
-
-    (the global whitening replaces GRPO's per-group std). Singleton group -> R_i - R_i = 0 before
-    whitening (verl leaves it un-centred). Shapes as :func:`grpo_advantages`.
-    """
-    m = _check_scores(scores, group_ids, loss_mask)
-    x = scores.float()
-    _, mean, _ = _group_stats(x, group_ids.to(x.device))
-    a = x - mean  # R_i - mean_g, constant along row i
-    # masked_whiten of the broadcast [B, L] tensor, from per-row token counts n_i (one pass less)
-    n_i = torch.count_nonzero(m, dim=1).float()
-    N = n_i.sum().clamp(min=1)
-    mu = (n_i * a).sum() / N  # token mean over M
-    var = (n_i * (a - mu) ** 2).sum() / (N - 1).clamp(min=1)  # unbiased token variance
-    adv = torch.where(m, ((a - mu) * torch.rsqrt(var + 1e-8))[:, None], 0.0)
-    return adv, adv.clone()
-
-
-def _intern_keys(step_state_keys: Tensor | Sequence[Sequence[Hashable]], B: int, T: int, device):
-    """Anchor-state keys -> long [B, T] (-1 = no step). A tensor is used as is (-1 = padding)."""
-    if isinstance(step_state_keys, Tensor):
-        if step_state_keys.shape != (B, T):
-            raise ValueError(f"step_state_keys tensor must be [B, T] = [{B}, {T}]")
-        return step_state_keys.to(device).long()
-    if len(step_state_keys) != B:
-        raise ValueError(f"step_state_keys must hold one list of keys per trajectory ({B})")
-    table: dict[Hashable, int] = {}
-    ids = torch.full((B, T), -1, dtype=torch.long)
-    for b, keys in enumerate(step_state_keys):  # interning hashable keys; no arithmetic here
-        if len(keys) > T:
-            raise ValueError(f"trajectory {b}: {len(keys)} step keys, step_rewards has {T} columns")
-        if len(keys):
-            ids[b, : len(keys)] = torch.tensor([table.setdefault(k, len(table)) for k in keys])
-    return ids.to(device)
-
-
-@torch.no_grad()
-def gigpo_advantages(
-    scores: Tensor,
-    group_ids: Tensor,
-    step_rewards: Tensor,
-    step_state_keys: Tensor | Sequence[Sequence[Hashable]],
-    loss_mask: Tensor,
-    turn_ids_per_token: Tensor,
-    gamma: float = 0.95,
-    omega: float = 1.0,
-    norm_by_std: bool = True,
-    eps: float = 1e-6,
-) -> tuple[Tensor, Tensor]:
-    """GiGPO (Feng et al., arXiv 2505.10978): episode-level plus step-level group advantages.
-
-    Episode level (GRPO over the group of trajectories)::
-
-        A_E(i) = (R_i - mean_g R) / (std_g R + eps)
-
-    Step level: the steps (turns) of a group's trajectories that saw the same environment state
-    (equal ``step_state_keys`` within one group, including repeats inside one trajectory) form an
-    anchor-state group S; each step's return is the discounted return from that step::
-
-        G_t^i  = sum_{k >= t} gamma^(k-t) r_k^i
-        A_S(i, t) = (G_t^i - mean_S G) / (std_S G + eps)
-
-        A(i, t) = A_E(i) + omega * A_S(i, t),   on every M=1 token of step t of trajectory i
-
-    std is unbiased; a singleton group (episode or step) contributes 0 (verl-agent uses mean 0 /
-    std 1 there, i.e. the raw return). norm_by_std=False drops the division (GiGPO "mean_norm").
-
-    Args:
-        scores: [B] episode returns R_i; group_ids: [B] int.
-        step_rewards: [B, T] per-step rewards r_t, T = max steps; 0 beyond a trajectory's steps.
-        step_state_keys: one sequence of hashable keys per trajectory (length = its step count
-            T_b <= T), or a long tensor [B, T] with -1 after the last step.
-        loss_mask: [B, L]; turn_ids_per_token: [B, L] long, the step index (0..T_b-1) of each
-            M=1 token (any value at M=0).
-    Returns:
-        (advantages [B, L], returns [B, L]), returns == advantages (no critic).
-    """
-    m = _check_scores(scores, group_ids, loss_mask)
-    B, T = step_rewards.shape
-    dev = m.device
-    keys = _intern_keys(step_state_keys, B, T, dev)
-    has_step = keys >= 0  # [B, T]
-    if (has_step[:, 1:] & ~has_step[:, :-1]).any():
-        raise ValueError("step_state_keys: -1 (no step) must only pad the end of a trajectory")
-    r = step_rewards.float().to(dev)
-    if (torch.where(has_step, 0.0, r) != 0).any():
-        raise ValueError("step_rewards is non-zero after a trajectory's last step (no state key)")
-    g = _reverse_scan(r, torch.full_like(r, gamma))  # G_t = r_t + gamma G_(t+1)
-    gid = group_ids.to(dev).long()
-    a_ep = _group_normalize(scores.float().to(dev), gid, norm_by_std, eps)  # A_E [B]
-    gid = torch.unique(gid, return_inverse=True)[1]  # dense group index 0..G-1
-    pair = gid[:, None] * (int(keys.max()) + 1) + keys  # one int per (group, state); -1 unused
-    anchor = torch.unique(pair[has_step], return_inverse=True)[1]  # anchor-state group per step
-    a_step = torch.zeros(B, T, device=dev)
-    a_step[has_step] = _group_normalize(g[has_step], anchor, norm_by_std, eps)  # A_S [B, T]
-    p = _packing(m)  # work on the M=1 tokens only
-    row = torch.div(p.src, m.shape[1], rounding_mode="floor")
-    tid = turn_ids_per_token.reshape(-1).to(dev).index_select(0, p.src).long()  # step of each token
-    if ((tid < 0) | (tid >= has_step.sum(1)[row])).any():
-        raise ValueError("turn_ids_per_token must give a step index in [0, T_b) on every M=1 token")
-    a_tok = a_ep[row] + omega * a_step.view(-1)[row * T + tid]  # A_E + omega A_S
-    adv = torch.zeros(m.numel(), device=dev).index_copy_(0, p.src, a_tok).view(m.shape)
-    return adv, adv.clone()
