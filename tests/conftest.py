@@ -7,6 +7,8 @@ import os
 import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# OpenMP workers sleep when idle, as `import vagent` sets (vagent/__init__.py; bench/busy_cpu.py)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -1,0 +1,112 @@
+"""How a vagent workload degrades when other processes hold the cores, by OpenMP wait policy.
+
+The workload (a subprocess, 2 torch threads as the default run): ``--steps`` forward + backward
+passes of the default run's tiny Qwen3-VL (3 layers, hidden 128) on a batch of 4 rows x 384 tokens
+with a 128 px image each, the shape of a PPO micro-batch. It runs alone and beside ``k`` busy
+processes (``while True: pass``, started by this script), for each wait policy of the OpenMP
+runtime torch uses (libgomp):
+
+- ``default``: libgomp's own (idle worker threads spin for a while before sleeping);
+- ``passive``: ``OMP_WAIT_POLICY=PASSIVE`` (idle workers sleep at once);
+- ``vagent``: what ``import vagent`` sets when the user set nothing (see vagent/__init__.py).
+
+Printed per policy and load: wall seconds, the slowdown against the same policy alone, and that
+slowdown over the fair share (k busy processes and our 2 threads on C cores get
+``min(1, C / (k + 2))`` of the machine each, so the fair slowdown is ``max(1, (k + 2) / C)``): 1.0
+is a fair share, the goal is <= 1.3. Also the idle cost of each policy against ``default``.
+
+Run:  PYTHONPATH=. .venv/bin/python bench/busy_cpu.py [--busy 0,2,4] [--steps 6] [--repeats 3]
+Measure on an otherwise idle machine (the busy processes are the only load).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+WORKLOAD = r"""
+import sys, time
+import vagent  # sets the wait policy first when asked to (policy "vagent")
+import torch
+from vagent.models.tiny import build_tiny_vlm
+from vagent.models.loading import load_policy
+from vagent.models.forward import forward_logits
+import tempfile, numpy as np
+from PIL import Image
+torch.set_num_threads(2)
+path = build_tiny_vlm(tempfile.mkdtemp() + "/m", family="qwen3_vl", hidden=128, layers=3, image_size=128)
+loaded = load_policy(path)
+enc, model = loaded.encoder, loaded.model
+img = Image.fromarray(np.random.default_rng(0).integers(0, 255, (128, 128, 3), dtype=np.uint8))
+seg = enc.encode_user("Where is the goal? <image>" + " left" * 300, [img])
+ids = torch.tensor([list(seg.input_ids)] * 4)
+pv = torch.cat([seg.pixel_values] * 4)
+grid = torch.cat([seg.image_grid_thw] * 4)
+mask = torch.ones_like(ids)
+steps = int(sys.argv[1])
+for i in range(steps + 1):
+    if i == 1:
+        t = time.perf_counter()  # the first step warms up
+    logits = forward_logits(model, ids, mask, pv, grid)
+    logits.float().logsumexp(-1).mean().backward()
+print("WORKLOAD_S", time.perf_counter() - t)
+"""
+
+POLICIES = {"default": {}, "passive": {"OMP_WAIT_POLICY": "PASSIVE"}, "vagent": None}
+
+
+def run(policy: str, busy: int, steps: int) -> float:
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "VAGENT_OMP_WAIT")}
+    env["PYTHONPATH"] = os.getcwd()
+    if policy == "default":
+        env["VAGENT_OMP_WAIT"] = "keep"  # vagent leaves libgomp's default alone
+    elif policy == "passive":
+        env.update(POLICIES["passive"], VAGENT_OMP_WAIT="keep")
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(busy)]
+    try:
+        out = subprocess.run([sys.executable, "-c", WORKLOAD, str(steps)], env=env, capture_output=True, text=True,
+                             check=True).stdout
+    finally:
+        for b in burners:
+            b.kill()
+            b.wait()
+    return float(next(ln for ln in out.splitlines() if ln.startswith("WORKLOAD_S")).split()[1])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--busy", default="0,2,4")
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--policies", default="default,passive,vagent")
+    args = ap.parse_args()
+    cores = os.cpu_count() or 1
+    loads = [int(x) for x in args.busy.split(",")]
+    policies = args.policies.split(",")
+    times: dict[tuple[str, int], float] = {}
+    for _ in range(args.repeats):  # rounds alternate the policies, so drift hits them alike
+        for k in loads:
+            for p in policies:
+                times.setdefault((p, k), [])
+                times[(p, k)].append(run(p, k, args.steps))
+    med = {key: statistics.median(v) for key, v in times.items()}
+    print(f"\n{cores} cores; workload {args.steps} steps; median of {args.repeats}; load before start: "
+          f"{os.getloadavg()[0]:.2f}")
+    print("| policy | busy processes | wall s | slowdown | fair slowdown | over fair share | idle cost vs default |")
+    print("|---|---|---|---|---|---|---|")
+    for p in policies:
+        for k in loads:
+            slow = med[(p, k)] / med[(p, 0)]
+            fair = max(1.0, (k + 2) / cores)
+            idle = med[(p, 0)] / med[("default", 0)] if ("default", 0) in med else float("nan")
+            print(f"| {p} | {k} | {med[(p, k)]:.2f} | {slow:.2f}x | {fair:.2f}x | {slow / fair:.2f} | "
+                  f"{idle:.2f}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
