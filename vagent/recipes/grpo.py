@@ -46,13 +46,12 @@ from vagent.models.value import reference_model
 from vagent.recipes.batching import filter_groups
 from vagent.recipes.config import GRPOConfig, GRPOEstimator, RunConfig
 from vagent.recipes.optim import make_optimizer, make_scheduler
-from vagent.recipes.rollouts import reward_metrics
 from vagent.recipes.scoring import rl_temperature, score_batch
 from vagent.recipes.session import Session
 from vagent.recipes.sharding import policy_to_copy, shard_for_training
 from vagent.recipes.stages import Advantages, Scores, StepClock, StepOutcome, TrainState
-from vagent.recipes.tail import StepLoop, off_policy, reference_kl, token_batch
-from vagent.recipes.update import Learner, UpdateContext, actor_update
+from vagent.recipes.tail import StepLoop, off_policy, reference_kl, step_metrics, token_batch, update_context
+from vagent.recipes.update import Learner, actor_update
 from vagent.rl.advantages import masked_mean
 from vagent.rl.group_advantages import gigpo_advantages, grpo_advantages, reinforce_pp_advantages, rloo_advantages
 from vagent.rollout.batch import TokenBatch
@@ -63,7 +62,7 @@ def train_grpo(session: Session, start_step: int = 0, resume_from: str | None = 
     """Run GRPO steps ``start_step + 1 .. steps`` (``start_step`` updates were done before: a
     resume); returns the last validation metrics run by this call."""
     cfg, update_cfg = session.cfg, session.cfg.update
-    model, device = session.loaded.model, session.device
+    model = session.loaded.model
     temperature = rl_temperature(cfg)  # log-probs at the rollout's sampling temperature
 
     # --- set-up: reference model (only with a KL term), sharding (several processes), optimizer, schedule
@@ -94,7 +93,7 @@ def train_grpo(session: Session, start_step: int = 0, resume_from: str | None = 
             off = off_policy(cfg, batch, scores, session.loaded.encoder.image_token_id)
 
             # 5. update
-            ctx = UpdateContext(device, session.bf16, cfg.seed, step, session.last_checkpoint, temperature)
+            ctx = update_context(session, step, temperature)
             actor_stats = actor_update(Learner(model, params, opt), batch, scores, estimate, off, update_cfg, ctx)
             lrs = {"optim/actor_lr": opt.param_groups[0]["lr"]}
             sched.step()
@@ -112,21 +111,8 @@ def grpo_metrics(cfg: RunConfig, episodes: RolloutResult, batch: TokenBatch, sco
                  stats: dict[str, float], clock: StepClock) -> dict[str, float]:
     """A GRPO step's record (docs/metrics.md): rollout, reward, filter, loss/optim stats, then the
     batch's and the timings."""
-    M = batch.loss_mask
-    metrics = {**episodes.metrics, **reward_metrics(episodes), **stats}
-    metrics.update({
-        "actor/logprob_diff": float(masked_mean((scores.old_logprobs - batch.old_logprobs).abs(), M)),
-        "actor/advantage_abs_mean": float(masked_mean(estimate.advantages.abs(), M)),
-        "rollout/batch_rows": float(batch.batch_size),
-        "rollout/batch_tokens": float(batch.num_tokens),
-        "rollout/sampled_tokens": float(M.sum()),
-        "perf/step_time_s": clock.step_s,
-        "perf/update_time_s": clock.update_s,
-        "perf/update_tokens_per_s": batch.num_tokens * cfg.update.epochs / max(1e-9, clock.update_s),
-    })
-    if estimate.kl_ref is not None:
-        metrics["actor/kl_ref"] = estimate.kl_ref
-    return metrics
+    own = {"actor/advantage_abs_mean": float(masked_mean(estimate.advantages.abs(), batch.loss_mask))}
+    return step_metrics(cfg, episodes, batch, scores, estimate, stats, clock, own, backbones=1)
 
 
 def group_advantages(cfg: RunConfig, batch: TokenBatch, scores: Scores, filter_scale: float) -> Advantages:

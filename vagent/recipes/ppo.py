@@ -57,13 +57,12 @@ from vagent.models.value import ReferenceModel, ValueModel, build_critic, refere
 from vagent.recipes.batching import filter_groups
 from vagent.recipes.config import PPOConfig, PPOEstimator, RunConfig
 from vagent.recipes.optim import make_optimizer, make_scheduler
-from vagent.recipes.rollouts import reward_metrics
 from vagent.recipes.scoring import rl_temperature, score_batch
 from vagent.recipes.session import Session
 from vagent.recipes.sharding import policy_to_copy, shard_for_training
 from vagent.recipes.stages import PPOAdvantages, PPOScores, StepClock, StepOutcome, TrainState
-from vagent.recipes.tail import StepLoop, off_policy, reference_kl, token_batch
-from vagent.recipes.update import Learner, UpdateContext, actor_update, critic_update
+from vagent.recipes.tail import StepLoop, off_policy, reference_kl, step_metrics, token_batch, update_context
+from vagent.recipes.update import Learner, actor_update, critic_update
 from vagent.rl.advantages import (
     anchor_mask, bi_level_gae, masked_gae, masked_mean, masked_whiten, no_concat_gae, turn_gae,
 )
@@ -75,7 +74,7 @@ def train_ppo(session: Session, start_step: int = 0, resume_from: str | None = N
     """Run PPO steps ``start_step + 1 .. steps`` (``start_step`` updates were done before: a
     resume); returns the last validation metrics run by this call."""
     cfg, update_cfg, ppo_cfg = session.cfg, session.cfg.update, session.cfg.ppo
-    model, device = session.loaded.model, session.device
+    model = session.loaded.model
     temperature = rl_temperature(cfg)  # log-probs at the rollout's sampling temperature
 
     # --- set-up: critic, reference model, sharding (several processes), optimizers, schedules
@@ -103,7 +102,7 @@ def train_ppo(session: Session, start_step: int = 0, resume_from: str | None = N
 
             # 5. update: critic every step, actor after the critic warm-up (the ratio's anchor, IS
             #    weights and rejections from the engine/trainer gap)
-            ctx = UpdateContext(device, session.bf16, cfg.seed, step, session.last_checkpoint, temperature)
+            ctx = update_context(session, step, temperature)
             actor_on = step >= ppo_cfg.critic_warmup_steps
             critic_stats = critic_update(nets.critic_learner, batch, scores, estimate, update_cfg, ctx,
                                          ppo_cfg.value_clip)
@@ -256,23 +255,13 @@ def ppo_metrics(cfg: RunConfig, episodes: RolloutResult, batch: TokenBatch, scor
     # backbones trained: the actor's (after warm-up) and a separate critic's; a shared critic
     # trains only its head, on the scoring pass's features
     backbones = int(actor_on) + int(cfg.ppo.critic_backbone == "separate")
-    metrics = {**episodes.metrics, **reward_metrics(episodes), **stats}
-    metrics.update({
-        "actor/logprob_diff": float(masked_mean((scores.old_logprobs - batch.old_logprobs).abs(), M)),
+    critic = {
         "actor/updated": float(actor_on),
         "critic/value_mean": float(masked_mean(values, mask)),
         "critic/return_mean": float(masked_mean(returns, mask)),
-        "critic/explained_variance": explained_variance(values, returns, mask),
+        "critic/explained_variance": explained_variance(values, returns, mask),  # once, on the whole batch
         "critic/advantage_mean": float(masked_mean(raw, M)),
         "critic/advantage_std": float(masked_mean((raw - masked_mean(raw, M)) ** 2, M).sqrt()),
         "critic/bootstrapped_rows": float(batch.truncated.sum()),
-        "rollout/batch_rows": float(batch.batch_size),
-        "rollout/batch_tokens": float(batch.num_tokens),
-        "rollout/sampled_tokens": float(M.sum()),
-        "perf/step_time_s": clock.step_s,
-        "perf/update_time_s": clock.update_s,
-        "perf/update_tokens_per_s": batch.num_tokens * cfg.update.epochs * backbones / max(1e-9, clock.update_s),
-    })
-    if estimate.kl_ref is not None:
-        metrics["actor/kl_ref"] = estimate.kl_ref
-    return metrics
+    }
+    return step_metrics(cfg, episodes, batch, scores, estimate, stats, clock, critic, backbones)

@@ -1,9 +1,10 @@
-"""What PPO and GRPO share around their step: the rollout set-up, the token batch, the
-engine/trainer gap (``off_policy``: ratio anchor, rollout correction, mismatch metrics),
-validation, and the step's tail (log, validate, save samples, checkpoint, plot).
+"""What PPO and GRPO share around their step: the rollout set-up (``StepLoop``), the token batch,
+the KL to the reference (``reference_kl``), the engine/trainer gap (``off_policy``: ratio anchor,
+rollout correction, mismatch metrics), the update's context, the step's metrics record
+(``step_metrics``), validation, and the step's tail (log, validate, save samples, checkpoint, plot).
 
-``ppo.py`` and ``grpo.py`` differ in scoring, advantages and update; everything before and after
-those stages is here, once.
+``ppo.py`` and ``grpo.py`` differ in their models, advantages, update and own metrics (PPO's
+critic); what both do is here, once.
 """
 
 from __future__ import annotations
@@ -15,10 +16,14 @@ from torch import Tensor
 
 from vagent.distributed import generation_mode
 from vagent.recipes.common import train_env_specs
-from vagent.recipes.rollouts import train_rollout, validation_rollout, validation_turns
+from vagent.recipes.rollouts import reward_metrics, train_rollout, validation_rollout, validation_turns
 from vagent.recipes.session import Session
 from vagent.recipes.sharding import policy_export
-from vagent.recipes.stages import OffPolicy, PPOAdvantages, PPOScores, Scores, StepOutcome, TrainState
+from vagent.recipes.stages import (
+    Advantages, OffPolicy, PPOAdvantages, PPOScores, Scores, StepClock, StepOutcome, TrainState,
+)
+from vagent.recipes.update import UpdateContext
+from vagent.rl.advantages import masked_mean
 from vagent.rl.correction import CorrectionSettings, correct, k3_kl, mismatch_metrics
 from vagent.rl.losses import kl_penalty
 from vagent.rollout.batch import TokenBatch, build_token_batch
@@ -134,6 +139,34 @@ def reference_kl(scores: Scores, M: Tensor, settings: UpdateConfig) -> Tensor | 
     if scores.ref_logprobs is None:
         return None
     return kl_penalty(scores.old_logprobs, scores.ref_logprobs, settings.kl_kind) * M
+
+
+def update_context(session: Session, step: int, temperature: float) -> UpdateContext:
+    """Where and how the update of RL step ``step + 1`` runs (``step`` updates done before it)."""
+    return UpdateContext(session.device, session.bf16, session.cfg.seed, step, session.last_checkpoint, temperature)
+
+
+def step_metrics(cfg: RunConfig, episodes: RolloutResult, batch: TokenBatch, scores: Scores, estimate: Advantages,
+                 stats: dict[str, float], clock: StepClock, own: dict[str, float], backbones: int) -> dict[str, float]:
+    """An RL step's record (docs/metrics.md), in this order: rollout, reward, filter, mismatch and
+    loss/optim ``stats``, the trainer's log-prob gap, the recipe's ``own`` metrics (PPO's critic/,
+    GRPO's advantage size), the batch's, the timings and the KL to the reference. ``backbones``:
+    backbone passes the update ran per token and epoch (perf/update_tokens_per_s)."""
+    M = batch.loss_mask
+    metrics = {**episodes.metrics, **reward_metrics(episodes), **stats}
+    metrics.update({
+        "actor/logprob_diff": float(masked_mean((scores.old_logprobs - batch.old_logprobs).abs(), M)),
+        **own,
+        "rollout/batch_rows": float(batch.batch_size),
+        "rollout/batch_tokens": float(batch.num_tokens),
+        "rollout/sampled_tokens": float(M.sum()),
+        "perf/step_time_s": clock.step_s,
+        "perf/update_time_s": clock.update_s,
+        "perf/update_tokens_per_s": batch.num_tokens * cfg.update.epochs * backbones / max(1e-9, clock.update_s),
+    })
+    if estimate.kl_ref is not None:
+        metrics["actor/kl_ref"] = estimate.kl_ref
+    return metrics
 
 
 def image_context(batch: TokenBatch, image_token_id: int | None) -> Tensor:

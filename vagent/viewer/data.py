@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping
 
 from vagent.runs.tokens import read_token_rows
 from vagent.viewer.turns import (
-    attach_tokens, episode_summary, finite_number, max_abs_advantage, split_row, turn_view,
+    attach_tokens, episode_summary, finite_number, max_abs_advantage, turn_view,
 )
 
 #: token dumps bigger than this are not read (``--max-token-mb``): a 200 MB dump takes 23 s and
