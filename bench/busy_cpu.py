@@ -8,7 +8,11 @@ runtime torch uses (libgomp):
 
 - ``default``: libgomp's own (idle worker threads spin for a while before sleeping);
 - ``passive``: ``OMP_WAIT_POLICY=PASSIVE`` (idle workers sleep at once);
-- ``vagent``: what ``import vagent`` sets when the user set nothing (see vagent/__init__.py).
+- ``vagent``: what ``import vagent`` sets when the user set nothing (vagent/__init__.py: PASSIVE when
+  the load average is at least half the cores as it starts, else ``GOMP_SPINCOUNT=100000``; the
+  busy processes start right before each workload, so the load average has not risen yet and
+  this row shows the idle machine's choice);
+- ``spin<N>`` (e.g. ``spin10000``): libgomp spins at most N times before sleeping (``GOMP_SPINCOUNT``).
 
 Printed per policy and load: wall seconds, the slowdown against the same policy alone, and that
 slowdown over the fair share (k busy processes and our 2 threads on C cores get
@@ -66,6 +70,8 @@ def run(policy: str, busy: int, steps: int) -> float:
         env["VAGENT_OMP_WAIT"] = "keep"  # vagent leaves libgomp's default alone
     elif policy == "passive":
         env.update(POLICIES["passive"], VAGENT_OMP_WAIT="keep")
+    elif policy.startswith("spin"):  # spin<N>: active waiting for at most N spins (libgomp's GOMP_SPINCOUNT)
+        env.update(GOMP_SPINCOUNT=policy[4:], VAGENT_OMP_WAIT="keep")
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(busy)]
     try:
         out = subprocess.run([sys.executable, "-c", WORKLOAD, str(steps)], env=env, capture_output=True, text=True,
@@ -82,7 +88,7 @@ def main() -> int:
     ap.add_argument("--busy", default="0,2,4")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--policies", default="default,passive,vagent")
+    ap.add_argument("--policies", default="default,passive,spin100000,vagent")
     args = ap.parse_args()
     cores = os.cpu_count() or 1
     loads = [int(x) for x in args.busy.split(",")]

@@ -16,12 +16,26 @@ __version__ = "0.1.0"
 
 import os as _os
 
-# OpenMP workers sleep when idle instead of spinning (libgomp's default spins for a while): on a
-# machine whose cores other processes hold, spinning workers steal the time the working thread
-# needs, and a tiny model's many small ops wait on them (bench/busy_cpu.py: one forward + backward
-# of the default run's model took 11x longer with the default policy than with PASSIVE at load
-# average 4.4 on 2 cores). It takes effect when vagent is imported before torch (the vagent
-# command, and every process it starts, which inherit it); results are unchanged (scheduling only).
-# A user's own OMP_WAIT_POLICY wins; VAGENT_OMP_WAIT=keep leaves the runtime's default.
-if _os.environ.get("VAGENT_OMP_WAIT") != "keep":
-    _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+def omp_wait_settings(environ: dict, load: float, cores: int) -> dict[str, str]:
+    """The OpenMP wait settings ``import vagent`` adds to ``environ`` (bench/busy_cpu.py measures them).
+
+    libgomp's workers spin for a while when idle. On a machine whose cores other processes hold,
+    spinning workers steal the time the working thread needs: one forward + backward of the
+    default run's model beside 2 / 4 busy processes took 2.0-2.5x / 2.8-3.4x its fair share with
+    libgomp's default, 0.8-0.9x / 0.7-0.9x with ``OMP_WAIT_POLICY=PASSIVE``, but PASSIVE costs
+    1.3-1.4x on an idle machine (tiny models run many small ops), where a bounded spin
+    (``GOMP_SPINCOUNT=100000``) costs 1.03x and still helps under load (1.3x / 2.1x of the fair
+    share). So: PASSIVE when the machine is busy as vagent starts (the 1-minute load average at
+    least half the cores), else the bounded spin. A user's own ``OMP_WAIT_POLICY`` or
+    ``GOMP_SPINCOUNT`` wins, and ``VAGENT_OMP_WAIT=keep`` leaves the runtime's default. Results are
+    unchanged (scheduling only); it takes effect when vagent is imported before torch (the vagent
+    command, and every process it starts, which inherit it).
+    """
+    if environ.get("VAGENT_OMP_WAIT") == "keep" or "OMP_WAIT_POLICY" in environ or "GOMP_SPINCOUNT" in environ:
+        return {}
+    return {"OMP_WAIT_POLICY": "PASSIVE"} if load >= 0.5 * max(1, cores) else {"GOMP_SPINCOUNT": "100000"}
+
+
+_os.environ.update(omp_wait_settings(dict(_os.environ), _os.getloadavg()[0] if hasattr(_os, "getloadavg") else 0.0,
+                                     _os.cpu_count() or 1))

@@ -1,0 +1,37 @@
+"""``import vagent`` picks the OpenMP wait settings (vagent/__init__.py, bench/busy_cpu.py): PASSIVE on
+a busy machine, a bounded spin on an idle one, and never over the user's own settings."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from vagent import omp_wait_settings
+
+
+def test_busy_machine_sleeps_idle_machine_spins_briefly():
+    assert omp_wait_settings({}, load=1.0, cores=2) == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert omp_wait_settings({}, load=7.5, cores=2) == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert omp_wait_settings({}, load=0.2, cores=2) == {"GOMP_SPINCOUNT": "100000"}
+    assert omp_wait_settings({}, load=3.0, cores=16) == {"GOMP_SPINCOUNT": "100000"}
+
+
+def test_the_users_settings_win():
+    assert omp_wait_settings({"OMP_WAIT_POLICY": "ACTIVE"}, load=9.0, cores=2) == {}
+    assert omp_wait_settings({"GOMP_SPINCOUNT": "0"}, load=9.0, cores=2) == {}
+    assert omp_wait_settings({"VAGENT_OMP_WAIT": "keep"}, load=9.0, cores=2) == {}
+
+
+def test_import_vagent_sets_one_of_them_before_torch_loads():
+    code = ("import json, os, sys; import vagent; "
+            "print(json.dumps([os.environ.get('OMP_WAIT_POLICY'), os.environ.get('GOMP_SPINCOUNT'), "
+            "'torch' in sys.modules]))")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "VAGENT_OMP_WAIT")}
+    policy, spin, torch_loaded = json.loads(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                                                           text=True, check=True).stdout)
+    assert (policy, spin) in (("PASSIVE", None), (None, "100000")) and not torch_loaded
+    kept = json.loads(subprocess.run([sys.executable, "-c", code], env=dict(env, OMP_WAIT_POLICY="ACTIVE"),
+                                     capture_output=True, text=True, check=True).stdout)
+    assert kept[:2] == ["ACTIVE", None]
