@@ -7,12 +7,12 @@ import os
 import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-# OpenMP workers sleep when idle, as `import vagent` sets (vagent/__init__.py; bench/busy_cpu.py)
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import vagent  # noqa: E402,F401 -- before torch loads: the OpenMP wait policy by load (vagent/__init__.py)
 
 
 @pytest.hookimpl(tryfirst=True)
