@@ -17,13 +17,14 @@ import torch
 pytest.importorskip("ray", reason="engine replicas need the ray extra: pip install 'vagent[ray]'")
 
 from vagent.models.engine import SamplingParams  # noqa: E402
-from vagent.models.remote import RemoteEngine, start_ray  # noqa: E402
+from vagent.models.remote import RemoteEngine  # noqa: E402
 from vagent.rollout.canary import (  # noqa: E402
     WeightCanary, WeightSyncError, build_probe, default_tolerance, load_probe, save_probe, trainer_logprobs,
 )
 from vagent.rollout.driver import RolloutDriver  # noqa: E402
 from vagent.rollout.finish import RolloutResult  # noqa: E402
 from vagent.rollout.trajectory import EnvSpec  # noqa: E402
+from tests.models.test_remote_engine import ray_cluster  # noqa: E402,F401 -- one local cluster per module
 
 SPECS = [EnvSpec("frozenlake", {"format": "free_think", "image_size": 64}, seed) for seed in (3, 4)]
 
@@ -44,13 +45,6 @@ class PerturbedPush(RemoteEngine):
         name = next(k for k in state if k.endswith("o_proj.weight"))
         state[name] = state[name] + 0.5 * torch.randn_like(state[name])
         return super().update_state(state, version)
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray = start_ray(num_cpus=2)
-    yield ray
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")
