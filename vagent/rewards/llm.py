@@ -44,8 +44,9 @@ from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar
 from vagent.config import ConfigError
 from vagent.eval.backends.common import parse_retry_after
 from vagent.rewards.base import JudgeItem, JudgeResult
-from vagent.rewards.parse import load_structured, parse_structured, truth_claims, vocabulary
+from vagent.rewards.parse import load_structured, parse_structured, truth_claims
 from vagent.rewards.rule import RuleJudge, RuleJudgeConfig, clip_reason, score_claims
+from vagent.rewards.words import vocabulary
 
 T = TypeVar("T")
 

@@ -39,7 +39,8 @@ uses those words):
 
 Objects are recognised by the spec's type names and synonyms (multi-word and ``snake_case``
 names work; a plural adds "s"/"es"). Mentions without a position still count as *mentioned*
-(the anti-hacking entity check) but claim nothing.
+(the anti-hacking entity check) but claim nothing. The word tables and the reading of tokens as
+objects and direction words are :mod:`vagent.rewards.words`; this module holds the three styles.
 """
 
 from __future__ import annotations
@@ -47,32 +48,15 @@ from __future__ import annotations
 import ast
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 from vagent.envs.base import JudgeSpec
+from vagent.rewards.words import (TOKEN, Event, Vocabulary, direction_events, events, object_mentions, tokenize,
+                                  vocabulary)
 
-#: Built-in synonyms of relation words (used only for the words a spec declares).
-SYNONYMS: dict[str, tuple[str, ...]] = {
-    "above": ("above", "up", "upward", "upwards", "north", "top", "upper", "higher", "uphill"),
-    "below": ("below", "down", "downward", "downwards", "south", "bottom", "lower", "beneath", "under",
-              "underneath"),
-    "left": ("left", "leftward", "leftwards", "west"),
-    "right": ("right", "rightward", "rightwards", "east"),
-    "ahead": ("ahead", "forward", "forwards", "front"),
-    "behind": ("behind", "back", "backward", "backwards", "rear"),
-}
-_COMPOUNDS = {"northwest": ("north", "west"), "northeast": ("north", "east"),
-              "southwest": ("south", "west"), "southeast": ("south", "east")}
-_SAME_V = ("row", "rows", "level", "height", "horizontal")
-_SAME_H = ("column", "columns", "col", "vertical")
-_SAME_BOTH = ("position", "cell", "place", "spot", "square", "tile", "location", "spot", "point")
-_NEGATIONS = frozenset({"no", "not", "none", "nothing", "without", "never", "neither", "nor", "cannot"})
-_PLAYER_WORDS = frozenset({"player", "you", "agent", "me", "yourself", "myself", "robot", "avatar", "character"})
 _FILLER = frozenset({"the", "a", "an", "both", "also", "all", "and", "too", "as", "well", "there", "is", "are",
                      "of", "them", "these", "those", "plus", "with"})
-
-_TOKEN = re.compile(r"POS\d+|[a-z]+(?:'[a-z]+)?|\d+(?:\.\d+)?")  # POS<n>: a coordinate placeholder (text is lower case)
 _COORDS = re.compile(r"[\(\[]\s*(-?\d+(?:\.\d+)?(?:\s*,\s*-?\d+(?:\.\d+)?){1,2})\s*[\)\]]")
 _SENTENCE = re.compile(r"(?<!\d)\.(?!\d)|[!?;\n]+")
 _PIECE = re.compile(r"[,:]|\b(?:and|or|but|then|while|whereas)\b")
@@ -104,197 +88,10 @@ class ParsedDescription:
 
 
 # ---------------------------------------------------------------------------------------------
-# Vocabulary
-# ---------------------------------------------------------------------------------------------
-
-@dataclass
-class Vocabulary:
-    """Word tables of one spec (and legend): phrase -> object type, word -> relation word."""
-
-    spec: JudgeSpec
-    legend: str | None
-    #: token tuple -> (object type, plural?)
-    objects: dict[tuple[str, ...], tuple[str, bool]] = field(default_factory=dict)
-    #: word -> ("v" | "h", canonical word)
-    directions: dict[str, tuple[str, str]] = field(default_factory=dict)
-    #: grid symbol -> (shows the player?, object types shown)
-    symbols: dict[str, tuple[bool, tuple[str, ...]]] = field(default_factory=dict)
-    max_phrase: int = 1
-    v_same: str | None = None
-    h_same: str | None = None
-
-
-def _words(text: str) -> list[str]:
-    return _TOKEN.findall(text.lower().replace("-", " ").replace("_", " ").replace("/", " "))
-
-
-def _build_vocabulary(spec: JudgeSpec, legend: str | None) -> Vocabulary:
-    voc = Vocabulary(spec, legend)
-    for kind in spec.object_weights:
-        names = {kind, *spec.synonyms.get(kind, ())}
-        for name in names:
-            toks = tuple(_words(name))
-            if not toks:
-                continue
-            forms = {toks: False}
-            last = toks[-1]
-            if not last.endswith("s"):
-                forms[toks[:-1] + (last + "s",)] = True
-                if last.endswith(("x", "ch", "sh")):
-                    forms[toks[:-1] + (last + "es",)] = True
-            else:
-                # a synonym given in plural form ("holes", "boxes")
-                for stem in (last[:-1], last[:-2]):
-                    if tuple(_words(stem)) and any(tuple(_words(n)) == toks[:-1] + (stem,) for n in names):
-                        forms[toks] = True
-            for form, plural in forms.items():
-                prev = voc.objects.get(form)
-                if prev is not None and prev[0] != kind:
-                    raise ValueError(f"JudgeSpec: the word {' '.join(form)!r} names both '{prev[0]}' and '{kind}'; "
-                                     "give each object type its own synonyms.")
-                if prev is None or plural:
-                    voc.objects[form] = (kind, plural)
-    voc.max_phrase = max((len(k) for k in voc.objects), default=1)
-    for axis, words in (("v", spec.vertical_words), ("h", spec.horizontal_words)):
-        for word in words:
-            if word == "same":
-                if axis == "v":
-                    voc.v_same = "same"
-                else:
-                    voc.h_same = "same"
-                continue
-            for syn in {word, *SYNONYMS.get(word, ())}:
-                prev = voc.directions.get(syn)
-                if prev is not None and prev != (axis, word):
-                    raise ValueError(f"JudgeSpec: relation word {syn!r} is on both axes; fix vertical_words/horizontal_words.")
-                voc.directions[syn] = (axis, word)
-    if legend:
-        voc.symbols = parse_legend(legend, voc)
-    return voc
-
-
-_VOCAB_CACHE: dict[tuple[int, str | None], Vocabulary] = {}
-
-
-def vocabulary(spec: JudgeSpec, legend: str | None = None) -> Vocabulary:
-    """The (cached) word tables of ``spec`` and ``legend``."""
-    key = (id(spec), legend)
-    voc = _VOCAB_CACHE.get(key)
-    if voc is None or voc.spec is not spec:
-        voc = _build_vocabulary(spec, legend)
-        if len(_VOCAB_CACHE) > 256:
-            _VOCAB_CACHE.clear()
-        _VOCAB_CACHE[key] = voc
-    return voc
-
-
-def parse_legend(legend: str, voc: Vocabulary) -> dict[str, tuple[bool, tuple[str, ...]]]:
-    """``"P player, O hole, * player on the goal"`` -> ``{"P": (True, ()), "O": (False, ("hole",)),
-    "*": (True, ("goal",))}``. Entries are split at commas/semicolons; the symbol is the first
-    character, optionally followed by ``=``, ``:`` or ``-``. Symbols that show neither the
-    player nor an object type (walls, floor) map to ``(False, ())``."""
-    out: dict[str, tuple[bool, tuple[str, ...]]] = {}
-    for entry in re.split(r"[,;]", legend):
-        entry = entry.strip()
-        if not entry:
-            continue
-        symbol, rest = entry[0], entry[1:].lstrip(" =:-")
-        toks = _words(rest)
-        kinds = []
-        for kind, _plural, _span in _object_mentions(toks, voc):
-            if kind not in kinds:
-                kinds.append(kind)
-        out[symbol] = (any(t in _PLAYER_WORDS for t in toks), tuple(kinds))
-    return out
-
-
-def _object_mentions(toks: Sequence[str], voc: Vocabulary) -> list[tuple[str, bool, tuple[int, int]]]:
-    """(type, plural, (start, end)) of each object phrase in ``toks``, longest match first."""
-    out, i = [], 0
-    while i < len(toks):
-        for n in range(min(voc.max_phrase, len(toks) - i), 0, -1):
-            hit = voc.objects.get(tuple(toks[i:i + n]))
-            if hit is not None:
-                out.append((hit[0], hit[1], (i, i + n)))
-                i += n
-                break
-        else:
-            i += 1
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
-# Events: a token stream -> objects, direction words, coordinates, negations
-# ---------------------------------------------------------------------------------------------
-
-@dataclass
-class _Event:
-    what: str  # "obj" | "dir" | "pos" | "neg" | "word"
-    kind: str = ""
-    plural: bool = False
-    axis: str = ""
-    word: str = ""
-    position: tuple[float, ...] | None = None
-
-
-def _direction_events(toks: Sequence[str], i: int, voc: Vocabulary) -> tuple[list[_Event], int]:
-    """Direction events starting at token ``i`` and how many tokens they used (0 = none)."""
-    t = toks[i]
-    if t == "same":
-        nxt = toks[i + 1:i + 3]
-        for j, w in enumerate(nxt, start=1):
-            if w in _SAME_BOTH:
-                ev = []
-                if voc.v_same:
-                    ev.append(_Event("dir", axis="v", word=voc.v_same))
-                if voc.h_same:
-                    ev.append(_Event("dir", axis="h", word=voc.h_same))
-                return ev, j + 1
-            if w in _SAME_V and voc.v_same:
-                return [_Event("dir", axis="v", word=voc.v_same)], j + 1
-            if w in _SAME_H and voc.h_same:
-                return [_Event("dir", axis="h", word=voc.h_same)], j + 1
-        return [], 1
-    if t in _COMPOUNDS:
-        ev = [_Event("dir", axis=voc.directions[w][0], word=voc.directions[w][1])
-              for w in _COMPOUNDS[t] if w in voc.directions]
-        return ev, 1
-    hit = voc.directions.get(t)
-    if hit is not None:
-        return [_Event("dir", axis=hit[0], word=hit[1])], 1
-    return [], 0
-
-
-def _events(toks: Sequence[str], positions: Sequence[tuple[float, ...]], voc: Vocabulary) -> list[_Event]:
-    mentions = {span[0]: (kind, plural, span) for kind, plural, span in _object_mentions(toks, voc)}
-    out: list[_Event] = []
-    i = 0
-    while i < len(toks):
-        t = toks[i]
-        if i in mentions:
-            kind, plural, (a, b) = mentions[i]
-            out.append(_Event("obj", kind=kind, plural=plural))
-            i = b
-            continue
-        if t.startswith("POS"):
-            out.append(_Event("pos", position=positions[int(t[3:])]))
-            i += 1
-            continue
-        if t in _NEGATIONS or t.endswith("n't"):
-            out.append(_Event("neg"))
-            i += 1
-            continue
-        ev, used = _direction_events(toks, i, voc)
-        out.extend(ev if ev else [_Event("word", word=t)] if used == 0 else [])
-        i += max(used, 1)
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
 # Natural language
 # ---------------------------------------------------------------------------------------------
 
-def _claims_of_subject(kind: str, plural: bool, evs: Sequence[_Event], voc: Vocabulary) -> list[Claim]:
+def _claims_of_subject(kind: str, plural: bool, evs: Sequence[Event], voc: Vocabulary) -> list[Claim]:
     """Claims of one object mention from the direction/position events attached to it."""
     dirs = [e for e in evs if e.what == "dir"]
     pos = next((e.position for e in evs if e.what == "pos"), None)
@@ -318,12 +115,12 @@ def _one_or_none(words: set[str], default: str | None) -> str | None:
     return next(iter(words)) if len(words) == 1 else None
 
 
-def _clauses(sentence: str, positions: list[tuple[float, ...]], voc: Vocabulary) -> list[list[_Event]]:
+def _clauses(sentence: str, positions: list[tuple[float, ...]], voc: Vocabulary) -> list[list[Event]]:
     """Split a sentence into clauses (lists of events), each with at least one object."""
-    clauses: list[list[_Event]] = []
-    pre: list[_Event] = []
+    clauses: list[list[Event]] = []
+    pre: list[Event] = []
     for piece in _PIECE.split(sentence):
-        evs = _events(_TOKEN.findall(piece), positions, voc)
+        evs = events(TOKEN.findall(piece), positions, voc)
         if any(e.what == "obj" for e in evs):
             clauses.append(pre + evs)
             pre = []
@@ -357,7 +154,7 @@ def _natural(text: str, voc: Vocabulary) -> ParsedDescription:
                 carried += [(e.kind, e.plural) for e in subjects]  # "the box and the target are ..."
                 continue
             # attach events: before the first subject -> first subject; after subject i -> subject i
-            attached: list[list[_Event]] = [[] for _ in subjects]
+            attached: list[list[Event]] = [[] for _ in subjects]
             idx = -1
             for e in clause:
                 if e.what == "obj":
@@ -404,7 +201,7 @@ def load_structured(text: str) -> Any:
 
 
 def _object_of(key: Any, voc: Vocabulary) -> str | None:
-    mentions = _object_mentions(_words(str(key)), voc)
+    mentions = object_mentions(tokenize(str(key)), voc)
     return mentions[0][0] if mentions else None
 
 
@@ -418,11 +215,11 @@ def _pair_claim(kind: str, words: Sequence[Any], voc: Vocabulary) -> Claim:
     h: set[str] = set()
     sames = []
     for slot, w in enumerate(words):
-        for tok in _words(str(w)):
+        for tok in tokenize(str(w)):
             if tok == "same":
                 sames.append(slot)
                 continue
-            ev, _ = _direction_events([tok], 0, voc)
+            ev, _ = direction_events([tok], 0, voc)
             for e in ev:
                 (v if e.axis == "v" else h).add(e.word)
     for slot in sames:  # "same" fills an axis no other word names; slot 0 = vertical first
@@ -434,8 +231,8 @@ def _pair_claim(kind: str, words: Sequence[Any], voc: Vocabulary) -> Claim:
 
 
 def _n_directions(text: str, voc: Vocabulary) -> int:
-    toks = _words(text)
-    return sum(1 for t in toks if t == "same" or _direction_events([t], 0, voc)[0])
+    toks = tokenize(text)
+    return sum(1 for t in toks if t == "same" or direction_events([t], 0, voc)[0])
 
 
 def _axis_value(value: Any, axis: str, voc: Vocabulary) -> str | None:
@@ -445,18 +242,18 @@ def _axis_value(value: Any, axis: str, voc: Vocabulary) -> str | None:
     if value is None:
         return same
     words = set()
-    for tok in _words(str(value)):
+    for tok in tokenize(str(value)):
         if tok == "same":
             words.add(same)
             continue
-        for e in _direction_events([tok], 0, voc)[0]:
+        for e in direction_events([tok], 0, voc)[0]:
             words.add(e.word if e.axis == axis else None)
     return next(iter(words)) if len(words) == 1 else None
 
 
 def _value_claims(kind: str, value: Any, voc: Vocabulary, plural: bool) -> list[Claim]:
     if isinstance(value, str):
-        evs = _events(_words(value), [], voc)
+        evs = events(tokenize(value), [], voc)
         return _claims_of_subject(kind, plural, evs, voc) or [Claim(kind, None, None)]
     if isinstance(value, dict):
         rec = {str(k).lower(): v for k, v in value.items()}
@@ -515,7 +312,7 @@ def parse_structured(value: Any, voc: Vocabulary) -> ParsedDescription:
                 if kind is None:
                     continue
                 mentioned.add(kind)
-                plural = any(p for k2, p, _ in _object_mentions(_words(str(key)), voc) if k2 == kind)
+                plural = any(p for k2, p, _ in object_mentions(tokenize(str(key)), voc) if k2 == kind)
                 claims.extend(_value_claims(kind, x, voc, plural))
 
     visit(value)
