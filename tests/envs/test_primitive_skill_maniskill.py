@@ -34,7 +34,7 @@ OFFLINE_TASKS = ("align", "place", "stack")
 
 
 def _require() -> None:
-    from vagent.envs.primitive_skill.maniskill import unavailable_reason
+    from vagent.envs.primitive_skill.tabletop import unavailable_reason
 
     why = unavailable_reason()
     if why is None:
