@@ -96,7 +96,7 @@ def checkpoint_weights(ckpt: Path) -> dict[str, torch.Tensor]:
         dcp_to_torch_save(ckpt / "dcp", flat)
         state = torch.load(flat, weights_only=False)
         return {f"{k[len('model.'):]}.{n}": v for k, sd in state.items() if k.startswith("model.") for n, v in sd.items()}
-    return {f"{f.stem}.{n}": v for f in ckpt.glob("*.pt") if f.name != "state.pt"
+    return {f"{f.stem}.{n}": v for f in ckpt.glob("*.pt") if f.name not in ("state.pt", "inflight.pt")
             for n, v in torch.load(f, weights_only=True).items()}
 
 

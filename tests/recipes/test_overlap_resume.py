@@ -1,11 +1,17 @@
-"""Issue 47, item 11: a ``rollout.overlap: 1`` run SIGKILLed right after a checkpoint and resumed
-should equal the uninterrupted run record for record (timings aside).
+"""A ``rollout.overlap: 1`` run SIGKILLed right after a checkpoint and resumed equals the
+uninterrupted run record for record (timings aside).
 
-It does not yet: at a checkpoint after step k the rollout of step k+1 is in flight on the weights
-before update k (version k); the resumed run samples step k+1 with the checkpoint's weights
-(version k+1), so ``rollout/weights_version``, ``rollout/weights_lag``, the ratio and everything
-after differ. The test is a strict xfail that records the finding: it starts passing (and then
-fails as XPASS) when the in-flight weights (or the in-flight batch) are saved with the checkpoint."""
+At a checkpoint after step k the rollout of step k+1 is in flight on the weights before update k
+(version k). The checkpoint saves it (``inflight.pt``: the episodes, their weights version and
+canary metrics) and the resume trains step k+1 on it; without it the resumed run samples step k+1
+with the checkpoint's weights (version k+1), and ``rollout/weights_version``,
+``rollout/weights_lag``, the ratio and everything after differ.
+
+In one process the resumed run equals the uninterrupted one exactly. Two uninterrupted 2-rank
+overlap-1 runs are not bitwise equal to each other (their weights differ by ~1e-9 after two
+steps, the engine's recorded log-probs by ~1e-6: collectives of the update and the background
+rollout's gather interleave differently), so in two ranks the weights versions must be equal and
+every number within 1e-4 relative."""
 
 from __future__ import annotations
 
@@ -21,8 +27,12 @@ from tests.distributed.conftest import SMALL, metrics, run_job, tiny_vlm_dir, tr
 
 pytest.importorskip("ray", reason="overlap needs engine replicas: pip install 'vagent[ray]'")
 
-OVERLAP = ["steps=4", "rollout.replicas=1", "rollout.overlap=1", "ppo.critic_backbone=separate",
-           "update.kl_coef=0", "rollout.temperature=1.0"]
+OVERLAP = ["steps=4", "rollout.overlap=1", "ppo.critic_backbone=separate", "update.kl_coef=0",
+           "rollout.temperature=1.0"]
+
+
+#: what the in-flight rollout decides, equal in any number of ranks
+EXACT = {"phase", "step", "rollout/weights_version", "rollout/weights_lag", "mismatch/staleness", "rollout/batch_rows"}
 
 
 def _comparable(records: list[dict]) -> list[dict]:
@@ -32,30 +42,61 @@ def _comparable(records: list[dict]) -> list[dict]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.xfail(strict=True, reason="issue 47 item 11: the in-flight rollout of an overlap-1 run is not saved "
-                   "with the checkpoint, so the resumed step samples with newer weights")
-def test_a_resumed_overlap_run_equals_the_uninterrupted_one(tmp_path: Path, tiny_vlm_dir: Path, monkeypatch):
+@pytest.mark.parametrize("nproc, replicas", [(None, 2), (2, 1)], ids=["1-rank-2-replicas", "2-ranks-1-replica"])
+def test_a_resumed_overlap_run_equals_the_uninterrupted_one(tmp_path: Path, tiny_vlm_dir: Path, monkeypatch,
+                                                            nproc: int | None, replicas: int):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    full = train(tmp_path, tiny_vlm_dir, None, "full", *OVERLAP, timeout=400)
+    overlap = [*OVERLAP, f"rollout.replicas={replicas}"]
+    full = train(tmp_path, tiny_vlm_dir, nproc, "full", *overlap, timeout=400)
     out = tmp_path / "cut"
-    cmd = train_cmd(None, *SMALL, f"out_dir={out}", f"model.path={tiny_vlm_dir}", "model.cache_dir=UNUSED", *OVERLAP)
+    cmd = train_cmd(nproc, *SMALL, f"out_dir={out}", f"model.path={tiny_vlm_dir}", "model.cache_dir=UNUSED", *overlap)
     job = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"))
+                           env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"), start_new_session=True)
     try:
         deadline = time.time() + 400
         while not list(out.glob("*/checkpoints/step_000002/state.pt")):
             assert job.poll() is None, "the run ended before step 2's checkpoint:\n" + job.stdout.read()[-4000:]
             assert time.time() < deadline, "no checkpoint after 400 s"
             time.sleep(0.02)
+        assert list(out.glob("*/checkpoints/step_000002/inflight.pt")), "step 2's checkpoint holds no in-flight rollout"
         job.send_signal(signal.SIGKILL)
         job.wait(timeout=30)
     finally:
         if job.poll() is None:
             job.kill()
+        try:  # ranks end with their launcher; a straggler must not write on into the resumed run
+            os.killpg(job.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     (cut,) = [p for p in out.iterdir() if p.is_dir()]
-    run_job(train_cmd(None, "--resume", str(cut)), tmp_path, timeout=400)
+    run_job(train_cmd(nproc, "--resume", str(cut)), tmp_path, timeout=400)
     a, b = _comparable(metrics(full)), _comparable(metrics(cut))
     assert [(r.get("phase"), r.get("step")) for r in a] == [(r.get("phase"), r.get("step")) for r in b]
     for ra, rb in zip(a, b):
-        diff = {k: (ra.get(k), rb.get(k)) for k in ra.keys() | rb.keys() if ra.get(k) != rb.get(k)}
+        assert ra.keys() == rb.keys()
+        if nproc is None:  # one process: the run is deterministic, so the resume is exact
+            diff = {k: (ra[k], rb[k]) for k in ra if ra[k] != rb[k]}
+        else:  # two ranks: the versions exact; the numbers as close as two uninterrupted runs are (see above)
+            diff = {k: (ra[k], rb[k]) for k in ra if (ra[k] != rb[k] if k in EXACT else
+                                                      ra[k] != pytest.approx(rb[k], rel=1e-4, abs=1e-7))}
         assert not diff, f"step {ra.get('step')}: {sorted(diff.items())[:8]}"
+
+
+def test_an_in_flight_record_of_another_step_is_refused():
+    from vagent.rollout.driver import InFlight, RolloutDriver
+    from vagent.rollout.finish import RolloutResult
+
+    sampled = []
+    engine = type("Generator", (), {"weights_version": 0})()  # never asked: the saved episodes are used
+    driver = RolloutDriver(lambda pol, k, unshard: sampled.append(k) or RolloutResult([]), None, engine=engine,
+                           overlap=1, steps=5)
+    try:
+        saved = InFlight(step=3, version=2, episodes=RolloutResult([], {"rollout/x": 1.0}), sync={"sync/gap": 0.5})
+        for bad in (InFlight(4, 3, RolloutResult([])), InFlight(3, 4, RolloutResult([])), {"step": 3}):
+            with pytest.raises(ValueError, match="in-flight rollout"):
+                driver.resume_in_flight(bad, 3)
+        driver.resume_in_flight(saved, 3)
+        assert driver._pending is not None and driver._pending[1].result() is saved.episodes and sampled == []
+    finally:
+        driver._pending = None
+        driver.close()

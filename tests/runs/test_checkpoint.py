@@ -165,3 +165,25 @@ def test_stale_temporary_folders_without_a_lock_go_by_pid(tmp_path):
     os.kill(os.getppid(), 0)  # the parent lives: even a save keeps its folder
     save_checkpoint(tmp_path, "rl", 4, {"policy": model})
     assert (tmp_path / f".tmp-step_000003-{os.getppid()}").is_dir()
+
+
+def test_objects_saved_beside_the_modules_are_checksummed_and_read_back(tmp_path):
+    from vagent.runs.checkpoint import CheckpointError, check_checkpoint, load_object
+
+    model, opt, sched = _setup(0)
+    record = {"step": 3, "episodes": [{"tokens": list(range(50))}]}
+    ck = save_checkpoint(tmp_path, "rl", 3, {"policy": model}, {"actor": opt},
+                         objects={"inflight": record, "none": None})
+    assert (ck / "inflight.pt").is_file() and not (ck / "none.pt").exists()  # None: nothing saved
+    assert load_object(ck, "inflight") == record and load_object(ck, "missing") is None
+    data = bytearray((ck / "inflight.pt").read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (ck / "inflight.pt").write_bytes(bytes(data))
+    problem = check_checkpoint(ck)  # the manifest covers it: a flipped byte is named
+    assert problem is not None and "inflight.pt" in problem
+    with pytest.raises(CheckpointError, match="inflight.pt"):
+        load_checkpoint(ck, {"policy": model})
+    for name in ("policy", "state", "rng_rank0", "Bad-Name"):  # would overwrite the checkpoint's own files
+        with pytest.raises(ValueError, match="checkpoint object name"):
+            save_checkpoint(tmp_path, "rl", 4, {"policy": model}, objects={name: 1})
+    assert [c.step for c in list_checkpoints(tmp_path)] == [3]

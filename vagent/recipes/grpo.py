@@ -74,7 +74,7 @@ def train_grpo(session: Session, start_step: int = 0, resume_from: str | None = 
     state = TrainState({"policy": model}, {"actor": opt}, {"actor": sched})
     if resume_from is not None:
         state.load(resume_from)
-    with StepLoop(session, start_step) as loop:
+    with StepLoop(session, start_step, resume_from) as loop:
         for step in loop.steps():
             clock = StepClock()
 

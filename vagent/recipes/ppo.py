@@ -81,7 +81,7 @@ def train_ppo(session: Session, start_step: int = 0, resume_from: str | None = N
     nets = ppo_models(session)
     if resume_from is not None:
         nets.state.load(resume_from)
-    with StepLoop(session, start_step) as loop:
+    with StepLoop(session, start_step, resume_from) as loop:
         for step in loop.steps():
             clock = StepClock()
 

@@ -28,9 +28,9 @@ from vagent.rl.correction import CorrectionSettings, correct, k3_kl, mismatch_me
 from vagent.rl.losses import kl_penalty
 from vagent.rollout.batch import TokenBatch, build_token_batch
 from vagent.rollout.canary import WeightCanary, default_tolerance, probe_for_run
-from vagent.rollout.driver import RolloutDriver, close_env_factories, make_driver
+from vagent.rollout.driver import InFlight, RolloutDriver, close_env_factories, make_driver
 from vagent.rollout.hf_policy import HFPolicy
-from vagent.runs import StepProgress, plot_run, save_checkpoint, save_rollouts, save_token_rows
+from vagent.runs import StepProgress, load_object, plot_run, save_checkpoint, save_rollouts, save_token_rows
 from vagent.runs.rundir import due
 from vagent.runs.samples import save_validation
 
@@ -83,23 +83,26 @@ class StepLoop:
     """The frame of an RL loop, as a context manager: the rollout set-up (``start_rollouts``) and
     progress bar on entry; on exit the bar, the driver and the remote envs' connection pools
     (``close_env_factories``) closed, also when the set-up itself fails after the driver started
-    (no Ray cluster or engine is left running); ``steps()`` validates at
-    step 0 (the policy after SFT) on a fresh run, then yields the number of updates done before
-    each step; ``finish(outcome, state)`` runs the step's tail and keeps the last validation's
-    metrics."""
+    (no Ray cluster or engine is left running); a resume (``resume_from``) of an overlapped run
+    hands the checkpoint's in-flight rollout back to the driver (``resume_in_flight``);
+    ``steps()`` validates at step 0 (the policy after SFT) on a fresh run, then yields the number
+    of updates done before each step; ``finish(outcome, state)`` runs the step's tail and keeps the
+    last validation's metrics."""
 
     policy: HFPolicy
     driver: RolloutDriver
     bar: StepProgress
 
-    def __init__(self, session: Session, start_step: int) -> None:
-        self.session, self.start_step = session, start_step
+    def __init__(self, session: Session, start_step: int, resume_from: str | None = None) -> None:
+        self.session, self.start_step, self.resume_from = session, start_step, resume_from
         self.last_val: dict[str, float] = {}
 
     def __enter__(self) -> StepLoop:
         cfg = self.session.cfg
         self.policy, self.driver = start_rollouts(self.session)
         try:
+            if self.resume_from is not None and cfg.rollout.overlap:
+                resume_in_flight(self.session, self.driver, self.resume_from, self.start_step)
             self.bar = StepProgress(cfg.steps, cfg.recipe.upper(), self.session.console, cfg.log.progress,
                                     start=self.start_step)
         except BaseException:
@@ -123,7 +126,30 @@ class StepLoop:
         yield from range(self.start_step, cfg.steps)  # `step` updates done; this one makes RL step step + 1
 
     def finish(self, outcome: StepOutcome, state: TrainState) -> None:
-        self.last_val = after_step(self.session, outcome, self.policy, state, self.bar) or self.last_val
+        self.last_val = after_step(self.session, outcome, self.policy, state, self.bar, self.driver) or self.last_val
+
+
+def resume_in_flight(session: Session, driver: RolloutDriver, checkpoint: str, step: int) -> None:
+    """Give an overlapped run's driver the rollout its checkpoint had in flight (``inflight.pt``),
+    so step ``step + 1`` trains on the episodes the uninterrupted run trained on, sampled with the
+    same (one update older) weights. A checkpoint without one (the last step of a run whose
+    ``steps`` the resume raised, or an older vagent's) resumes with fresh episodes, and the console
+    says so."""
+    saved = load_object(checkpoint, "inflight")
+    if saved is None:
+        if step < session.cfg.steps:
+            session.console.print(f"note: {checkpoint} holds no in-flight rollout (it was the run's last step before "
+                                  f"`steps` was raised, or an older vagent wrote it): step {step + 1} samples with the "
+                                  "checkpoint's weights (rollout/weights_lag 0), where an uninterrupted run would have "
+                                  "sampled it one update earlier")
+        return
+    if not isinstance(saved, InFlight):
+        from vagent.runs.checkpoint import CheckpointError
+
+        raise CheckpointError(f"{checkpoint}/inflight.pt holds a {type(saved).__name__}, not the in-flight rollout "
+                              "vagent saves: the checkpoint was not written by this run. Restore it or resume from "
+                              "an earlier checkpoint.")
+    driver.resume_in_flight(saved, step)
 
 
 def token_batch(session: Session, episodes: RolloutResult) -> TokenBatch:
@@ -228,11 +254,12 @@ def log_validation(session: Session, policy: HFPolicy, step: int) -> dict[str, f
 
 
 def after_step(session: Session, outcome: StepOutcome, policy: HFPolicy, state: TrainState,
-               bar: StepProgress) -> dict[str, float] | None:
+               bar: StepProgress, driver: RolloutDriver | None = None) -> dict[str, float] | None:
     """After RL step ``outcome.step`` (1..steps): log its metrics, validate on the ``val.every``
     schedule, save its rollouts and token rows, then checkpoint and redraw plots on their
     schedules; returns the validation metrics if it ran. Everything labelled with the step is
-    written before that step's checkpoint (a resume keeps it)."""
+    written before that step's checkpoint (a resume keeps it), and so is the ``driver``'s rollout
+    in flight (``rollout.overlap: 1``: the next step's episodes, ``inflight.pt``)."""
     cfg, log, step = session.cfg, session.cfg.log, outcome.step
     session.logger.log(step, outcome.metrics, phase="rl")
     report_errors(session, outcome)
@@ -250,6 +277,7 @@ def after_step(session: Session, outcome: StepOutcome, policy: HFPolicy, state: 
             session.run.checkpoints, "rl", step, state.modules, state.optimizers, state.schedulers,
             data_position={"rl_step": step}, keep_last=log.keep_last,
             export=policy_export(session, state.modules["policy"]),
+            objects={"inflight": driver.in_flight() if driver is not None else None},
         )
         session.last_checkpoint = str(ck)
     if due(log.plot_every, step, cfg.steps):

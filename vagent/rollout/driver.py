@@ -26,6 +26,10 @@ model, and the weight push, are built in :mod:`vagent.rollout.replicas`):
   log-probs. Needs a generator apart from the trainer's model (replicas >= 1 or vllm). In a job
   of several ranks the background rollout gathers the ranks' episodes on a process group of its
   own (``vagent.distributed.side_group``), so its collectives never meet the update's.
+  A checkpoint keeps what is in flight (``in_flight()``: the next step's episodes, waited for, the
+  weights version that sampled them and its canary metrics; ``inflight.pt``) and a resume hands it
+  back (``resume_in_flight``), so the resumed run trains step k+1 on the same episodes, sampled with
+  the same weights, as the uninterrupted one.
 
 The recipe's rollout is called as ``run(policy, step, unshard)``: ``unshard`` is True when the
 policy generates with the trainer's own model (a sharded model is then gathered once for the
@@ -50,6 +54,7 @@ import json
 import logging
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
@@ -136,6 +141,19 @@ def is_default(settings: RolloutConfig) -> bool:
     """Whether the rollout settings are the in-process, lockstep, overlap-free default."""
     return (settings.engine == "hf" and settings.replicas == 0 and settings.schedule == "lockstep"
             and settings.overlap == 0)
+
+
+@dataclass
+class InFlight:
+    """The rollout an overlapped run has in flight at a checkpoint: step ``step``'s episodes,
+    sampled with weights ``version`` (the trainer's after ``version`` updates), and the canary's
+    ``sync/*`` metrics of that version (the same episodes' record). Saved as the checkpoint's
+    ``inflight.pt``."""
+
+    step: int
+    version: int
+    episodes: RolloutResult
+    sync: dict[str, float] = field(default_factory=dict)
 
 
 class RolloutDriver:
@@ -232,6 +250,30 @@ class RolloutDriver:
         self._annotate(episodes, step, version if self.engine is not None else None)
         return episodes
 
+    def in_flight(self) -> InFlight | None:
+        """The background rollout, waited for (None without one): what a checkpoint saves so that a
+        resume trains the next step on the same episodes. The next ``get`` takes the same result."""
+        if self._pending is None:
+            return None
+        step, future, version = self._pending
+        return InFlight(step, version, future.result(), dict(self._sync.get(version, {})))
+
+    def resume_in_flight(self, saved: InFlight, step: int) -> None:
+        """Take back the rollout a checkpoint saved (``in_flight()``) as step ``step``'s, the first
+        step of the resumed run; a record of another step is refused (it is not this run's)."""
+        if not isinstance(saved, InFlight) or saved.step != step or saved.version > step:
+            what = (f"step {saved.step}, weights {saved.version}" if isinstance(saved, InFlight)
+                    else type(saved).__name__)
+            raise ValueError(f"the checkpoint's in-flight rollout ({what}) is not the rollout of step {step} that the "
+                             "resume starts with: the checkpoint's inflight.pt does not belong to it")
+        if self._pool is None:
+            raise ValueError("the checkpoint holds an in-flight rollout (rollout.overlap 1) and this run has overlap 0")
+        done: Future[RolloutResult] = Future()
+        done.set_result(saved.episodes)
+        self._pending = (saved.step, done, saved.version)
+        if saved.sync:
+            self._sync[saved.version] = dict(saved.sync)
+
     def _annotate(self, episodes: Sequence[Episode], step: int, pushed: int | None) -> None:
         """``rollout/weights_version`` and ``rollout/weights_lag``; with a generator of its own
         (``pushed``: the version pushed before the rollout), every turn must carry that version."""
@@ -315,5 +357,5 @@ def make_driver(cfg: RunConfig, loaded: LoadedModel, policy: Policy, run: Rollou
     return driver
 
 
-__all__ = ["RolloutDriver", "make_driver", "check_rollout_setup", "close_env_factories", "env_factory_for",
+__all__ = ["InFlight", "RolloutDriver", "make_driver", "check_rollout_setup", "close_env_factories", "env_factory_for",
            "is_default"]

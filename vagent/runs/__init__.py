@@ -14,7 +14,7 @@ Recipes (``vagent.recipes``) call these small pieces; none of them knows about a
 - :mod:`vagent.runs.lock`       one writer per run directory: ``run.lock``, held by the live job
 """
 
-from vagent.runs.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+from vagent.runs.checkpoint import list_checkpoints, load_checkpoint, load_object, save_checkpoint
 from vagent.runs.errors import (
     DiskFullError, ModelError, NonFiniteError, TrainingError, check_finite, is_disk_full, is_oom, oom_message,
 )
@@ -26,7 +26,8 @@ from vagent.runs.samples import save_rollouts
 from vagent.runs.tokens import save_token_rows
 
 __all__ = [
-    "list_checkpoints", "load_checkpoint", "save_checkpoint", "ModelError", "NonFiniteError", "TrainingError",
+    "list_checkpoints", "load_checkpoint", "load_object", "save_checkpoint", "ModelError", "NonFiniteError",
+    "TrainingError",
     "check_finite", "is_oom", "DiskFullError", "is_disk_full", "oom_message", "PREFIXES", "MetricsLogger",
     "read_metrics", "plot_run",
     "Console", "StepProgress", "startup_arithmetic", "RunDir", "existing_run_dir", "new_run_dir", "save_rollouts",

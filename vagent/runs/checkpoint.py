@@ -4,6 +4,8 @@ A checkpoint is a folder ``checkpoints/step_<step>`` (or ``sft_<step>`` during a
 
     state.pt     {"phase", "step", "data_position", "rng", "optimizers", "schedulers", "extra"}
     <name>.pt    a state_dict per module (policy, critic, ...) - exact for resuming
+    <object>.pt  an object the recipe saves beside them (``objects=``; e.g. ``inflight.pt``, the
+                 rollout an overlapped run had in flight: :func:`load_object`)
     policy/      the policy saved with save_pretrained + its tokenizer files (for eval / inference)
 
     manifest.json  every file's size and SHA-256, written last (vagent.runs.manifest)
@@ -132,13 +134,17 @@ def save_checkpoint(
     extra: Mapping[str, Any] | None = None,
     export: Callable[[Path], None] | None = None,
     keep_last: int = 2,
+    objects: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write a checkpoint atomically and prune old ones; returns its folder."""
+    """Write a checkpoint atomically and prune old ones; returns its folder. ``objects``: picklable
+    objects saved as ``<name>.pt`` beside the modules (read back with :func:`load_object`; in a
+    job, rank 0's are written)."""
     from vagent.distributed import world
 
+    objects = _checked_objects(objects, modules)
     if world().distributed:
         return _save_sharded(Path(ckpt_dir), phase, step, modules, optimizers, schedulers, data_position,
-                             extra, export, keep_last)
+                             extra, export, keep_last, objects)
     d = Path(ckpt_dir)
     final = d / _folder_name(phase, step)
     tmp = d / f".tmp-{final.name}-{os.getpid()}"
@@ -156,12 +162,39 @@ def save_checkpoint(
         }
         if export is not None:
             export(tmp / "policy")
+        for name, obj in objects.items():
+            _save(obj, tmp / f"{name}.pt")
         _save(state, tmp / "state.pt")
         _write_identity(tmp, d, phase, step)
         write_manifest(tmp)  # the commit point: last, after every file is on disk
         lock.unlink()
         _publish(tmp, final, d, phase, keep_last)
     return final
+
+
+#: file stems a checkpoint uses itself (an object saved under one of them would overwrite it)
+_RESERVED = ("state", "manifest", "identity", "policy", "dcp")
+
+
+def _checked_objects(objects: Mapping[str, Any] | None, modules: Mapping[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in (objects or {}).items() if v is not None}
+    for name in out:
+        if not re.fullmatch(r"[a-z][a-z0-9_]*", name) or name in _RESERVED or name in modules or name.startswith("rng"):
+            raise ValueError(f"checkpoint object name {name!r} must be a lowercase identifier that is not a module "
+                             f"({sorted(modules)}) or one of {_RESERVED} / rng*")
+    return out
+
+
+def load_object(path: str | Path, name: str) -> Any:
+    """The object ``save_checkpoint(objects={name: ...})`` saved in checkpoint ``path``, or None
+    when it has none (a checkpoint written without it). The caller has verified the checkpoint
+    (``load_checkpoint`` checks its manifest), so the file is the one the save wrote."""
+    f = Path(path) / f"{name}.pt"
+    if not f.is_file():
+        return None
+    out: list[Any] = []
+    _load_into(f, lambda: out.append(torch.load(f, map_location="cpu", weights_only=False)))
+    return out[0]
 
 
 def _save(obj: Any, path: Path) -> None:
@@ -476,7 +509,7 @@ def _sharded_state(modules: Mapping[str, torch.nn.Module], optimizers: Mapping[s
 def _save_sharded(d: Path, phase: str, step: int, modules: Mapping[str, torch.nn.Module],
                   optimizers: Mapping[str, torch.optim.Optimizer], schedulers: Mapping[str, Any],
                   data_position: Any, extra: Mapping[str, Any] | None, export: Callable[[Path], None] | None,
-                  keep_last: int) -> Path:
+                  keep_last: int, objects: Mapping[str, Any]) -> Path:
     """Every rank writes its shards into one temporary folder; rank 0 writes state.pt and renames
     it into place (the same atomicity as one process: a killed job leaves no half checkpoint)."""
     import torch.distributed.checkpoint as dcp
@@ -500,6 +533,8 @@ def _save_sharded(d: Path, phase: str, step: int, modules: Mapping[str, torch.nn
                 "optimizers": {}, "schedulers": {k: s.state_dict() for k, s in schedulers.items()},
                 "extra": dict(extra or {}), "world_size": w.size, "format": "dcp",
             }
+            for name, obj in objects.items():
+                _save(obj, tmp / f"{name}.pt")
             _save(state, tmp / "state.pt")
             _write_identity(tmp, d, phase, step)
             write_manifest(tmp)  # every rank's files: the commit point
