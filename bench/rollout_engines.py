@@ -18,8 +18,10 @@ Three measurements, each side by side in one process on the same seeds:
    planning); checks that both played the same ids.
 5. ``train``: the default run (``vagent train`` with no config: configs/frozenlake_ppo.yaml),
    ``--train-steps`` RL steps with SFT and validation off, with ``rollout.engine`` hf and vllm:
-   median RL step time, median rollout generation time, and the run's wall time (vLLM's start-up
-   included), in ``vagent train`` subprocesses after an untimed run that builds the tiny model.
+   median RL step time, median rollout generation time, the run's wall time (vLLM's start-up
+   included), and each step split into generation, the rest of the rollout, the weight push and
+   canary before it, and scoring + update (with the batch's tokens: sampled replies differ by
+   engine), in ``vagent train`` subprocesses after an untimed run that builds the tiny model.
 
 Run:  PYTHONPATH=. python bench/rollout_engines.py [--episodes 16] [--turns 3] [--part all]
       PYTHONPATH=. .venv-vllm/bin/python bench/rollout_engines.py --part vllm   (and --part train
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -151,6 +154,7 @@ def bench_vllm(args, model_dir, loaded, specs, sampling, rows):
     rows.append(("HFEngine (in process)", len(ref) / s0, tokens(ref) / s0, s0, "-", "reference"))
     t0 = time.perf_counter()
     engine = VLLMEngine(model_dir, loaded.encoder, dtype="float32")
+    engine.start()
     start = time.perf_counter() - t0
     try:
         s, eps = timed(HFPolicy(engine))
@@ -183,7 +187,20 @@ def bench_train(args, rows):
         recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
         recs = [r for r in recs if "perf/step_time_s" in r]
         rows.append((f"rollout.engine {engine}", statistics.median(r["perf/step_time_s"] for r in recs), wall,
-                     statistics.median(r["perf/generate_time_s"] for r in recs)))
+                     statistics.median(r["perf/generate_time_s"] for r in recs), step_parts(recs)))
+
+
+def step_parts(recs: list[dict]) -> str:
+    """Each RL step's time split (from its metrics): generate / the rest of the rollout / push and
+    canary (what the step spent before its rollout and batch: the weight push, the canary's
+    check) / scoring + update, and the batch's tokens."""
+    out = []
+    for r in recs:
+        rollout, update = r["perf/rollout_time_s"], r["perf/update_time_s"]
+        before = r["perf/step_time_s"] - rollout - update
+        out.append(f"{r['perf/generate_time_s']:.2f} / {rollout - r['perf/generate_time_s']:.2f} / {before:.2f}"
+                   f" (canary {r.get('sync/canary_s', 0.0):.2f}) / {update:.2f}, {r.get('rollout/batch_tokens', 0):.0f} tok")
+    return "; ".join(out)
 
 
 def main() -> None:
@@ -214,7 +231,7 @@ def main() -> None:
     env = {"format": "grounding_worldmodeling", "render": "vision", "image_size": 128, "description_style": "symbolic"}
     specs = [EnvSpec("frozenlake", env, 10_000 + s) for s in range(args.episodes)]
     sampling = SamplingConfig(temperature=0.0, max_new_tokens=args.max_new_tokens, stop=["</answer>"])
-    rows: list[tuple[str, float, float, str]] = []
+    rows: list[tuple] = []
     if args.part in ("all", "replicas"):
         bench_replicas(args, loaded, specs, sampling, rows)
     if args.part in ("all", "schedule"):
@@ -237,11 +254,12 @@ def main() -> None:
         rows.clear()
         bench_train(args, rows)
         print(f"\nthe default run (configs/frozenlake_ppo.yaml), {args.train_steps} RL steps, sft.steps=0, val.every=0 "
-              f"{' '.join(args.train_override)}")
-        print("| setting | median step s | median generate s | wall s |\n|---|---|---|---|")
+              f"{' '.join(args.train_override)}; load average {os.getloadavg()[0]:.2f} at the end")
+        print("| setting | median step s | median generate s | wall s | per step: generate / rest of rollout / push + "
+              "canary / scoring + update s, batch tokens |\n|---|---|---|---|---|")
         hf_step = rows[0][1]
-        for name, step_s, wall, gen in rows:
-            print(f"| {name} | {step_s:.2f} ({hf_step / step_s:.2f}x hf) | {gen:.2f} | {wall:.1f} |")
+        for name, step_s, wall, gen, parts in rows:
+            print(f"| {name} | {step_s:.2f} ({hf_step / step_s:.2f}x hf) | {gen:.2f} | {wall:.1f} | {parts} |")
     if args.part in ("all", "overlap"):
         rows.clear()
         bench_overlap(args, rows)

@@ -69,6 +69,7 @@ def test_the_docs_example_runs_and_a_push_prints_no_failed_to_load_line(tmp_path
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-4000:]
     assert "tokens, version 0" in out.stdout and "version after the push: 1" in out.stdout, out.stdout
+    assert "refused before start-up: True | request 0: VLLMEngine needs the raw images" in out.stdout, out.stdout
     assert "Failed to load weights" not in text.replace("'Failed to load weights'", ""), text[-4000:]
     assert text.count("is expected (they hold no pushed tensor") <= 1
     assert " INFO " not in text, [line for line in text.splitlines() if " INFO " in line][:5]

@@ -202,3 +202,73 @@ def test_unservable_head_size_is_refused_before_vllm_starts(tmp_path, qwen25):
 
 def test_greedy_ids_and_logprobs_equal_hf_qwen3_vl(qwen3, make_images):
     _parity(*qwen3, make_images)
+
+
+def _dict_path_logprobs(engine, requests_, params, seeds):
+    """The recorded log-probs as the engine computed them before (vLLM's dict log-probs of the
+    sampled token and the placeholders, corrected token by token with ``unsuppressed_logprob``)."""
+    from vagent.models.vllm_engine import unsuppressed_logprob
+
+    sps = []
+    for s in seeds:
+        sp = engine._sampling(params, s).clone()
+        sp.flat_logprobs, sp.logprobs = False, len(engine.suppress_token_ids)
+        sps.append(sp)
+    outs = engine.llm.generate([engine._prompt(i, r) for i, r in enumerate(requests_)], sps, use_tqdm=False)
+    temperature = params.temperature if params.do_sample else 1.0
+    ids = [list(o.outputs[0].token_ids) for o in outs]
+    fixed = [[unsuppressed_logprob(st[t].logprob, [st[s].logprob for s in engine.suppress_token_ids if s != t], temperature)
+              for t, st in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)] for o in outs]
+    biased = [[st[t].logprob for t, st in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)] for o in outs]
+    return ids, fixed, biased
+
+
+@pytest.mark.parametrize("params", [SamplingParams(do_sample=True, temperature=0.7, max_new_tokens=24),
+                                    SamplingParams(do_sample=False, max_new_tokens=24)], ids=["sampled", "greedy"])
+def test_recorded_logprobs_equal_the_per_token_placeholder_correction(qwen25, make_images, params):
+    """The flat, vectorised correction (issue 48 part 5) records what the per-token one over vLLM's
+    dict log-probs did, within 1e-6, on replies where the correction itself moves log-probs by more
+    than that (the placeholders hold mass in the re-drawn tiny model)."""
+    from dataclasses import replace
+
+    loaded, engine = qwen25
+    seeds = list(range(200, 206))
+    reqs = [replace(r, seed=s) for r, s in zip(requests(loaded.encoder, make_images, range(60, 66)), seeds)]
+    got = engine.generate(reqs, params)
+    ids, fixed, biased = _dict_path_logprobs(engine, reqs, params, seeds)
+    moved = 0.0
+    for out, want_ids, want, raw in zip(got, ids, fixed, biased):
+        assert out.token_ids == want_ids[:len(out.token_ids)]
+        assert out.logprobs == pytest.approx(want[:len(out.logprobs)], abs=1e-6, rel=0)
+        moved = max(moved, max(abs(a - b) for a, b in zip(want, raw)))
+    assert moved > 1e-6, "precondition: the correction matters on these replies"
+
+
+def test_a_request_without_images_is_refused_before_vllm_starts(qwen25, make_images):
+    """Issue 44 point 5: the engine starts on first use, after its requests are checked: a request
+    without its raw images (or with too many, or too long) fails at once, and vLLM never starts."""
+    import time
+
+    from vagent.models.vllm_engine import VLLMEngine
+
+    loaded, running = qwen25
+    t0 = time.perf_counter()
+    engine = VLLMEngine(running._llm_args["model"], loaded.encoder, **{**ENGINE_KW, "max_model_len": 512},
+                        max_images_per_prompt=1)
+    (good,) = requests(loaded.encoder, make_images, [0])
+    bare = GenerationRequest(good.input_ids, good.pixel_values, good.image_grid_thw)  # no images=
+    with pytest.raises(ValueError, match=r"request 0: VLLMEngine needs the raw images.*1 image\(s\) in the prompt, 0 given"):
+        engine.generate([bare], GREEDY)
+    images = make_images(2, seed=1)
+    seg = loaded.encoder.encode_user("<image> and <image>", images)
+    two = GenerationRequest(list(seg.input_ids), seg.pixel_values, seg.image_grid_thw, images=tuple(images))
+    with pytest.raises(ValueError, match="2 images in one prompt, above the engine's max_images_per_prompt 1"):
+        engine.generate([two], GREEDY)
+    long = GenerationRequest(list(good.input_ids) + [good.input_ids[-1]] * 600, good.pixel_values, good.image_grid_thw,
+                             images=good.images)
+    with pytest.raises(ValueError, match="max_model_len 512"):
+        engine.generate([long], GREEDY)
+    assert not engine.started and time.perf_counter() - t0 < 15
+    engine.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        engine.generate([good], GREEDY)

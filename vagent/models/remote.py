@@ -239,6 +239,7 @@ class VLLMReplica:
         from vagent.models.vllm_engine import VLLMEngine
 
         self.vllm = VLLMEngine(model_dir, encoder, colocate=False, **engine_kwargs)
+        self.vllm.start()  # now, not at the first push: ready() answers once the engine is up
         self.engine = BatchingEngine(self.vllm, max_batch=max_batch)
 
     def ready(self) -> tuple[int, bool]:

@@ -21,8 +21,14 @@ What it does:
   distribution; the recipes rescore log pi_old anyway). Greedy uses temperature 1.
 - **Placeholders**: the image / video placeholder tokens are never sampled (as in ``HFEngine``): a
   logit bias of -100 (vLLM's limit) suppresses them, their biased log-probs are returned too
-  (``logprob_token_ids``), and the recorded log-prob is corrected to the model's own distribution,
-  without the bias (:func:`unsuppressed_logprob`), as ``HFEngine`` records it.
+  (``logprob_token_ids`` alone: no top-k search, in vLLM's flat container, ``flat_logprobs``),
+  and the recorded log-prob is corrected to the model's own distribution, without the bias
+  (:func:`unsuppressed_logprobs`, one numpy pass per reply), as ``HFEngine`` records it. The
+  correction is needed: on the re-drawn tiny Qwen2.5-VL it moves recorded log-probs by up to
+  7.6e-5 (``bench/vllm_engine.py --part cost``), and vLLM has no log-prob mode without the bias
+  at T != 1 (``raw_logprobs`` is before the temperature too). Asking for the ids alone, flat, costs
+  0.94x (sampled) / 0.99x (greedy) of vLLM asked for the sampled token's log-prob only (the dict
+  path with a top-k: 0.82x / 0.84x).
 - **Stop strings and EOS**: ``stop`` with ``include_stop_str_in_output``, ``stop_token_ids`` = the
   encoder's EOS ids.
 - **Seeds**: a request's ``GenerationRequest.seed`` is its ``SamplingParams.seed`` (its draws depend
@@ -58,6 +64,12 @@ What it does:
   (and offloads weights at level 1); ``update_weights`` wakes the weights, loads the new ones,
   then wakes the KV cache (vLLM's advice, to avoid holding both during the load). A no-op where
   vLLM has no sleep mode.
+
+- **Start on first use**: the constructor checks what it can without vLLM's engine (platform, head
+  size, settings) and returns; vLLM's ``LLM`` (model load, KV cache: tens of seconds on a small
+  CPU) is built by the first ``generate`` or push, or by ``start()``. ``generate`` checks its
+  requests first (raw images present, images per prompt, prompt length), so a malformed request
+  fails at once, before the start-up is paid.
 
 Not thread-safe (``LLM.generate`` is not): put a ``BatchingEngine`` in front for the async rollout.
 """
@@ -167,6 +179,28 @@ def unsuppressed_logprob(logprob: float, suppressed: Sequence[float], temperatur
     shift = SUPPRESS_BIAS / temperature
     total = 1.0 - sum(math.exp(x) for x in suppressed) + sum(math.exp(x - shift) for x in suppressed)
     return logprob - math.log(total)
+
+
+def unsuppressed_logprobs(flat: Any, n_ids: int, temperature: float) -> list[float]:
+    """:func:`unsuppressed_logprob` of every position of a reply at once, from vLLM's
+    ``FlatLogprobs`` of a request with ``logprob_token_ids`` = the ``n_ids`` suppressed ids: each
+    position holds the sampled token's processed log-prob first, then the suppressed ids' (a
+    suppressed id equal to the sampled token is left out of the sum, as there)."""
+    import numpy as np
+
+    if len(flat.start_indices) == 0:
+        return []
+    width = 1 + n_ids
+    if len(flat.logprobs) != width * len(flat.start_indices):
+        raise RuntimeError(f"vLLM returned {len(flat.logprobs)} log-probs for {len(flat.start_indices)} positions; "
+                           f"expected {width} per position (the sampled token and {n_ids} suppressed ids)")
+    lp = np.asarray(flat.logprobs, dtype=np.float64).reshape(-1, width)  # [positions, 1 + n_ids]
+    ids = np.asarray(flat.token_ids, dtype=np.int64).reshape(-1, width)
+    other = ids[:, 1:] != ids[:, :1]  # [positions, n_ids]: the suppressed ids that were not sampled
+    sup = lp[:, 1:]
+    shift = SUPPRESS_BIAS / temperature
+    total = 1.0 - np.where(other, np.exp(sup), 0.0).sum(1) + np.where(other, np.exp(sup - shift), 0.0).sum(1)
+    return (lp[:, 0] - np.log(total)).tolist()
 
 
 def collapse_image_runs(input_ids: Sequence[int], image_token_id: int | None) -> list[int]:
@@ -300,33 +334,69 @@ class VLLMEngine:
         self._lora: Any = None  # the LoRARequest of the adapter pushed last
         self._lora_root = Path(tempfile.mkdtemp(prefix="vagent-lora-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
         mm_kwargs = {"min_pixels": encoder.min_pixels, "max_pixels": encoder.max_pixels} if encoder.is_vision else None
-        with _in_process_vllm() if self.in_process else contextlib.nullcontext():
-            self.llm = vllm.LLM(
-                model=str(model_path), dtype=dtype, gpu_memory_utilization=share, max_model_len=max_model_len,
-                seed=seed, limit_mm_per_prompt={"image": max_images_per_prompt} if encoder.is_vision else None,
-                mm_processor_kwargs=mm_kwargs, logprobs_mode="processed_logprobs",
-                enable_sleep_mode=self.sleep_mode, enable_prefix_caching=True,
-                enforce_eager=self.in_process if enforce_eager is None else enforce_eager, **llm_kwargs,
-            )
-        self._client = _LocalSyncClient(self.llm)
+        self.max_model_len = int(max_model_len)
+        self.max_images_per_prompt = int(max_images_per_prompt)
+        #: ``vllm.LLM``'s arguments; it is built by :meth:`start` (first use), so that requests are
+        #: checked before the engine's start-up (seconds to minutes) is paid
+        self._llm_args: dict[str, Any] = dict(
+            model=str(model_path), dtype=dtype, gpu_memory_utilization=share, max_model_len=self.max_model_len,
+            seed=seed, limit_mm_per_prompt={"image": self.max_images_per_prompt} if encoder.is_vision else None,
+            mm_processor_kwargs=mm_kwargs, logprobs_mode="processed_logprobs",
+            enable_sleep_mode=self.sleep_mode, enable_prefix_caching=True,
+            enforce_eager=self.in_process if enforce_eager is None else enforce_eager, **llm_kwargs,
+        )
+        self._llm: Any = None
+        self._closed = False
+        self._client: _LocalSyncClient | None = None
         self._sender: Any = None
         self._pending: list[tuple[str, torch.Tensor]] = []
         self.asleep = False
         #: the version of the weights vLLM holds (0 = loaded from model_path)
         self.weights_version = 0
-        self.llm.update_weight_version("0")
         self.stats = {"requests": 0, "weight_pushes": 0}
+
+    @property
+    def started(self) -> bool:
+        """Whether vLLM's engine has been built (:meth:`start`)."""
+        return self._llm is not None
+
+    @property
+    def llm(self) -> Any:
+        """vLLM's ``LLM`` (started on first use: :meth:`start`)."""
+        return self.start()
+
+    def start(self) -> Any:
+        """Build vLLM's engine now (model load, KV cache; the first ``generate`` or push does it
+        otherwise) and return its ``LLM``. A closed engine raises RuntimeError."""
+        if self._closed:
+            raise RuntimeError("this VLLMEngine was closed (close()); build a new one")
+        if self._llm is None:
+            with _in_process_vllm() if self.in_process else contextlib.nullcontext():
+                llm = self._vllm.LLM(**self._llm_args)
+            llm.update_weight_version(str(self.weights_version))
+            self._llm, self._client = llm, _LocalSyncClient(llm)
+        return self._llm
 
     # ------------------------------------------------------------------ generation
     def decode(self, ids: list[int]) -> str:
         return self.encoder.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     def _prompt(self, i: int, r: GenerationRequest) -> dict:
+        """Request ``i`` as vLLM's prompt; a request vLLM would refuse (or serve wrongly) raises
+        ValueError here, before vLLM starts."""
         n_images = 0 if r.image_grid_thw is None else int(r.image_grid_thw.shape[0])
         if len(r.images) != n_images:
             raise ValueError(f"request {i}: VLLMEngine needs the raw images in GenerationRequest.images "
-                             f"({n_images} image(s) in the prompt, {len(r.images)} given; HFPolicy passes "
-                             "them when engine.needs_images)")
+                             f"({n_images} image(s) in the prompt, {len(r.images)} given): pass the PIL images the "
+                             "prompt was encoded with, GenerationRequest(ids, pixel_values, image_grid_thw, "
+                             "images=(image, ...)) (HFPolicy does when engine.needs_images)")
+        if n_images > self.max_images_per_prompt:
+            raise ValueError(f"request {i}: {n_images} images in one prompt, above the engine's max_images_per_prompt "
+                             f"{self.max_images_per_prompt}; build VLLMEngine(..., max_images_per_prompt={n_images})")
+        if len(r.input_ids) >= self.max_model_len:
+            raise ValueError(f"request {i}: its prompt has {len(r.input_ids)} tokens, which leaves no room under the "
+                             f"engine's max_model_len {self.max_model_len}; build VLLMEngine(..., max_model_len=N) with "
+                             "N above the prompt plus max_new_tokens (training: model.max_context_tokens)")
         prompt: dict = {"prompt_token_ids": collapse_image_runs(r.input_ids, self.encoder.image_token_id)}
         if n_images:
             prompt["multi_modal_data"] = {"image": list(r.images)}
@@ -338,21 +408,24 @@ class VLLMEngine:
             n=1, temperature=params.temperature if sample else 0.0, top_p=params.top_p if sample else 1.0,
             top_k=params.top_k if (sample and params.top_k > 0) else -1, max_tokens=params.max_new_tokens,
             stop=list(params.stop_strings) or None, include_stop_str_in_output=True,
-            stop_token_ids=list(self.encoder.eos_token_ids), logprobs=len(self.suppress_token_ids),
-            seed=seed if sample else None,
+            stop_token_ids=list(self.encoder.eos_token_ids), seed=seed if sample else None,
             skip_special_tokens=True, repetition_penalty=1.0,
             logit_bias={t: SUPPRESS_BIAS for t in self.suppress_token_ids} or None,
-            logprob_token_ids=list(self.suppress_token_ids) or None,
+            # the sampled token's log-prob and the suppressed ids' (no top-k): ``logprobs`` stays
+            # unset, which vLLM would otherwise also serve (a top-k search it then discards)
+            logprobs=None if self.suppress_token_ids else 0,
+            logprob_token_ids=list(self.suppress_token_ids) or None, flat_logprobs=True,
         )
 
-    def _logprobs(self, ids: list[int], steps: Sequence[Mapping[int, Any]], params: SamplingParams) -> list[float]:
-        """The sampled tokens' log-probs without the suppression bias (:func:`unsuppressed_logprob`;
+    def _logprobs(self, ids: list[int], flat: Any, params: SamplingParams) -> list[float]:
+        """The sampled tokens' log-probs without the suppression bias (:func:`unsuppressed_logprobs`;
         greedy: T = 1, vLLM's greedy path applies no temperature)."""
+        if not self.suppress_token_ids:
+            return [float(x) for x in flat.logprobs]
         temperature = params.temperature if params.do_sample else 1.0
-        out = []
-        for t, step in zip(ids, steps):
-            suppressed = [step[s].logprob for s in self.suppress_token_ids if s in step and s != t]
-            out.append(unsuppressed_logprob(float(step[t].logprob), suppressed, temperature))
+        out = unsuppressed_logprobs(flat, len(self.suppress_token_ids), temperature)
+        if len(out) != len(ids):
+            raise RuntimeError(f"vLLM returned log-probs for {len(out)} of {len(ids)} sampled tokens")
         return out
 
     def _version_of(self, completion: Any) -> int:
@@ -367,11 +440,11 @@ class VLLMEngine:
     def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[GenerationOutput]:
         if not requests:
             raise ValueError("generate() needs at least one request")
-        if self.llm is None:
+        if self._closed:
             raise RuntimeError("this VLLMEngine was closed (close()); build a new one")
+        prompts = [self._prompt(i, r) for i, r in enumerate(requests)]  # checked before vLLM starts
         if self.asleep:
             self.wake_up()
-        prompts = [self._prompt(i, r) for i, r in enumerate(requests)]
         seeds = [r.seed if r.seed is not None else (None if params.seed is None else params.seed * 1_000_003 + i)
                  for i, r in enumerate(requests)]
         outs = self.llm.generate(prompts, [self._sampling(params, s) for s in seeds], use_tqdm=False,
@@ -391,7 +464,7 @@ class VLLMEngine:
     def sleep(self) -> None:
         """Free the KV cache (and offload weights at level 1) while the trainer updates (CUDA, colocated;
         a no-op where vLLM has no sleep mode)."""
-        if self.sleep_mode and not self.asleep:
+        if self.sleep_mode and not self.asleep and self.started:
             self.llm.sleep(level=self.sleep_level)
             self.asleep = True
 
@@ -460,12 +533,14 @@ class VLLMEngine:
 
     def _push(self, pairs: list[tuple[str, torch.Tensor]], version: int | None) -> int:
         version = self.weights_version + 1 if version is None else int(version)
+        llm = self.start()
         if self.asleep:
             self.wake_up(tags=["weights"])  # weights first: the KV cache is allocated after the load
         if self.in_process:  # the worker is in this process: vLLM's in-place reload reads the tensors
-            self.llm.collective_rpc(_reload_in_worker, kwargs={"pairs": pairs})
-            self.llm.update_weight_version(str(version))
+            llm.collective_rpc(_reload_in_worker, kwargs={"pairs": pairs})
+            llm.update_weight_version(str(version))
         else:
+            assert self._client is not None  # set by start()
             self._client.version = str(version)
             self._pending = [(n, t if t.is_cuda else t.to("cuda", non_blocking=True)) for n, t in pairs]
             try:
@@ -516,7 +591,7 @@ class VLLMEngine:
         if self._sender is not None:
             self._sender.shutdown()
             self._sender = None
-        llm, self.llm = self.llm, None
+        llm, self._llm, self._closed = self._llm, None, True
         core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
         if core is not None:
             core.shutdown()
@@ -559,4 +634,4 @@ def _read_config(model_path: str | Path) -> dict:
 
 __all__ = ["VLLMEngine", "DEFAULT_MEMORY_SHARE", "SUPPRESS_BIAS", "collapse_image_runs", "import_vllm",
            "ExpectedReloadWarnings", "quiet_vllm_logging", "DEFAULT_VLLM_LOG_LEVEL", "EXPECTED_RELOAD_WARNINGS",
-           "unsuppressed_logprob", "vllm_device", "VLLM_HINT"]
+           "unsuppressed_logprob", "unsuppressed_logprobs", "vllm_device", "VLLM_HINT"]
