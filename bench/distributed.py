@@ -109,7 +109,7 @@ def gpu(args: argparse.Namespace) -> None:
         input_ids=ids, attention_mask=real.long(), loss_mask=loss, old_logprobs=f32,
         turn_end_mask=torch.zeros(B, L, dtype=torch.bool), token_rewards=f32.clone(),
         turn_index=torch.full((B, L), -1), bootstrap_index=torch.full((B,), -1), truncated=torch.zeros(B, dtype=torch.bool),
-        scores=torch.zeros(B), group_ids=torch.arange(B), traj_ids=torch.arange(B), row_turn=torch.full((B,), -1),
+        episode_returns=torch.zeros(B), group_ids=torch.arange(B), traj_ids=torch.arange(B), row_turn=torch.full((B,), -1),
         pixel_values=None, image_grid_thw=None, state_keys=[[] for _ in range(B)],
         n_images=torch.zeros(B, dtype=torch.long), episode_index=torch.arange(B),
     ).to(device)

@@ -26,7 +26,7 @@ def group_batch() -> SimpleNamespace:
     """One group of three one-row trajectories with scores 1, 0, 0 and two sampled tokens each."""
     M = torch.tensor([[0, 1, 1]] * 3, dtype=torch.bool)
     return SimpleNamespace(batch_size=3, traj_ids=torch.tensor([0, 1, 2]), group_ids=torch.zeros(3, dtype=torch.long),
-                           scores=torch.tensor([1.0, 0.0, 0.0]), loss_mask=M)
+                           episode_returns=torch.tensor([1.0, 0.0, 0.0]), loss_mask=M)
 
 
 @pytest.mark.parametrize("estimator, expected", [

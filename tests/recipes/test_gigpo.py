@@ -44,7 +44,7 @@ def hand_batch(per_turn: bool):
         row_turn.append(k if per_turn else -1)
     return SimpleNamespace(
         batch_size=B, traj_ids=torch.tensor([t for t, _ in rows]), group_ids=torch.zeros(B, dtype=torch.long),
-        scores=torch.tensor([1.0 if t == 0 else 0.0 for t, _ in rows]), loss_mask=M, turn_end_mask=end,
+        episode_returns=torch.tensor([1.0 if t == 0 else 0.0 for t, _ in rows]), loss_mask=M, turn_end_mask=end,
         turn_index=tidx, token_rewards=rew, state_keys=state_keys, row_turn=torch.tensor(row_turn))
 
 
@@ -110,7 +110,7 @@ def test_ppo_filter_keeps_whole_groups():
     cfg = load_config(None, ["rollout.group_size=2", "ppo.filter=top_k", "ppo.filter_value=0.5"])
     batch = hand_batch(per_turn=False)
     batch.group_ids = torch.tensor([0, 1])
-    batch.scores = torch.tensor([1.0, 0.0])
+    batch.episode_returns = torch.tensor([1.0, 0.0])
     batch.select = lambda rows: rows
     rows, scale, metrics = filter_groups(batch, cfg.ppo)
     assert scale == 1.0 and metrics["filter/kept_groups"] == 1.0 and len(rows) == 1

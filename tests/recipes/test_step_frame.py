@@ -34,7 +34,7 @@ class _ClosingDriver(RolloutDriver):
 def test_step_loop_starts_rollouts_on_entry_and_closes_them_when_the_setup_fails(monkeypatch):
     started = []
 
-    def start_rollouts(session):
+    def start_rollouts(session, reasoning):
         started.append(session)
         return None, _ClosingDriver(lambda policy, step, unshard: [], policy=None)
 
@@ -46,7 +46,7 @@ def test_step_loop_starts_rollouts_on_entry_and_closes_them_when_the_setup_fails
     monkeypatch.setattr(tail, "start_rollouts", start_rollouts)
     monkeypatch.setattr(tail, "StepProgress", no_bar)
     _ClosingDriver.closed = 0
-    session = SimpleNamespace(cfg=load_config(None, []), console=None)
+    session = SimpleNamespace(cfg=load_config(None, []), console=None, reasoning_reward=lambda: None)
     loop = tail.StepLoop(session, 0)
     assert started == []  # building the frame starts nothing: a failure before `with` leaks nothing
     with pytest.raises(OSError, match="terminal"):
@@ -62,9 +62,10 @@ def test_step_loop_exit_closes_the_driver_and_the_env_pools(monkeypatch):
     pool = Transport("http://127.0.0.1:9")
     monkeypatch.setitem(driver_module._FACTORIES, ("http://127.0.0.1:9",), SimpleNamespace(transport=pool))
     monkeypatch.setattr(tail, "start_rollouts",
-                        lambda session: (None, _ClosingDriver(lambda policy, step, unshard: [], policy=None)))
+                        lambda session, reasoning: (None, _ClosingDriver(lambda policy, step, unshard: [], policy=None)))
     _ClosingDriver.closed = 0
-    session = SimpleNamespace(cfg=load_config(None, ["log.progress=false"]), console=None)
+    session = SimpleNamespace(cfg=load_config(None, ["log.progress=false"]), console=None,
+                              reasoning_reward=lambda: None)
     with tail.StepLoop(session, 0) as loop:
         assert isinstance(loop.driver, _ClosingDriver)
     assert _ClosingDriver.closed == 1 and pool.http.closed and not driver_module._FACTORIES

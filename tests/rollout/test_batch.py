@@ -78,7 +78,7 @@ def test_concat_rows_match_an_independent_reconstruction(encoder):
             pieces.append((user_ids(encoder, ep.final_observation), False))
         check_row(batch, b, pieces, ep, ep.turns)
         assert batch.row_turn[b] == -1 and batch.traj_ids[b] == ep.traj_id and batch.group_ids[b] == ep.group_id
-        assert batch.scores[b] == pytest.approx(ep.total_reward)
+        assert batch.episode_returns[b] == pytest.approx(ep.total_reward)
         assert len(batch.state_keys[b]) == len(ep.turns)
         # observation, image and template tokens never get mask 1
         row = batch.input_ids[b]

@@ -76,13 +76,14 @@ def mini_batches(n_rows: int, n_mini: int, seed: int) -> list[list[int]]:
 def filter_groups(batch: TokenBatch, settings: GRPOConfig | PPOConfig) -> tuple[TokenBatch, float, dict[str, float]]:
     """(kept rows of the batch, advantage scale, filter/* metrics) of the reward-variance filter
     ``settings.filter`` / ``filter_value`` (the recipe's: ``cfg.grpo`` or ``cfg.ppo``), over the
-    groups' trajectory returns (``batch.scores``)."""
+    groups' trajectory returns (``batch.episode_returns``)."""
     if settings.filter == "none":
         return batch, 1.0, {}
     trajs, row_traj = torch.unique(batch.traj_ids, return_inverse=True)
     first = torch.full((trajs.numel(),), batch.batch_size, dtype=torch.long, device=row_traj.device)
     first = first.scatter_reduce(0, row_traj, torch.arange(batch.batch_size, device=row_traj.device), "amin")
-    result = variance_filter(batch.scores[first], batch.group_ids[first], settings.filter, settings.filter_value)
+    result = variance_filter(batch.episode_returns[first], batch.group_ids[first], settings.filter,
+                             settings.filter_value)
     keep_traj = torch.zeros(trajs.numel(), dtype=torch.bool, device=row_traj.device)
     keep_traj[result.kept_indices.to(row_traj.device)] = True
     rows = keep_traj[row_traj].nonzero()[:, 0]

@@ -4,7 +4,7 @@ A group is ``rollout.group_size`` episodes of the same env, seed and config. Eac
 
     1. rollout     n_train envs x group_size episodes (seeds from (run seed, step)), sampled
     2. rewards     each episode's return R = sum of its turn rewards (env + reasoning judges;
-                   ``TokenBatch.scores``); optional reward-variance filter: keep the groups whose
+                   ``TokenBatch.episode_returns``); optional reward-variance filter: keep the groups whose
                    returns vary most
     3. scoring     no-grad passes: log pi_old, log pi_ref (if KL)
     4. advantages  grpo: (R - mean_g) / (std_g + eps) | rloo: leave-one-out | reinforce_pp,
@@ -80,7 +80,7 @@ def train_grpo(session: Session, start_step: int = 0, resume_from: str | None = 
 
             # 1-2. rollout (each episode's return is the sum of its turn rewards); the reward-variance
             #      filter keeps the groups whose returns vary most
-            episodes = loop.driver.get(step)
+            episodes = loop.rollout(step)
             batch, filter_scale, filter_metrics = filter_groups(token_batch(session, episodes), cfg.grpo)
             clock.update_starts()
 
@@ -126,12 +126,12 @@ def group_advantages(cfg: RunConfig, batch: TokenBatch, scores: Scores, filter_s
 
 def trajectory_advantages(cfg: RunConfig, batch: TokenBatch) -> Tensor:
     """Advantages [B, L] of the configured ``grpo.estimator``, from the trajectory returns
-    (``batch.scores``): one value per trajectory (or per trajectory and turn, gigpo) on its rows'
+    (``batch.episode_returns``): one value per trajectory (or per trajectory and turn, gigpo) on its rows'
     M=1 tokens."""
     trajs, row_traj = torch.unique(batch.traj_ids, return_inverse=True)  # [T], [B] -> trajectory slot
     first = torch.full((trajs.numel(),), batch.batch_size, dtype=torch.long, device=row_traj.device)
     first = first.scatter_reduce(0, row_traj, torch.arange(batch.batch_size, device=row_traj.device), "amin")
-    returns, groups = batch.scores[first], batch.group_ids[first]  # [T]
+    returns, groups = batch.episode_returns[first], batch.group_ids[first]  # [T]
     return GRPO_ESTIMATORS[cfg.grpo.estimator](cfg.grpo, batch, row_traj, returns, groups)
 
 

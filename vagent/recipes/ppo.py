@@ -87,7 +87,7 @@ def train_ppo(session: Session, start_step: int = 0, resume_from: str | None = N
 
             # 1-2. rollout; turn rewards (env + reasoning judges) sit on each turn's last token;
             #      the reward-variance filter (off by default) keeps the groups whose rewards vary most
-            episodes = loop.driver.get(step)
+            episodes = loop.rollout(step)
             batch, filter_scale, filter_metrics = filter_groups(token_batch(session, episodes), ppo_cfg)
             clock.update_starts()
 

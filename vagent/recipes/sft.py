@@ -184,7 +184,7 @@ def sft_batch(convs: Sequence[Conversation], pad_token_id: int) -> TokenBatch:
         input_ids=ids, attention_mask=attn, loss_mask=loss, old_logprobs=zeros_f,
         turn_end_mask=torch.zeros((B, L), dtype=torch.bool), token_rewards=zeros_f.clone(),
         turn_index=torch.full((B, L), -1, dtype=torch.long), bootstrap_index=torch.full((B,), -1),
-        truncated=torch.zeros(B, dtype=torch.bool), scores=torch.zeros(B), group_ids=torch.arange(B),
+        truncated=torch.zeros(B, dtype=torch.bool), episode_returns=torch.zeros(B), group_ids=torch.arange(B),
         traj_ids=torch.arange(B), row_turn=torch.full((B,), -1), pixel_values=torch.cat(pixels) if pixels else None,
         image_grid_thw=torch.cat(grids).long() if grids else None, state_keys=[[] for _ in range(B)],
         n_images=torch.tensor(n_images, dtype=torch.long), episode_index=torch.arange(B),

@@ -2,7 +2,7 @@
 
 One RL step of ``ppo.py`` / ``grpo.py`` reads::
 
-    episodes  = driver.get(step)                      rollout      -> RolloutResult (list of Episode)
+    episodes  = loop.rollout(step)                    rollout      -> RolloutResult (list of Episode)
     batch     = token_batch(session, episodes)        token rows   -> TokenBatch [B, L]
     scores    = score_batch(...)                      scoring      -> Scores (PPO: PPOScores, with V_old)
     estimate  = ppo_advantages / group_advantages     advantages   -> Advantages (PPO: PPOAdvantages)
@@ -14,8 +14,8 @@ Each record is passed whole: a stage takes the records it reads, not their field
 What only PPO has (a critic's values and targets) is in PPO's records, which extend the shared
 ones by fields (no methods are inherited). Every tensor is [B, L] (rows x positions of the
 ``TokenBatch``) unless its comment says otherwise; ``M`` is the batch's ``loss_mask`` (1 on the
-tokens the policy sampled). Not to be confused with ``TokenBatch.scores``: the [B] trajectory
-returns (sum of turn rewards) that GRPO's estimators and the reward filter read.
+tokens the policy sampled). The [B] trajectory returns (sum of turn rewards) that GRPO's
+estimators and the reward filter read are the batch's own (``TokenBatch.episode_returns``).
 """
 
 from __future__ import annotations

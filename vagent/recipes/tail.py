@@ -28,7 +28,7 @@ from vagent.rl.correction import CorrectionSettings, correct, k3_kl, mismatch_me
 from vagent.rl.losses import kl_penalty
 from vagent.rollout.batch import TokenBatch, build_token_batch
 from vagent.rollout.canary import WeightCanary, default_tolerance, probe_for_run
-from vagent.rollout.driver import InFlight, RolloutDriver, close_env_factories, make_driver
+from vagent.rollout.driver import InFlight, RolloutDriver, close_env_factories, is_default, make_driver
 from vagent.rollout.hf_policy import HFPolicy
 from vagent.runs import StepProgress, load_object, plot_run, save_checkpoint, save_rollouts, save_token_rows
 from vagent.runs.rundir import due
@@ -36,6 +36,7 @@ from vagent.runs.samples import save_validation
 
 if TYPE_CHECKING:
     from vagent.recipes.config import RunConfig, UpdateConfig
+    from vagent.rewards import ReasoningReward
     from vagent.rollout.finish import RolloutResult
 
 
@@ -46,15 +47,16 @@ def batch_mode(cfg: RunConfig) -> str:
     return "window" if cfg.rollout.window is not None else "concat"
 
 
-def start_rollouts(session: Session) -> tuple[HFPolicy, RolloutDriver]:
-    """(the in-process policy validation uses, the driver of the training rollouts).
+def start_rollouts(session: Session, reasoning: ReasoningReward | None) -> tuple[HFPolicy, RolloutDriver]:
+    """(the in-process policy validation (and the default rollout) uses, the driver of the
+    training rollouts).
 
     Where training rollouts are generated follows ``rollout.engine / replicas / schedule /
-    overlap``; the default is ``train_rollout(session, policy, step, reasoning)`` with this
-    in-process policy."""
+    overlap``; on the default path ``StepLoop.rollout`` calls ``train_rollout`` with this policy
+    itself, and the driver only closes it. ``reasoning``: the run's reasoning reward (judges), or
+    None."""
     cfg, loaded = session.cfg, session.loaded
     policy = HFPolicy(loaded, prefix_cache=cfg.rollout.prefix_cache, max_context_tokens=cfg.model.max_context_tokens)
-    reasoning = session.reasoning_reward()
     driver = make_driver(cfg, loaded, policy,
                          lambda pol, k, unshard: train_rollout(session, pol, k, reasoning, unshard=unshard),
                          model_dir=session.model_dir, fresh_model=session.load_fresh_model,
@@ -96,10 +98,12 @@ class StepLoop:
     def __init__(self, session: Session, start_step: int, resume_from: str | None = None) -> None:
         self.session, self.start_step, self.resume_from = session, start_step, resume_from
         self.last_val: dict[str, float] = {}
+        self.reasoning: ReasoningReward | None = None
 
     def __enter__(self) -> StepLoop:
         cfg = self.session.cfg
-        self.policy, self.driver = start_rollouts(self.session)
+        self.reasoning = self.session.reasoning_reward()
+        self.policy, self.driver = start_rollouts(self.session, self.reasoning)
         try:
             if self.resume_from is not None and cfg.rollout.overlap:
                 resume_in_flight(self.session, self.driver, self.resume_from, self.start_step)
@@ -124,6 +128,14 @@ class StepLoop:
         if cfg.val.every and self.start_step == 0:  # step 0: the policy before RL (after SFT)
             self.last_val = log_validation(self.session, self.policy, 0)
         yield from range(self.start_step, cfg.steps)  # `step` updates done; this one makes RL step step + 1
+
+    def rollout(self, step: int) -> RolloutResult:
+        """The training episodes of RL step ``step + 1``: on the default path (in process,
+        lockstep, no overlap) ``train_rollout`` with the loop's policy, called here; otherwise the
+        driver's (engine replicas, vLLM, the async schedule, overlap: ``vagent.rollout.driver``)."""
+        if is_default(self.session.cfg.rollout):
+            return train_rollout(self.session, self.policy, step, self.reasoning)
+        return self.driver.get(step)
 
     def finish(self, outcome: StepOutcome, state: TrainState) -> None:
         self.last_val = after_step(self.session, outcome, self.policy, state, self.bar, self.driver) or self.last_val

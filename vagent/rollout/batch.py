@@ -59,7 +59,7 @@ class TokenBatch:
     turn_index: Tensor  # [B, L] long: turn number of each sampled token, -1 elsewhere
     bootstrap_index: Tensor  # [B] long: last position of the appended final observation, -1 if none
     truncated: Tensor  # [B] bool: trajectory cut by a limit (set on its last row only)
-    scores: Tensor  # [B] float32: trajectory score (sum of turn rewards)
+    episode_returns: Tensor  # [B] float32: the trajectory's return (sum of its turn rewards)
     group_ids: Tensor  # [B] long
     traj_ids: Tensor  # [B] long
     row_turn: Tensor  # [B] long: the row's turn in per-turn modes, -1 in concat
@@ -322,7 +322,7 @@ def _pad(rows: list[_Row], origins: list[_RowOrigin], pad_token_id: int, n_error
         turn_end_mask=turn_end, token_rewards=rewards, turn_index=turn_index,
         bootstrap_index=torch.tensor([r.bootstrap for r in rows], dtype=torch.long),
         truncated=torch.tensor([o.truncated for o in origins], dtype=torch.bool),
-        scores=torch.tensor([o.episode.total_reward for o in origins], dtype=torch.float32),
+        episode_returns=torch.tensor([o.episode.total_reward for o in origins], dtype=torch.float32),
         group_ids=torch.tensor([o.episode.group_id for o in origins], dtype=torch.long),
         traj_ids=torch.tensor([o.episode.traj_id for o in origins], dtype=torch.long),
         row_turn=torch.tensor([o.row_turn for o in origins], dtype=torch.long),
