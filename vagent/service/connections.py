@@ -61,6 +61,15 @@ class _GuardMixin:
     loop: asyncio.AbstractEventLoop
     client: tuple[str, int] | None
 
+    # connection_made/_lost run before uvicorn's protocol (the class after this mixin in the MRO)
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
+        self._vg_setup()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._vg_release()
+        super().connection_lost(exc)  # type: ignore[misc]
+
     def _vg_setup(self) -> bool:
         """Count the connection; False (after answering 503 and closing) when over the cap."""
         self._vg_timer: asyncio.TimerHandle | None = None
@@ -124,14 +133,6 @@ def _httptools_guarded(limits: ConnectionLimits) -> type:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     class GuardedHttpTools(_GuardMixin, HttpToolsProtocol):
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._vg_setup()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._vg_release()
-            super().connection_lost(exc)
-
         def on_message_begin(self) -> None:
             super().on_message_begin()
             if self._vg_timer is None:  # a new request on a kept-alive connection
@@ -154,14 +155,6 @@ def _h11_guarded(limits: ConnectionLimits) -> type:
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     class GuardedH11(_GuardMixin, H11Protocol):
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._vg_setup()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._vg_release()
-            super().connection_lost(exc)
-
         def data_received(self, data: bytes) -> None:
             if self._vg_timer is None and self.conn.their_state in (h11.IDLE, h11.DONE):
                 self._vg_arm(self.limits.header_timeout, "headers")
