@@ -22,6 +22,7 @@ from vagent.distributed import gather_objects, generation_mode, world
 from vagent.recipes.common import sampling_for, train_env_specs, val_env_specs
 from vagent.recipes.optim import derive_seed
 from vagent.recipes.session import Session
+from vagent.rollout.finish import judge_episodes
 from vagent.rollout.loop import EnvSpec, RolloutResult, rollout, rollout_metrics
 from vagent.rollout.policy import SamplingConfig
 from vagent.runs.errors import NonFiniteError, check_module_finite
@@ -39,17 +40,19 @@ def spec_blocks(n_specs: int, n_ranks: int) -> list[tuple[int, int]]:
 
 
 def rollout_on_ranks(specs: Sequence[EnvSpec], policy: Any, sampling: SamplingConfig, *, group_size: int = 1,
-                     **kw: Any) -> RolloutResult:
+                     judge: Any = None, **kw: Any) -> RolloutResult:
     """``vagent.rollout.loop.rollout`` of ``specs``, shared between the ranks of a job (see the
-    module docstring); one process: exactly ``rollout(specs, ...)``."""
+    module docstring), then the reasoning-reward stage: ``judge`` (a ``ReasoningReward``, or None)
+    scores each rank's own episodes (``judge_episodes``) before they are gathered. One process:
+    ``judge_episodes(rollout(specs, ...), judge)``."""
     job = world()
     if not job.distributed:
-        return rollout(specs, policy, sampling, group_size=group_size, **kw)
+        return judge_episodes(rollout(specs, policy, sampling, group_size=group_size, **kw), judge)
     lo, hi = spec_blocks(len(specs), job.size)[job.rank]
     mine = RolloutResult([], {})
     if hi > lo:  # ranks draw from different streams (the same seed would reuse one rank's noise)
         sampling = dataclasses.replace(sampling, seed=derive_seed(sampling.seed, "rank", job.rank))
-        mine = rollout(list(specs[lo:hi]), policy, sampling, group_size=group_size, **kw)
+        mine = judge_episodes(rollout(list(specs[lo:hi]), policy, sampling, group_size=group_size, **kw), judge)
     for ep in mine:  # the single-process ids: group = spec index, trajectory = group * size + member
         member = ep.traj_id - ep.group_id * group_size
         ep.group_id += lo
@@ -177,7 +180,7 @@ def train_rollout(session: Session, policy: Any, step: int, reasoning: Any, unsh
         with generation_mode(session.loaded.model) if unshard else contextlib.nullcontext():
             return rollout_on_ranks(train_env_specs(cfg, step), policy, sampling_for(cfg, step),
                                     group_size=cfg.rollout.group_size, max_turns=cfg.rollout.max_turns,
-                                    mode=cfg.rollout.mode, window=cfg.rollout.window, reasoning_reward=reasoning,
+                                    mode=cfg.rollout.mode, window=cfg.rollout.window, judge=reasoning,
                                     schedule=cfg.rollout.schedule)
     except RuntimeError as exc:
         check_module_finite(session.loaded.model, "policy weights", "rl", step, session.last_checkpoint)

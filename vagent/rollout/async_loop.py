@@ -27,7 +27,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Mapping, Sequence
 
-from vagent.rollout.finish import RolloutClock, RolloutResult, finish_rollout
+from vagent.rollout.finish import RolloutClock, RolloutResult, finish_rollout, judge_episodes
 from vagent.rollout.policy import Policy, SamplingConfig
 from vagent.rollout.records import Episode
 from vagent.rollout.trajectory import (
@@ -102,7 +102,7 @@ def rollout_async(
     first = next((e for e in errors if e is not None), None)
     if first is not None:
         raise first
-    return finish_rollout(lives, policy, reasoning_reward, clock, tokens_per="wall")
+    return judge_episodes(finish_rollout(lives, policy, clock, tokens_per="wall"), reasoning_reward)
 
 
 __all__ = ["rollout_async"]

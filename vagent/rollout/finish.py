@@ -122,18 +122,15 @@ class RolloutClock:
 def finish_rollout(
     lives: Sequence[Live],
     policy: Policy,
-    reasoning_reward: Callable[[list[Episode]], Mapping[str, float]] | None,
     clock: RolloutClock,
     tokens_per: Literal["generate", "wall"],
 ) -> RolloutResult:
-    """The episodes with their metrics: rollout_metrics, the reasoning rewards' metrics, ``perf/``
-    timings (``perf/rollout_tokens_per_s`` per second of ``tokens_per``: generate time in
-    lockstep, wall time when generation overlaps across threads) and the engine's counters."""
+    """The episodes with their metrics: rollout_metrics, ``perf/`` timings
+    (``perf/rollout_tokens_per_s`` per second of ``tokens_per``: generate time in lockstep, wall
+    time when generation overlaps across threads) and the engine's counters."""
     episodes = [lv.episode for lv in lives]
     encode_final_observations(episodes, policy)
     metrics = rollout_metrics(episodes)
-    if reasoning_reward is not None:
-        metrics.update({k: float(v) for k, v in (reasoning_reward([e for e in episodes if e.error is None]) or {}).items()})
     wall = time.perf_counter() - clock.started
     n_tokens = sum(len(t.sampled_token_ids) for e in episodes for t in e.turns)
     seconds = clock.gen if tokens_per == "generate" else wall
@@ -145,3 +142,19 @@ def finish_rollout(
     })
     metrics.update(engine_metrics(clock.engine_stats, clock.stats_before))
     return RolloutResult(episodes, metrics)
+
+
+def judge_episodes(result: RolloutResult,
+                   reasoning_reward: Callable[[list[Episode]], Mapping[str, float]] | None) -> RolloutResult:
+    """The reasoning-reward stage after a rollout: ``reasoning_reward`` (``vagent.rewards.ReasoningReward``:
+    the judges) adds its rewards to the finished episodes' turns (errored episodes left out), and
+    its metrics and seconds (``perf/judge_time_s``) join the result's; returns ``result``. None:
+    nothing to do."""
+    if reasoning_reward is None:
+        return result
+    t0 = time.perf_counter()
+    judged = reasoning_reward([e for e in result if e.error is None]) or {}
+    result.metrics.update({k: float(v) for k, v in judged.items()})
+    result.metrics["perf/judge_time_s"] = time.perf_counter() - t0
+    return result
+

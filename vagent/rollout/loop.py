@@ -47,7 +47,9 @@ per-turn sample the sample's own turn; earlier replies in window samples are mas
 
 ``reasoning_reward(episodes) -> dict[str, float]`` (optional, ``vagent.rewards``) runs after the
 rollout on the episodes without error; it adds to ``turn.reward`` and fills
-``reasoning_rewards``/``reasoning_scores``; its metrics are merged into ``result.metrics``.
+``reasoning_rewards``/``reasoning_scores``; its metrics are merged into ``result.metrics``, with
+its seconds as ``perf/judge_time_s`` (:func:`vagent.rollout.finish.judge_episodes`, a stage of its
+own: the training rollout calls it per rank, before the episodes are gathered).
 
 The result is a list of episodes (:class:`RolloutResult`, a ``list`` subclass) whose ``metrics``
 attribute holds :func:`rollout_metrics` plus ``perf/`` timings and the reasoning-reward metrics.
@@ -66,7 +68,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Mapping, Sequence
 
 from vagent.rollout.async_loop import rollout_async
-from vagent.rollout.finish import RolloutClock, RolloutResult, finish_rollout, rollout_metrics
+from vagent.rollout.finish import RolloutClock, RolloutResult, finish_rollout, judge_episodes, rollout_metrics
 from vagent.rollout.policy import Policy, SamplingConfig
 from vagent.rollout.records import Episode
 from vagent.rollout.trajectory import (
@@ -113,8 +115,8 @@ def rollout(
         :class:`RolloutResult`: the episodes in (spec, group member) order, with ``.metrics``.
     """
     if schedule == "async":
-        return rollout_async(env_specs, policy, sampling, group_size=group_size, max_turns=max_turns, mode=mode,
-                             window=window, reasoning_reward=reasoning_reward, env_factory=env_factory)
+        return judge_episodes(rollout_async(env_specs, policy, sampling, group_size=group_size, max_turns=max_turns,
+                                            mode=mode, window=window, env_factory=env_factory), reasoning_reward)
     if schedule != "lockstep":
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
     window = check_args(env_specs, group_size, max_turns, mode, window, policy)
@@ -130,7 +132,7 @@ def rollout(
                     on_turn(t + 1, sum(not lv.finished for lv in lives))
         finally:
             list(pool.map(close_env, lives))
-    return finish_rollout(lives, policy, reasoning_reward, clock, tokens_per="generate")
+    return judge_episodes(finish_rollout(lives, policy, clock, tokens_per="generate"), reasoning_reward)
 
 
 def _turn(pool: ThreadPoolExecutor, lives: list[Live], policy: Policy, sampling: SamplingConfig, t: int,
