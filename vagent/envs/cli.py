@@ -51,11 +51,16 @@ def add_import_argument(p: argparse.ArgumentParser) -> None:
                    help="module (dotted name, or a .py file) to import first; it registers your own envs; repeatable")
 
 
-def import_plugins(args: argparse.Namespace) -> None:
-    """Import the modules of ``--import`` (raises vagent.plugins.PluginImportError)."""
-    from vagent.plugins import import_modules
+def import_plugins(args: argparse.Namespace) -> bool:
+    """Import the modules of ``--import``; False after printing the error when one cannot be imported."""
+    from vagent.plugins import PluginImportError, import_modules
 
-    import_modules(getattr(args, "imports", ()))
+    try:
+        import_modules(getattr(args, "imports", ()))
+    except PluginImportError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return False
+    return True
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:
@@ -74,12 +79,8 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
 def cmd_envs(args: argparse.Namespace) -> int:
     from vagent.config import describe
     from vagent.envs import env_class, list_envs
-    from vagent.plugins import PluginImportError
 
-    try:
-        import_plugins(args)
-    except PluginImportError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    if not import_plugins(args):
         return 2
     names = [args.name] if args.name else list_envs()
     for name in names:
@@ -164,12 +165,7 @@ def cmd_play(args: argparse.Namespace) -> int:
     from vagent.envs import make
     from vagent.envs.formats import parse_response
 
-    from vagent.plugins import PluginImportError
-
-    try:
-        import_plugins(args)
-    except PluginImportError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    if not import_plugins(args):
         return 2
     config = parse_overrides(args.config)
     if args.format:
