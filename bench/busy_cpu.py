@@ -19,7 +19,13 @@ slowdown over the fair share (k busy processes and our 2 threads on C cores get
 ``min(1, C / (k + 2))`` of the machine each, so the fair slowdown is ``max(1, (k + 2) / C)``): 1.0
 is a fair share, the goal is <= 1.3. Also the idle cost of each policy against ``default``.
 
+``--workload train`` times a whole run instead: the default pipeline scaled down (the golden
+test's ``SCALED`` overrides: caption pretraining 12 + 8 steps, 4 SFT steps, 2 PPO steps, 3
+validations; a fresh model cache each time, so pretraining is timed too), ``vagent train`` in a
+subprocess as a user starts it.
+
 Run:  PYTHONPATH=. .venv/bin/python bench/busy_cpu.py [--busy 0,2,4] [--steps 6] [--repeats 3]
+      PYTHONPATH=. .venv/bin/python bench/busy_cpu.py --workload train --policies vagent --repeats 1
 Measure on an otherwise idle machine (the busy processes are the only load).
 """
 
@@ -63,7 +69,25 @@ print("WORKLOAD_S", time.perf_counter() - t)
 POLICIES = {"default": {}, "passive": {"OMP_WAIT_POLICY": "PASSIVE"}, "vagent": None}
 
 
-def run(policy: str, busy: int, steps: int) -> float:
+#: the golden test's scaled-down default pipeline (tests/recipes/test_reproducible.py SCALED)
+SCALED = ["model.tiny_pretrain_steps=12", "model.tiny_pretrain_relation_steps=8", "sft.steps=4",
+          "sft.demos_per_env=12", "steps=2", "envs.0.n_train=4", "envs.0.n_val=6", "val.every=1",
+          "log.rollouts_every=1", "log.checkpoint_every=1", "log.plot_every=0", "log.progress=false",
+          "log.tensorboard=false"]
+
+
+def train_workload(env: dict[str, str]) -> float:
+    """Wall seconds of one scaled default run (``vagent train``), in a fresh folder."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "vagent", "train", *SCALED, f"out_dir={tmp}/runs",
+                        f"model.cache_dir={tmp}/cache"], env=env, cwd=tmp, capture_output=True, text=True, check=True)
+        return time.perf_counter() - t
+
+
+def run(policy: str, busy: int, steps: int, workload: str = "step") -> float:
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "VAGENT_OMP_WAIT")}
     env["PYTHONPATH"] = os.getcwd()
     if policy == "default":
@@ -74,6 +98,8 @@ def run(policy: str, busy: int, steps: int) -> float:
         env.update(GOMP_SPINCOUNT=policy[4:], VAGENT_OMP_WAIT="keep")
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(busy)]
     try:
+        if workload == "train":
+            return train_workload(env)
         out = subprocess.run([sys.executable, "-c", WORKLOAD, str(steps)], env=env, capture_output=True, text=True,
                              check=True).stdout
     finally:
@@ -89,6 +115,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--policies", default="default,passive,spin100000,vagent")
+    ap.add_argument("--workload", choices=("step", "train"), default="step",
+                    help="step: forward + backward passes of a PPO micro-batch; train: a scaled default run")
     args = ap.parse_args()
     cores = os.cpu_count() or 1
     loads = [int(x) for x in args.busy.split(",")]
@@ -98,9 +126,10 @@ def main() -> int:
         for k in loads:
             for p in policies:
                 times.setdefault((p, k), [])
-                times[(p, k)].append(run(p, k, args.steps))
+                times[(p, k)].append(run(p, k, args.steps, args.workload))
     med = {key: statistics.median(v) for key, v in times.items()}
-    print(f"\n{cores} cores; workload {args.steps} steps; median of {args.repeats}; load before start: "
+    what = "a scaled default run" if args.workload == "train" else f"{args.steps} steps"
+    print(f"\n{cores} cores; workload {what}; median of {args.repeats}; load before start: "
           f"{os.getloadavg()[0]:.2f}")
     print("| policy | busy processes | wall s | slowdown | fair slowdown | over fair share | idle cost vs default |")
     print("|---|---|---|---|---|---|---|")

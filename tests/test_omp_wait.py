@@ -35,3 +35,25 @@ def test_import_vagent_sets_one_of_them_before_torch_loads():
     kept = json.loads(subprocess.run([sys.executable, "-c", code], env=dict(env, OMP_WAIT_POLICY="ACTIVE"),
                                      capture_output=True, text=True, check=True).stdout)
     assert kept[:2] == ["ACTIVE", None]
+
+
+def test_busy_processes_that_just_started_make_vagent_sleep():
+    """The 1-minute load average has not risen yet; the runnable count has."""
+    from vagent import machine_load
+
+    idle_now = machine_load()
+    cores = os.cpu_count() or 1
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cores)]
+    try:
+        import time
+
+        time.sleep(0.5)  # they are running
+        assert machine_load() >= min(cores, idle_now + cores) - 0.5
+        code = "import os, vagent; print(os.environ.get('OMP_WAIT_POLICY'))"
+        env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "VAGENT_OMP_WAIT")}
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+        assert out.strip() == "PASSIVE"
+    finally:
+        for b in burners:
+            b.kill()
+            b.wait()
