@@ -75,35 +75,28 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
             return value.lower() in ("true", "1", "yes")
         raise ConfigError(f"{where}: expected true/false, got {value!r}.")
-    if tp is int:
-        if isinstance(value, bool):
-            raise ConfigError(f"{where}: expected an integer, got {value!r}.")
-        if isinstance(value, int):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, str):
-            try:
-                return int(value)
-            except ValueError:
-                pass
-        raise ConfigError(f"{where}: expected an integer, got {value!r}.")
-    if tp is float:
-        if isinstance(value, bool):
-            raise ConfigError(f"{where}: expected a number, got {value!r}.")
-        if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise ConfigError(f"{where}: expected a number, got {value!r}.")
+    if tp is int or tp is float:
+        return _number(value, tp, where)
     if tp is str:
         if isinstance(value, str):
             return value
         raise ConfigError(f"{where}: expected a string, got {value!r}.")
     return value
+
+
+def _number(value: Any, tp: type, where: str) -> int | float:
+    """``value`` as ``tp``: an int from an int, a whole float or a digit string; a float from an int, a
+    float or a numeric string; never from a bool."""
+    if isinstance(value, str):
+        try:
+            return tp(value)
+        except ValueError:
+            pass
+    elif isinstance(value, int) and not isinstance(value, bool):
+        return value if tp is int else float(value)
+    elif isinstance(value, float) and (tp is float or value.is_integer()):
+        return tp(value)
+    raise ConfigError(f"{where}: expected {'an integer' if tp is int else 'a number'}, got {value!r}.")
 
 
 def field_types(cls: type) -> dict[str, Any]:
