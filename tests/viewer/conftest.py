@@ -1,5 +1,6 @@
 """Fixtures of the viewer's browser tests: one chromium per module, a fresh page per test that
-fails the test on any JavaScript error."""
+fails the test on any JavaScript error, and ``served``: the viewer over the module's ``run``
+fixture (its root first), in a thread."""
 
 from __future__ import annotations
 
@@ -26,3 +27,14 @@ def page(browser):
     yield pg
     pg.close()
     assert not errors, errors
+
+
+@pytest.fixture(scope="module")
+def served(run):
+    from vagent.viewer.data import open_source
+    from vagent.viewer.server import serve_in_thread
+
+    server, url = serve_in_thread(open_source(run[0]), port=0)
+    yield url
+    server.shutdown()
+    server.server_close()

@@ -38,17 +38,6 @@ def run(tmp_path_factory):
     return root, make_run(root, steps=2, n_episodes=6, extra_clones=120)
 
 
-@pytest.fixture(scope="module")
-def served(run):
-    from vagent.viewer.data import open_source
-    from vagent.viewer.server import serve_in_thread
-
-    server, url = serve_in_thread(open_source(run[0]), port=0)
-    yield url
-    server.shutdown()
-    server.server_close()
-
-
 def loss_count(out: dict, step: int, episode: int) -> int:
     batch = out[step][1]  # (episodes, batch, arrays, validation episodes)
     return int(batch.loss_mask[batch.episode_index == episode].sum())

@@ -50,17 +50,6 @@ def run(tmp_path_factory):
     return root, out, text_eps
 
 
-@pytest.fixture(scope="module")
-def served(run):
-    from vagent.viewer.data import open_source
-    from vagent.viewer.server import serve_in_thread
-
-    server, url = serve_in_thread(open_source(run[0]), port=0)
-    yield url
-    server.shutdown()
-    server.server_close()
-
-
 def test_opens_on_the_first_episode(served, page):
     page.goto(served)
     page.wait_for_selector(".episode[data-episode='step_000000#0']", timeout=15_000)
