@@ -16,15 +16,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.recipes.conftest import small_overrides
 from tests.recipes.test_custom_env import guide_module
-from tests.service.conftest import free_port
+from tests.service.conftest import free_port, wait_healthy
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "remote-envs-token-0123"
@@ -48,17 +46,7 @@ def corridor_server(tmp_path_factory):
                              "--envs", "corridor", "--port", str(port), "--token", TOKEN],
                             cwd=folder, stdout=log, stderr=subprocess.STDOUT, env={**env, "PYTHONPATH": str(ROOT)})
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        if proc.poll() is not None:
-            raise AssertionError(f"serve-env exited {proc.returncode}:\n{(folder / 'server.log').read_text()}")
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, (folder / "server.log").read_text()
-        time.sleep(0.1)
+    wait_healthy(proc, url, 60, (folder / "server.log").read_text)
     yield url
     proc.terminate()
     proc.wait(timeout=10)

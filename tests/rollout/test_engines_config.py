@@ -5,16 +5,15 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 import torch
 
+from tests.service.conftest import free_port, wait_healthy
 from vagent.recipes.config import ConfigError, default_preset_dict, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,34 +35,21 @@ def tiny_dir(tmp_path_factory):
     return build_tiny_vlm(tmp_path_factory.mktemp("models") / "tiny-vlm", hidden=64, layers=2, image_size=64)
 
 
-def _serve_env(port: int) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "vagent.cli", "serve-env", "--port", str(port), "--envs",
-                             "frozenlake"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+def _serve_env(port: int, log: Path) -> subprocess.Popen:
+    with open(log, "wb") as out:
+        return subprocess.Popen([sys.executable, "-m", "vagent.cli", "serve-env", "--port", str(port), "--envs",
+                                 "frozenlake"], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
 
 
 @pytest.fixture(scope="module")
-def two_servers():
-    ports = []
-    for _ in range(2):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            ports.append(s.getsockname()[1])
-    procs = [_serve_env(p) for p in ports]
+def two_servers(tmp_path_factory):
+    ports = [free_port() for _ in range(2)]
+    logs = [tmp_path_factory.mktemp("env_server") / "server.log" for _ in ports]
+    procs = [_serve_env(p, log) for p, log in zip(ports, logs)]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     try:
-        deadline = time.monotonic() + 90
-        for proc, url in zip(procs, urls):
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"env server exited: {proc.stdout.read().decode(errors='replace')[-2000:]}")
-                try:
-                    if httpx.get(url + "/health", timeout=1.0).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError("env server not ready after 90 s")
-                time.sleep(0.1)
+        for proc, url, log in zip(procs, urls, logs):
+            wait_healthy(proc, url, 90, lambda log=log: log.read_text(errors="replace")[-2000:])
         yield urls
     finally:
         for proc in procs:

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
+from tests.service.conftest import free_port, wait_healthy
 from vagent.rollout import EnvSpec, SamplingConfig, TokenScriptedPolicy, rollout
 from vagent.rollout.batch import build_token_batch
 
@@ -21,26 +19,15 @@ REPLIES = ["<think>down</think><answer>Down,Right</answer>", "<think>left</think
 
 
 @pytest.fixture(scope="module")
-def server_url():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "vagent.service.server", "--port", str(port), "--envs", "frozenlake"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+def server_url(tmp_path_factory):
+    port = free_port()
+    log = tmp_path_factory.mktemp("env_server") / "server.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "vagent.service.server", "--port", str(port), "--envs",
+                                 "frozenlake"], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"env server exited: {proc.stdout.read().decode(errors='replace')[-2000:]}")
-            try:
-                if httpx.get(url + "/health", timeout=1.0).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("env server not ready after 60 s")
-            time.sleep(0.1)
+        wait_healthy(proc, url, 60, lambda: log.read_text(errors="replace")[-2000:])
         yield url
     finally:
         proc.terminate()

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import httpx
 import pytest
@@ -26,6 +26,21 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def wait_healthy(proc: subprocess.Popen, url: str, timeout: float, output: Callable[[], str]) -> None:
+    """Return once ``url + "/health"`` answers 200; RuntimeError with the server's ``output()`` when
+    ``proc`` exits first or ``timeout`` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{output()}")
+        try:
+            if httpx.get(url + "/health", timeout=1.0).status_code == 200:
+                return
+        except httpx.TransportError:
+            time.sleep(0.05)
+    raise RuntimeError(f"server on {url} not ready after {timeout}s:\n{output()}")
 
 
 class ServerProc:
@@ -49,16 +64,8 @@ class ServerProc:
         return self
 
     def wait_ready(self, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc is not None and self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.output()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1.0).status_code == 200:
-                    return
-            except httpx.TransportError:
-                time.sleep(0.05)
-        raise RuntimeError(f"server on {self.url} not ready after {timeout}s:\n{self.output()}")
+        assert self.proc is not None
+        wait_healthy(self.proc, self.url, timeout, self.output)
 
     def output(self) -> str:
         try:
