@@ -124,3 +124,51 @@ def test_family_without_packed_path_runs_padded_with_one_warning(make_images, tm
     assert torch.equal(a, padded) and torch.equal(b, padded)  # the very same padded computation
     warned = [r for r in caplog.records if "mystery_lm" in r.getMessage()]
     assert len(warned) == 1 and "no packed path" in warned[0].getMessage()
+
+
+def test_packed_forward_attends_row_by_row_without_a_mask(loaded, make_images, monkeypatch):
+    """With sdpa (the CPU default) the packed forward runs one causal SDPA call per row on that
+    row's slice (no N x N mask), and the model's attention setting is restored afterwards."""
+    from vagent.models import packing
+
+    mb = micro_batch(loaded, make_images)
+    config = loaded.model.config.get_text_config()
+    assert packing.row_attention_config(loaded.model) is config and config._attn_implementation == "sdpa"
+    seen: list[tuple[int, int, bool]] = []  # (query length, key length, causal) of each text-attention call
+    real_sdpa = packing.sdpa_attention_forward
+
+    def spy(module, q, k, v, mask, **kw):
+        assert mask is None
+        seen.append((q.shape[2], k.shape[2], kw["is_causal"]))
+        return real_sdpa(module, q, k, v, mask, **kw)
+
+    monkeypatch.setattr(packing, "sdpa_attention_forward", spy)
+    with torch.no_grad():
+        forward_hidden(loaded.model, mb.input_ids, mb.attention_mask, mb.pixel_values, mb.image_grid_thw, packed=True)
+    lengths = mb.attention_mask.sum(-1).tolist()
+    layers = loaded.model.config.get_text_config().num_hidden_layers
+    assert seen == [(n, n, True) for n in lengths] * layers
+    assert config._attn_implementation == "sdpa"
+
+
+def test_gradient_checkpointing_packs_through_the_block_diagonal_mask(make_images, tmp_path):
+    """Under gradient checkpointing (the backward re-runs each layer outside the forward's scope)
+    the packed forward keeps transformers' block-diagonal mask: log-probs and gradients still
+    equal the padded forward's."""
+    from vagent.models import packing
+
+    loaded = load_policy(build_tiny_vlm(tmp_path, family="qwen3_vl", seed=0))
+    model = loaded.model
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    assert packing.row_attention_config(model) is None
+    mb = micro_batch(loaded, make_images)
+    M = mb.loss_mask
+    out = {}
+    for packed in (False, True):
+        lp, _ = policy_forward(model, mb, 16, packed=packed)
+        (lp * M).sum().backward()
+        out[packed] = (lp, grads(model))
+    torch.testing.assert_close(out[True][0], out[False][0], atol=1e-5, rtol=1e-5)
+    for n in out[False][1]:
+        torch.testing.assert_close(out[True][1][n], out[False][1][n], atol=1e-5, rtol=1e-4, msg=lambda m, n=n: f"{n}: {m}")

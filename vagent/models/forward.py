@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from vagent.models.inputs import backbone_of, explicit_position_ids, model_inputs, mrope_image_token_id, unwrap
-from vagent.models.packing import pack, packable, packed_inputs
+from vagent.models.packing import pack, packable, packed_inputs, row_attention
 
 __all__ = ["backbone_of", "explicit_position_ids", "forward_hidden", "forward_logits", "model_inputs",
            "mrope_image_token_id", "token_entropy", "token_logprobs", "unwrap"]
@@ -33,7 +33,9 @@ def forward_logits(
     same [B, L, V], zeros at the padding; ignored when ``position_ids`` are given)."""
     if packed and position_ids is None and packable(model):
         p = pack(model, input_ids, attention_mask, image_grid_thw)
-        return p.unpack(model(**packed_inputs(model, p, pixel_values, image_grid_thw), use_cache=False).logits)
+        with row_attention(model) as rows:
+            out = model(**packed_inputs(model, p, pixel_values, image_grid_thw, rows), use_cache=False)
+        return p.unpack(out.logits)
     kwargs = model_inputs(model, input_ids, attention_mask, pixel_values, image_grid_thw, position_ids)
     return model(**kwargs, use_cache=False).logits
 
@@ -50,7 +52,8 @@ def forward_hidden(
     """Last hidden states [B, L, H] of the backbone (no LM head); ``packed`` as in :func:`forward_logits`."""
     if packed and position_ids is None and packable(model):
         p = pack(model, input_ids, attention_mask, image_grid_thw)
-        out = backbone_of(model)(**packed_inputs(model, p, pixel_values, image_grid_thw), use_cache=False)
+        with row_attention(model) as rows:
+            out = backbone_of(model)(**packed_inputs(model, p, pixel_values, image_grid_thw, rows), use_cache=False)
         return p.unpack(out.last_hidden_state)
     kwargs = model_inputs(model, input_ids, attention_mask, pixel_values, image_grid_thw, position_ids)
     return backbone_of(model)(**kwargs, use_cache=False).last_hidden_state
