@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from vagent.eval.backends.common import ApiError, ApiPolicy, cut_at_stop, deadline_http_client, http_package, \
-    interleave, png_base64, restore_stop
+from vagent.eval.backends.common import ApiError, ApiPolicy, deadline_http_client, http_package, interleave, \
+    png_base64, stop_reply, token_usage
 from vagent.eval.backends.openai_chat import sdk_error
 from vagent.rollout.policy import Conversation, Message, Reply, SamplingConfig
 
@@ -108,17 +108,9 @@ class AnthropicMessagesAdapter:
         text = "".join(getattr(b, "text", "") for b in msg.content if getattr(b, "type", "") == "text")
         reason = msg.stop_reason or "end_turn"
         finish = _STOP_REASONS.get(reason, reason)
-        if self.stop_mode == "server":
-            matched = msg.stop_sequence if reason == "stop_sequence" else None
-            text = restore_stop(text, sampling.stop, stopped=False, matched=matched)
-        else:
-            text, found = cut_at_stop(text, sampling.stop)
-            finish = "stop" if found else finish
-        usage = {}
-        if msg.usage is not None:
-            usage = {"prompt_tokens": int(msg.usage.input_tokens or 0),
-                     "completion_tokens": int(msg.usage.output_tokens or 0)}
-        return Reply(text=text, finish_reason=finish, usage=usage)
+        matched = msg.stop_sequence if reason == "stop_sequence" else None
+        usage = token_usage(msg.usage.input_tokens, msg.usage.output_tokens) if msg.usage is not None else {}
+        return stop_reply(text, finish, sampling, self.stop_mode, stopped=False, matched=matched, usage=usage)
 
     def close(self) -> None:
         self.client.close()

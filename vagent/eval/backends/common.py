@@ -508,8 +508,27 @@ def restore_stop(text: str, stops: Sequence[str], *, stopped: bool, matched: str
     return text
 
 
+
+def stop_reply(text: str, finish: str, sampling: SamplingConfig, stop_mode: str, *, stopped: bool,
+               matched: str | None = None, usage: dict[str, int] | None = None) -> Reply:
+    """The :class:`Reply` of an API answer: with ``stop_mode="server"`` the stop string the API cut
+    off is put back (:func:`restore_stop`); with ``"client"`` the text is cut at the first stop
+    string here and ``finish`` becomes ``"stop"`` when one was found."""
+    if stop_mode == "server":
+        text = restore_stop(text, sampling.stop, stopped=stopped, matched=matched)
+    else:
+        text, found = cut_at_stop(text, sampling.stop)
+        finish = "stop" if found else finish
+    return Reply(text=text, finish_reason=finish, usage=usage or {})
+
+
+def token_usage(prompt: int | None, completion: int | None) -> dict[str, int]:
+    """``{"prompt_tokens", "completion_tokens"}`` from an API's counts (None counts as 0)."""
+    return {"prompt_tokens": int(prompt or 0), "completion_tokens": int(completion or 0)}
+
 __all__ = [
     "ApiError", "ApiPolicy", "ApiStats", "Adapter", "TokenBucket", "backoff_delay", "parse_retry_after",
     "DeadlineTransport", "deadline_http_client", "http_package", "one_line",
     "kind_of_status", "encode_png", "png_base64", "interleave", "cut_at_stop", "restore_stop",
+    "stop_reply", "token_usage",
 ]

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from vagent.eval.backends.common import ApiError, ApiPolicy, cut_at_stop, deadline_http_client, encode_png, \
-    interleave, kind_of_status, parse_retry_after, restore_stop
+from vagent.eval.backends.common import ApiError, ApiPolicy, deadline_http_client, encode_png, interleave, \
+    kind_of_status, parse_retry_after, stop_reply, token_usage
 from vagent.rollout.policy import Conversation, Reply, SamplingConfig
 
 
@@ -133,17 +133,11 @@ class GeminiAdapter:
         text = "".join(p.text for p in parts if p.text and not getattr(p, "thought", False))
         reason = str(getattr(cand.finish_reason, "value", cand.finish_reason) or "STOP")
         finish = {"STOP": "stop", "MAX_TOKENS": "length"}.get(reason, reason.lower())
-        if self.stop_mode == "server":
-            text = restore_stop(text, sampling.stop, stopped=reason == "STOP")
-        else:
-            text, found = cut_at_stop(text, sampling.stop)
-            finish = "stop" if found else finish
         usage = {}
         um = resp.usage_metadata
         if um is not None and um.prompt_token_count is not None:
-            usage = {"prompt_tokens": int(um.prompt_token_count),
-                     "completion_tokens": int(um.candidates_token_count or 0) + int(um.thoughts_token_count or 0)}
-        return Reply(text=text, finish_reason=finish, usage=usage)
+            usage = token_usage(um.prompt_token_count, int(um.candidates_token_count or 0) + int(um.thoughts_token_count or 0))
+        return stop_reply(text, finish, sampling, self.stop_mode, stopped=reason == "STOP", usage=usage)
 
     def close(self) -> None:
         close = getattr(self.client, "close", None)

@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 from vagent.eval.backends.common import ApiError, ApiPolicy, deadline_http_client, http_package, interleave, \
-    kind_of_status, parse_retry_after, png_base64, restore_stop, cut_at_stop
+    kind_of_status, parse_retry_after, png_base64, stop_reply, token_usage
 from vagent.rollout.policy import Conversation, Message, Reply, SamplingConfig
 
 
@@ -119,16 +119,9 @@ class OpenAIChatAdapter:
         if self.restore_think:
             text = _with_reasoning(text, choice.message)
         finish = choice.finish_reason or "stop"
-        if self.stop_mode == "server":
-            text = restore_stop(text, sampling.stop, stopped=finish == "stop")
-        else:
-            text, found = cut_at_stop(text, sampling.stop)
-            finish = "stop" if found else finish
-        usage = {}
-        if completion.usage is not None:
-            usage = {"prompt_tokens": int(completion.usage.prompt_tokens or 0),
-                     "completion_tokens": int(completion.usage.completion_tokens or 0)}
-        return Reply(text=text, finish_reason=finish, usage=usage)
+        cu = completion.usage
+        usage = token_usage(cu.prompt_tokens, cu.completion_tokens) if cu is not None else {}
+        return stop_reply(text, finish, sampling, self.stop_mode, stopped=finish == "stop", usage=usage)
 
     def close(self) -> None:
         self.client.close()
