@@ -12,11 +12,13 @@ weight pushes (``update_weights`` of the trainer's model, including the cache re
 
 ``cost``: one engine on the tiny Qwen2.5-VL, 32 FrozenLake first-turn prompts (a 96 px image each,
 encoded as the rollout encodes them), 64 new tokens, sampled (T 0.7, a seed per request) and
-greedy; ``--rounds`` rounds (after a warm-up), the calls alternated within each round, median
+greedy, and sampled with the stop string ``</answer>`` (vLLM then detokenizes, as in training);
+``--rounds`` rounds (after a warm-up), the calls alternated within each round, median
 seconds of: ``llm.generate`` asked for no log-probs, ``llm.generate`` asked only for the sampled
-token's log-prob (``logprobs=0``, otherwise ``VLLMEngine``'s sampling parameters), and
+token's log-prob (``logprobs=0``, otherwise ``VLLMEngine``'s sampling parameters),
 ``VLLMEngine.generate`` (its requests built, the log-probs corrected for the placeholder bias,
-replies cut and decoded); checks that ``VLLMEngine`` records the same log-probs as the per-token
+replies cut and decoded), and the engine's earlier log-prob request (top-2 + the placeholder ids,
+as dicts, corrected token by token; without the cut and decode); checks that ``VLLMEngine`` records the same log-probs as the per-token
 correction over vLLM's dict log-probs (``unsuppressed_logprob``, the engine's earlier path) and
 prints how far the correction moves them.
 
@@ -155,10 +157,15 @@ def measure_cost(workdir: Path, rounds: int) -> dict:
     rows = {}
     try:
         for label, params in (("sampled", SamplingParams(do_sample=True, temperature=0.7, max_new_tokens=64)),
-                              ("greedy", SamplingParams(do_sample=False, max_new_tokens=64))):
+                              ("greedy", SamplingParams(do_sample=False, max_new_tokens=64)),
+                              ("sampled, stop </answer>", SamplingParams(do_sample=True, temperature=0.7, max_new_tokens=64,
+                                                                         stop_strings=("</answer>",)))):
             calls = {"vLLM, no log-probs": lambda: engine.llm.generate(prompts, vllm_params(engine, params, seeds, "none"), use_tqdm=False),
                      "vLLM, sampled token's log-prob": lambda: engine.llm.generate(prompts, vllm_params(engine, params, seeds, "sampled"), use_tqdm=False),
-                     "VLLMEngine.generate": lambda: engine.generate(reqs, params)}
+                     "VLLMEngine.generate": lambda: engine.generate(reqs, params),
+                     "earlier request (top-k + ids as dicts), per-token correction": lambda: dict_path_logprobs(
+                         engine, engine.llm.generate(prompts, vllm_params(engine, params, seeds, "dict"), use_tqdm=False),
+                         params)}
             times: dict[str, list[float]] = {k: [] for k in calls}
             for r in range(rounds + 1):  # round 0: warm-up
                 for name, call in calls.items():

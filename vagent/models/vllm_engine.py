@@ -26,11 +26,12 @@ What it does:
   (:func:`unsuppressed_logprobs`, one numpy pass per reply), as ``HFEngine`` records it. The
   correction is needed: on the re-drawn tiny Qwen2.5-VL it moves recorded log-probs by up to
   7.6e-5 (``bench/vllm_engine.py --part cost``), and vLLM has no log-prob mode without the bias
-  at T != 1 (``raw_logprobs`` is before the temperature too). Asking for the ids alone, flat, costs
-  0.94x (sampled) / 0.99x (greedy) of vLLM asked for the sampled token's log-prob only (the dict
-  path with a top-k: 0.82x / 0.84x).
+  at T != 1 (``raw_logprobs`` is before the temperature too). Asked for the ids alone, flat,
+  ``generate`` runs at 0.90-1.02x of vLLM asked for the sampled token's log-prob only (same
+  parameters otherwise; the per-token dict path with a top-k: 0.83-0.96x; docs/results.md).
 - **Stop strings and EOS**: ``stop`` with ``include_stop_str_in_output``, ``stop_token_ids`` = the
-  encoder's EOS ids.
+  encoder's EOS ids. vLLM detokenizes only when there are stop strings (``detokenize``): the
+  reply's text is decoded here from the cut ids.
 - **Seeds**: a request's ``GenerationRequest.seed`` is its ``SamplingParams.seed`` (its draws depend
   on it alone); without one the batch seed is combined with the request's index (vLLM has no
   batch-level seed).
@@ -408,6 +409,8 @@ class VLLMEngine:
             n=1, temperature=params.temperature if sample else 0.0, top_p=params.top_p if sample else 1.0,
             top_k=params.top_k if (sample and params.top_k > 0) else -1, max_tokens=params.max_new_tokens,
             stop=list(params.stop_strings) or None, include_stop_str_in_output=True,
+            # vLLM's text is never used (replies are decoded here): its detokenizer runs only for stop strings
+            detokenize=bool(params.stop_strings),
             stop_token_ids=list(self.encoder.eos_token_ids), seed=seed if sample else None,
             skip_special_tokens=True, repetition_penalty=1.0,
             logit_bias={t: SUPPRESS_BIAS for t in self.suppress_token_ids} or None,
