@@ -48,10 +48,10 @@ from PIL import Image
 
 from vagent.config import ConfigError
 from vagent.envs.base import JudgeSpec, Observation, StepResult
-from vagent.envs.formats import FormatExample, format_instruction, format_reward
+from vagent.envs.formats import FormatExample, format_reward
 from vagent.envs.grid import (
     MOVES, Cell, EpisodeClock, ParsedActions, check_cells_fit, check_common_config, describe_relations, feedback_line, fill, inset,
-    observation, parse_actions, relations, reminder_for, render_tiles, resolve_rewards, step_info,
+    observation, parse_actions, prompt_tail, relations, reminder_for, render_tiles, resolve_rewards, step_info,
 )
 from vagent.envs.limits import Items
 from vagent.envs.registry import EnvConfig
@@ -344,13 +344,9 @@ class FrozenLakeEnv:
             lines.append("The ice is slippery: you move in the intended direction only 1/3 of the time; "
                          "otherwise you slide to one of the two perpendicular directions.")
         lines.append(f"The episode ends when you reach the goal, fall into a hole, or after {cfg.max_steps} turns.")
-        if cfg.render == "vision":
-            lines.append("Each observation is an image of the lake: light blue cells are ice, dark blue discs are "
-                         "holes, the gold square is the goal, the red disc is you.")
-        if cfg.render == "text" or cfg.description_style == "symbolic":
-            lines.append(f"Grid legend, one row per line: {LEGEND}.")
-        lines.append(format_instruction(cfg.format, self._example(), cfg.description_style, ",", cfg.max_actions_per_turn))
-        return "\n".join(lines)
+        image = ("Each observation is an image of the lake: light blue cells are ice, dark blue discs are holes, "
+                 "the gold square is the goal, the red disc is you.")
+        return "\n".join(lines + prompt_tail(cfg, image, LEGEND, self._example()))
 
     def state(self) -> dict:
         self._clock.require_started()

@@ -24,7 +24,8 @@ from PIL import Image, ImageDraw
 
 from vagent.config import ConfigError
 from vagent.envs.base import IMAGE_PLACEHOLDER, EnvError, EpisodeOverError, Observation
-from vagent.envs.formats import DESCRIPTION_STYLES, FORMATS, ParsedResponse, format_reminder, parse_response
+from vagent.envs.formats import DESCRIPTION_STYLES, FORMATS, FormatExample, ParsedResponse, format_instruction, \
+    format_reminder, parse_response
 
 Cell = tuple[int, int]
 
@@ -289,6 +290,19 @@ def observation(render: str, grid: Sequence[str], image_fn: Callable[[], Image.I
         images = ()
     parts.append(reminder)
     return Observation("\n".join(parts), images)
+
+
+def prompt_tail(cfg: Any, image_line: str, legend: str, example: FormatExample) -> list[str]:
+    """The last lines of a grid env's system prompt: what its image shows (``render: vision``), the
+    grid legend (a text render or symbolic descriptions) and the format instruction (actions
+    separated by ',')."""
+    lines = []
+    if cfg.render == "vision":
+        lines.append(image_line)
+    if cfg.render == "text" or cfg.description_style == "symbolic":
+        lines.append(f"Grid legend, one row per line: {legend}.")
+    lines.append(format_instruction(cfg.format, example, cfg.description_style, ",", cfg.max_actions_per_turn))
+    return lines
 
 
 def reminder_for(cfg: Any) -> str:

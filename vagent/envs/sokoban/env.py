@@ -47,10 +47,10 @@ from PIL import Image
 
 from vagent.config import ConfigError
 from vagent.envs.base import EnvError, JudgeSpec, Observation, StepResult
-from vagent.envs.formats import FormatExample, format_instruction, format_reward
+from vagent.envs.formats import FormatExample, format_reward
 from vagent.envs.grid import (
     EpisodeClock, ParsedActions, check_cells_fit, check_common_config, describe_relations, feedback_line, fill, inset, observation,
-    parse_actions, relations, reminder_for, render_tiles, resolve_rewards, step_info,
+    parse_actions, prompt_tail, relations, reminder_for, render_tiles, resolve_rewards, step_info,
 )
 from vagent.envs.limits import Items
 from vagent.envs.registry import EnvConfig
@@ -326,13 +326,9 @@ class SokobanEnv:
             f"Actions: {', '.join(ACTIONS)} (one cell each).",
             f"The episode ends when every box is on a target, or after {cfg.max_steps} turns.",
         ]
-        if cfg.render == "vision":
-            lines.append("Each observation is an image of the room: brown brick cells are walls, beige cells floor, "
-                         "red rings targets, orange squares boxes, green squares boxes on targets, the blue disc is you.")
-        if cfg.render == "text" or cfg.description_style == "symbolic":
-            lines.append(f"Grid legend, one row per line: {LEGEND}.")
-        lines.append(format_instruction(cfg.format, self._example(), cfg.description_style, ",", cfg.max_actions_per_turn))
-        return "\n".join(lines)
+        image = ("Each observation is an image of the room: brown brick cells are walls, beige cells floor, red rings "
+                 "targets, orange squares boxes, green squares boxes on targets, the blue disc is you.")
+        return "\n".join(lines + prompt_tail(cfg, image, LEGEND, self._example()))
 
     def state(self) -> dict:
         self._clock.require_started()
