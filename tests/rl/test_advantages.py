@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from tests.rl.tensors import T, close
 from vagent.rl import (
     anchor_mask,
     bi_level_gae,
@@ -21,14 +22,6 @@ from vagent.rl import (
     rloo_advantages,
     turn_gae,
 )
-
-
-def T(x, dtype=torch.float32):
-    return torch.tensor(x, dtype=dtype)
-
-
-def close(a, b, tol=1e-5):
-    torch.testing.assert_close(a.float(), torch.as_tensor(b).float(), atol=tol, rtol=tol)
 
 
 # ----------------------------------------------------------------------------------------------

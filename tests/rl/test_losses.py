@@ -7,24 +7,8 @@ import math
 import pytest
 import torch
 
-from vagent.rl import (
-    AGG_MODES,
-    aggregate,
-    entropy_from_logits,
-    kl_penalty,
-    logprobs_from_logits,
-    ppo_policy_loss,
-    value_loss,
-)
-
-
-def T(x, dtype=torch.float32):
-    return torch.tensor(x, dtype=dtype)
-
-
-def close(a, b, tol=1e-5):
-    a, b = torch.as_tensor(a).float(), torch.as_tensor(b).float()
-    torch.testing.assert_close(a, b, atol=tol, rtol=tol)
+from tests.rl.tensors import T, close
+from vagent.rl import AGG_MODES, aggregate, entropy_from_logits, kl_penalty, logprobs_from_logits, ppo_policy_loss, value_loss
 
 
 # six tokens, old log-prob 0, ratio r = exp(logp):
