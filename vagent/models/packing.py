@@ -14,11 +14,12 @@ tensors, so callers only pass a flag:
    Qwen-VL inputs from;
 3. the model runs with ``attention_mask=None`` and attention confined to each row, by one of:
 
-   - **row attention** (:func:`row_attention`; models on ``sdpa``, the CPU default): the linear
-     and MLP layers run on all ``N`` packed tokens at once, attention runs as one causal SDPA call
-     per row on that row's slice (:func:`rows_attention`, registered with transformers as
-     ``vagent_rows``): no padding, and no ``N x N`` mask, so time and memory grow with the sum of
-     the rows' squared lengths, not with ``N ** 2``;
+   - **row attention** (:func:`row_attention`; models on ``sdpa``, the default without
+     ``flash_attn``, e.g. on a CPU): the linear and MLP layers run on all ``N`` packed tokens at
+     once, attention runs as one causal SDPA call per row on that row's slice
+     (:func:`rows_attention`, registered with transformers as ``vagent_rows``): no padding and no
+     ``N x N`` mask, so attention's time grows with the sum of the rows' squared lengths, not with
+     ``N ** 2``;
    - ``flash_attention_2`` (the ``flash_attn`` package on a GPU): transformers' varlen flash
      attention over the ``cu_seqlens`` it derives from the restarting positions;
    - the **block-diagonal mask** (fallback): transformers builds an ``N x N`` causal mask confined to
@@ -197,7 +198,9 @@ def row_attention_config(model: torch.nn.Module):
 def row_attention(model: torch.nn.Module) -> Iterator[bool]:
     """Within this scope the text layers of ``model`` run :func:`rows_attention` (yields True), or
     nothing changes when :func:`row_attention_config` says the model cannot (yields False). Only
-    the text config's implementation is switched (a vision tower keeps its own), and restored on exit."""
+    the text config's implementation is switched (a vision tower keeps its own), and restored on
+    exit; the switch holds for every call on this model object meanwhile, so nothing else may run
+    it concurrently (another thread's forward would fail loudly in :func:`rows_attention`)."""
     config = row_attention_config(model)
     if config is None:
         yield False
