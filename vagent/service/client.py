@@ -120,25 +120,23 @@ def client_metrics() -> dict[str, int]:
         return {f"service/{k}": v for k, v in sorted(_METRICS.items())}
 
 
+#: error kinds a local env raises as these exceptions, with the detail as their message
+_LOCAL_ERRORS: dict[str, type[Exception]] = {
+    "UnknownSession": _SessionLost, "EpisodeOverError": EpisodeOverError, "EnvError": EnvError,
+    "ConfigError": ConfigError, "UnknownEnv": KeyError, "NotSupported": NotImplementedError,
+}
+
+
 def _raise_error(status: int, body: Any) -> None:
     """Raise the exception a local env would have raised for this error (see protocol.ERROR_STATUS)."""
     if not isinstance(body, dict):
         raise ServiceError(status, "HTTPError", str(body)[:500])
     kind, detail = str(body.get("error", "HTTPError")), str(body.get("detail", ""))
-    if kind == "UnknownSession":
-        raise _SessionLost(detail)
-    if kind == "EpisodeOverError":
-        raise EpisodeOverError(detail)
-    if kind == "EnvError":
-        raise EnvError(detail)
+    local = _LOCAL_ERRORS.get(kind)
+    if local is not None:
+        raise local(detail)
     if kind == "EnvException":
         raise RemoteEnvException(detail, bool(body.get("session_closed")))
-    if kind == "ConfigError":
-        raise ConfigError(detail)
-    if kind == "UnknownEnv":
-        raise KeyError(detail)
-    if kind == "NotSupported":
-        raise NotImplementedError(detail)
     if kind == "ConfigMismatch":
         raise EnvConfigMismatch(status, kind, detail, body.get("config") if isinstance(body.get("config"), dict) else None)
     raise ServiceError(status, kind, detail)

@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from vagent.eval.backends.common import ApiError, ApiPolicy, deadline_http_client, http_package, interleave, \
-    png_base64, stop_reply, token_usage
+    png_base64, split_system, stop_reply, token_usage
 from vagent.eval.backends.openai_chat import sdk_error
 from vagent.rollout.policy import Conversation, Message, Reply, SamplingConfig
 
@@ -45,20 +45,16 @@ def _blocks(message: Message) -> list[dict[str, Any]]:
 
 def conversation_to_anthropic(conversation: Conversation) -> tuple[str, list[dict[str, Any]]]:
     """(system string, messages) of a conversation in the Messages API format."""
-    system: list[str] = []
+    system, rest = split_system(conversation, "Anthropic takes no images in the system prompt; move them to a user "
+                                               "message.")
     messages: list[dict[str, Any]] = []
-    for m in conversation.messages:
-        if m.role == "system":
-            if m.images:
-                raise ValueError("Anthropic takes no images in the system prompt; move them to a user message.")
-            system.append(m.text)
-            continue
+    for m in rest:
         blocks = _blocks(m)
         if messages and messages[-1]["role"] == m.role:
             messages[-1]["content"].extend(blocks)
         else:
             messages.append({"role": m.role, "content": blocks})
-    return "\n\n".join(system), messages
+    return system, messages
 
 
 class AnthropicMessagesAdapter:

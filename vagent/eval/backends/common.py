@@ -462,6 +462,22 @@ def interleave(message: Message) -> list[str | Image.Image]:
     return out
 
 
+def split_system(conversation: Conversation, refusal: str) -> tuple[str, list[Message]]:
+    """The system messages' texts joined by a blank line, and the other messages in order, for APIs
+    that take the system prompt apart and as text only: ValueError(``refusal``) for a system message
+    with images."""
+    system: list[str] = []
+    rest: list[Message] = []
+    for m in conversation.messages:
+        if m.role != "system":
+            rest.append(m)
+        elif m.images:
+            raise ValueError(refusal)
+        else:
+            system.append(m.text)
+    return "\n\n".join(system), rest
+
+
 def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, str | None]:
     """``text`` cut right after the earliest stop string, and that string (None if none occurs)."""
     best: tuple[int, str] | None = None
@@ -530,5 +546,5 @@ __all__ = [
     "ApiError", "ApiPolicy", "ApiStats", "Adapter", "TokenBucket", "backoff_delay", "parse_retry_after",
     "DeadlineTransport", "deadline_http_client", "http_package", "one_line",
     "kind_of_status", "encode_png", "png_base64", "interleave", "cut_at_stop", "restore_stop",
-    "stop_reply", "token_usage",
+    "stop_reply", "token_usage", "split_system",
 ]

@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from vagent.eval.backends.common import ApiError, ApiPolicy, deadline_http_client, encode_png, interleave, \
-    kind_of_status, parse_retry_after, stop_reply, token_usage
+    kind_of_status, parse_retry_after, split_system, stop_reply, token_usage
 from vagent.rollout.policy import Conversation, Reply, SamplingConfig
 
 
@@ -46,14 +46,10 @@ def conversation_to_gemini(conversation: Conversation) -> tuple[str, list[Any]]:
     """(system instruction, contents as ``google.genai.types.Content``) of a conversation."""
     from google.genai import types
 
-    system: list[str] = []
+    system, rest = split_system(conversation, "Gemini's system_instruction takes text only; move images to a user "
+                                               "message.")
     contents: list[Any] = []
-    for m in conversation.messages:
-        if m.role == "system":
-            if m.images:
-                raise ValueError("Gemini's system_instruction takes text only; move images to a user message.")
-            system.append(m.text)
-            continue
+    for m in rest:
         parts = [types.Part(text=p) if isinstance(p, str) else types.Part.from_bytes(data=encode_png(p),
                                                                                     mime_type="image/png")
                  for p in interleave(m)]
@@ -62,7 +58,7 @@ def conversation_to_gemini(conversation: Conversation) -> tuple[str, list[Any]]:
             contents[-1].parts.extend(parts)
         else:
             contents.append(types.Content(role=role, parts=parts))
-    return "\n\n".join(system), contents
+    return system, contents
 
 
 class GeminiAdapter:
