@@ -15,7 +15,8 @@ What it does:
   sampled ids). vLLM runs its own image processor, so each run of ``<|image_pad|>`` tokens is
   collapsed to one (TRL issue #6294: pre-expanded ids would be expanded twice) and the encoder's
   pixel range is passed as ``mm_processor_kwargs`` so vLLM's image grid equals ``ChatEncoder``'s.
-- **Log-probs.** ``SamplingParams(logprobs=0)`` returns the sampled token's log-prob; the engine is
+- **Log-probs.** vLLM returns the sampled token's log-prob first at every position (with the
+  placeholders' after it, below; ``logprobs=0`` for a model without placeholders); the engine is
   built with ``logprobs_mode="processed_logprobs"``: the log-softmax of logits / temperature, what
   ``HFEngine`` records, when top-k / top-p are off (with them on, vLLM's value is of the truncated
   distribution; the recipes rescore log pi_old anyway). Greedy uses temperature 1.
