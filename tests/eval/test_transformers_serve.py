@@ -34,6 +34,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.service.conftest import stop_process
 from vagent.eval.config import load_config
 from vagent.eval.runner import run_eval
 
@@ -91,12 +92,7 @@ def served(tiny_lm, tmp_path_factory):
             time.sleep(0.5)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, 15)
 
 
 def test_served_model_matches_the_local_model(served, tiny_lm, tmp_path, monkeypatch):

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.service.conftest import stop_process
 from vagent.envs.frozenlake import LEGEND, FrozenLakeEnv, state_from_grid
 from vagent.rewards import JudgeItem, LLMJudge, LLMJudgeConfig
 
@@ -59,12 +60,7 @@ def served_model(smollm2_dir, tmp_path_factory):
             time.sleep(0.3)
         yield f"http://127.0.0.1:{port}/v1", str(smollm2_dir)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, 10)
 
 
 @pytest.mark.timeout(300)  # ~30 s on an idle 2-core machine; generous for a loaded one

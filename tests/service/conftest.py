@@ -43,6 +43,16 @@ def wait_healthy(proc: subprocess.Popen, url: str, timeout: float, output: Calla
     raise RuntimeError(f"server on {url} not ready after {timeout}s:\n{output()}")
 
 
+def stop_process(proc: subprocess.Popen, timeout: float) -> None:
+    """SIGTERM, and SIGKILL when ``proc`` has not exited ``timeout`` seconds later."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
 class ServerProc:
     """``python -m vagent.service.server`` in a subprocess (the toy and faulty test envs imported)."""
 
@@ -81,12 +91,7 @@ class ServerProc:
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+            stop_process(self.proc, 10)
         if getattr(self, "log", None):
             self.log.close()
 
