@@ -14,7 +14,7 @@ import random
 import tempfile
 import time
 
-import vagent.models.engine as engine
+import vagent.models.stops as stops
 from vagent.models.loading import load_policy
 from vagent.models.tiny import build_tiny_vlm
 
@@ -35,16 +35,16 @@ def replies(tokenizer, n: int, tokens: int, stopped: bool, seed: int = 0) -> lis
 
 
 def batch_ms(rows, eos, decode, scan: bool, rounds: int) -> float:
-    find = engine.find_stop
+    find = stops.find_stop
     if scan:  # cut_reply as before: the scan from the first token
-        engine.find_stop = engine.find_stop_scan
+        stops.find_stop = stops.find_stop_scan
     try:
         t0 = time.perf_counter()
         for _ in range(rounds):
-            cuts = [engine.cut_reply(r, eos, decode, ("</answer>",)) for r in rows]
+            cuts = [stops.cut_reply(r, eos, decode, ("</answer>",)) for r in rows]
         return (time.perf_counter() - t0) / rounds * 1e3, cuts
     finally:
-        engine.find_stop = find
+        stops.find_stop = find
 
 
 def main() -> None:

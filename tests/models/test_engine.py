@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from vagent.models.engine import GenerationRequest, HFEngine, SamplingParams, cut_reply, find_stop
+from vagent.models.engine import GenerationRequest, HFEngine, SamplingParams
+from vagent.models.stops import cut_reply, find_stop
 from vagent.models.forward import forward_logits, token_logprobs
 
 

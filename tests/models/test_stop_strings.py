@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from vagent.models.engine import cut_reply, find_stop, find_stop_scan, stop_window
+from vagent.models.stops import cut_reply, find_stop, find_stop_scan, stop_window
 
 
 def old_find_stop(token_ids, decode, stop_strings):

@@ -89,7 +89,8 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from vagent.models.engine import GenerationOutput, GenerationRequest, SamplingParams, cut_reply, placeholder_token_ids
+from vagent.models.engine import GenerationOutput, GenerationRequest, SamplingParams, placeholder_token_ids
+from vagent.models.stops import cut_reply
 from vagent.models.processor import ChatEncoder
 from vagent.models.vllm_weights import check_vllm_head_size, weights_to_push, with_tied_head
 
