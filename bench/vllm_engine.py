@@ -110,7 +110,7 @@ def frozenlake_requests(encoder, n: int):
 def dict_path_logprobs(engine, outs, params) -> list[list[float]]:
     """The placeholder-corrected log-probs from vLLM's dict log-probs, token by token
     (``unsuppressed_logprob``): the reference ``VLLMEngine``'s vectorised path must equal."""
-    from vagent.models.vllm_engine import unsuppressed_logprob
+    from vagent.models.vllm_logprobs import unsuppressed_logprob
 
     temperature = params.temperature if params.do_sample else 1.0
     rows = []

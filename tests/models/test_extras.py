@@ -22,7 +22,7 @@ def test_importing_vagent_imports_neither_ray_nor_vllm():
 
 def test_a_missing_extra_names_the_pip_install():
     code = ("import sys; sys.modules['ray'] = None; sys.modules['vllm'] = None\n"
-            "from vagent.models.remote import import_ray\nfrom vagent.models.vllm_engine import import_vllm\n"
+            "from vagent.models.remote import import_ray\nfrom vagent.models.vllm_setup import import_vllm\n"
             "for f in (import_ray, import_vllm):\n"
             "    try:\n        f()\n    except ImportError as e:\n        print(e)\n")
     out = run(code)

@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from vagent.models.vllm_engine import EXPECTED_RELOAD_WARNINGS, ExpectedReloadWarnings, quiet_vllm_logging
+from vagent.models.vllm_setup import EXPECTED_RELOAD_WARNINGS, ExpectedReloadWarnings, quiet_vllm_logging
 
 RELOAD = "vllm.model_executor.model_loader.reload.layerwise"
 

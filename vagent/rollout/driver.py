@@ -131,7 +131,7 @@ def check_rollout_setup(settings: RolloutConfig, distributed: bool) -> None:
         raise ConfigError("rollout.replicas >= 1 runs engine replicas as Ray actors, and Ray is not installed: "
                          "pip install 'vagent[ray]' (or set rollout.replicas 0 to generate in the training process).")
     if settings.engine == "vllm" and importlib.util.find_spec("vllm") is None:
-        from vagent.models.vllm_engine import VLLM_HINT
+        from vagent.models.vllm_setup import VLLM_HINT
 
         raise ConfigError(f"rollout.engine vllm needs vLLM, which is not installed: {VLLM_HINT}; or set "
                           "rollout.engine hf.")
