@@ -18,8 +18,11 @@ def test_busy_machine_sleeps_idle_machine_spins_briefly():
     assert omp_wait_settings({}, load=3.0, cores=16) == {"GOMP_SPINCOUNT": "100000"}
 
 
-def test_the_users_settings_win():
+def test_the_users_settings_win_and_vagents_own_are_decided_again():
     assert omp_wait_settings({"OMP_WAIT_POLICY": "ACTIVE"}, load=9.0, cores=2) == {}
+    # a parent vagent's choice (marked auto) is made again for the machine as it is now
+    parent = {"GOMP_SPINCOUNT": "100000", "VAGENT_OMP_WAIT": "auto"}
+    assert omp_wait_settings(parent, load=9.0, cores=2) == {"OMP_WAIT_POLICY": "PASSIVE"}
     assert omp_wait_settings({"GOMP_SPINCOUNT": "0"}, load=9.0, cores=2) == {}
     assert omp_wait_settings({"VAGENT_OMP_WAIT": "keep"}, load=9.0, cores=2) == {}
 
@@ -49,10 +52,16 @@ def test_busy_processes_that_just_started_make_vagent_sleep():
 
         time.sleep(0.5)  # they are running
         assert machine_load() >= min(cores, idle_now + cores) - 0.5
-        code = "import os, vagent; print(os.environ.get('OMP_WAIT_POLICY'))"
+        code = ("import os, vagent; print(os.environ.get('OMP_WAIT_POLICY'), os.environ.get('GOMP_SPINCOUNT'), "
+                "os.environ.get('VAGENT_OMP_WAIT'))")
         env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "VAGENT_OMP_WAIT")}
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
-        assert out.strip() == "PASSIVE"
+        assert out.split() == ["PASSIVE", "None", "auto"]
+        # a child of a vagent process that chose the bounded spin on an idle machine decides again
+        inherited = dict(env, GOMP_SPINCOUNT="100000", VAGENT_OMP_WAIT="auto")
+        out = subprocess.run([sys.executable, "-c", code], env=inherited, capture_output=True, text=True,
+                             check=True).stdout
+        assert out.split() == ["PASSIVE", "None", "auto"]
     finally:
         for b in burners:
             b.kill()

@@ -30,9 +30,16 @@ def omp_wait_settings(environ: dict, load: float, cores: int) -> dict[str, str]:
     at least half the cores), else the bounded spin. A user's own ``OMP_WAIT_POLICY`` or
     ``GOMP_SPINCOUNT`` wins, and ``VAGENT_OMP_WAIT=keep`` leaves the runtime's default. Results are
     unchanged (scheduling only); it takes effect when vagent is imported before torch (the vagent
-    command, and every process it starts, which inherit it).
+    command, and every process it starts).
+
+    vagent marks its own choice (``VAGENT_OMP_WAIT=auto``), so a process started by another (a
+    test's or a launcher's subprocess) decides again for the machine as it is when it starts,
+    instead of inheriting a choice made while the machine was idle: the scaled default run beside
+    one busy process took 402 s with an inherited ``GOMP_SPINCOUNT=100000`` and 73 s with PASSIVE.
     """
-    if environ.get("VAGENT_OMP_WAIT") == "keep" or "OMP_WAIT_POLICY" in environ or "GOMP_SPINCOUNT" in environ:
+    if environ.get("VAGENT_OMP_WAIT") == "keep":
+        return {}
+    if environ.get("VAGENT_OMP_WAIT") != "auto" and ("OMP_WAIT_POLICY" in environ or "GOMP_SPINCOUNT" in environ):
         return {}
     return {"OMP_WAIT_POLICY": "PASSIVE"} if load >= 0.5 * max(1, cores) else {"GOMP_SPINCOUNT": "100000"}
 
@@ -60,5 +67,8 @@ def machine_load(looks: int = 3, gap_s: float = 0.01) -> float:
     return max(average, float(min(now)) if now else 0.0)
 
 
-if omp_wait_settings(dict(_os.environ), 0.0, 1):  # the user set none of them: look at the machine (20 ms)
-    _os.environ.update(omp_wait_settings(dict(_os.environ), machine_load(), _os.cpu_count() or 1))
+if omp_wait_settings(dict(_os.environ), 0.0, 1):  # not the user's own: look at the machine (20 ms)
+    _choice = omp_wait_settings(dict(_os.environ), machine_load(), _os.cpu_count() or 1)
+    for _key in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
+        _os.environ.pop(_key, None)
+    _os.environ.update(_choice, VAGENT_OMP_WAIT="auto")
