@@ -10,8 +10,9 @@ with the checkpoint's weights (version k+1), and ``rollout/weights_version``,
 In one process the resumed run equals the uninterrupted one exactly. Two uninterrupted 2-rank
 overlap-1 runs are not bitwise equal to each other (their weights differ by ~1e-9 after two
 steps, the engine's recorded log-probs by ~1e-6: collectives of the update and the background
-rollout's gather interleave differently), so in two ranks the weights versions must be equal and
-every number within 1e-4 relative."""
+rollout's gather interleave differently; a mean of signed terms such as ``loss/policy`` then
+differs by up to ~1e-4 relative), so in two ranks the weights versions must be equal and every
+number within 1e-3 relative (1e-6 absolute)."""
 
 from __future__ import annotations
 
@@ -76,9 +77,10 @@ def test_a_resumed_overlap_run_equals_the_uninterrupted_one(tmp_path: Path, tiny
         assert ra.keys() == rb.keys()
         if nproc is None:  # one process: the run is deterministic, so the resume is exact
             diff = {k: (ra[k], rb[k]) for k in ra if ra[k] != rb[k]}
-        else:  # two ranks: the versions exact; the numbers as close as two uninterrupted runs are (see above)
+        else:  # two ranks: the versions exact; the numbers as close as two uninterrupted runs are (see above):
+            # means of signed terms (loss/policy) amplify the runs' 1e-9 weight noise to ~1e-4 relative
             diff = {k: (ra[k], rb[k]) for k in ra if (ra[k] != rb[k] if k in EXACT else
-                                                      ra[k] != pytest.approx(rb[k], rel=1e-4, abs=1e-7))}
+                                                      ra[k] != pytest.approx(rb[k], rel=1e-3, abs=1e-6))}
         assert not diff, f"step {ra.get('step')}: {sorted(diff.items())[:8]}"
 
 
