@@ -43,7 +43,7 @@ def test_split_rows_balances_tokens_not_counts():
 
 
 def test_spec_blocks_keep_groups_whole_and_cover_all():
-    from vagent.recipes.rollouts import spec_blocks
+    from vagent.rollout.loop import spec_blocks
 
     assert spec_blocks(5, 2) == [(0, 3), (3, 5)]
     assert spec_blocks(1, 2) == [(0, 1), (1, 1)]

@@ -15,7 +15,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-import vagent.recipes.rollouts
 import vagent.rollout
 import vagent.rollout.loop
 
@@ -33,7 +32,6 @@ def rollout_spy(monkeypatch):
 
     monkeypatch.setattr(vagent.rollout.loop, "rollout", spy)
     monkeypatch.setattr(vagent.rollout, "rollout", spy)
-    monkeypatch.setattr(vagent.recipes.rollouts, "rollout", spy)  # the name the recipes call
     return calls
 
 
@@ -72,7 +70,7 @@ def test_bug9_eval_prompts_equal_the_recipe_rollout(small_cfg, rollout_spy, tmp_
     from vagent.eval.config import load_config as load_eval_config
     from vagent.eval.runner import run_eval
     from vagent.recipes.common import load_model
-    from vagent.recipes.rollouts import validate
+    from vagent.recipes.validation import validate
     from vagent.rollout.hf_policy import HFPolicy
 
     cfg = small_cfg("envs.0.n_val=2", "rollout.max_turns=2", "envs.0.config.format=grounding_worldmodeling")

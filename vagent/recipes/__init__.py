@@ -3,7 +3,7 @@
 - :mod:`vagent.recipes.ppo`    PPO with a critic (masked / bi-level / turn / no-concat GAE)
 - :mod:`vagent.recipes.grpo`   GRPO, RLOO, REINFORCE++ (no critic), optional variance filter
 - :mod:`vagent.recipes.stages` the typed records a step hands from stage to stage (``Scores`` ...)
-- :mod:`vagent.recipes.tail`   what PPO and GRPO share around a step: rollout set-up, validation, saving
+- :mod:`vagent.recipes.tail`   what PPO and GRPO share around a step: the training rollout, batch and filter, saving
 - :mod:`vagent.recipes.sft`    SFT on JSONL chat data with images (the warm start before RL)
 - :mod:`vagent.recipes.demos`  solver demonstrations in the SFT chat format (``vagent demos``)
 - :mod:`vagent.recipes.update` the PPO-clip actor update and the critic update they share
@@ -11,7 +11,7 @@
 - :mod:`vagent.recipes.optim`  seeds, optimizers, learning-rate schedules, gradient clipping
 - :mod:`vagent.recipes.scoring` forward passes on a token batch and the scoring passes
 - :mod:`vagent.recipes.batching` mini-/micro-batches and the weights that make accumulation exact
-- :mod:`vagent.recipes.rollouts` the training rollout (shared between ranks), validation, reward metrics
+- :mod:`vagent.recipes.validation` validation rollouts, the reward and validation metrics
 - :mod:`vagent.recipes.session` the run record the recipes share (``Session``)
 - :mod:`vagent.recipes.sharding` which models are sharded how in a torchrun job, export of a sharded policy
 - :mod:`vagent.recipes.config` the declared run config (``RunConfig``) and the default preset

@@ -4,8 +4,6 @@ Micro-batches have one home, :mod:`vagent.distributed.split`: :func:`~vagent.dis
 cuts a batch's rows, :func:`~vagent.distributed.rank_micro_batches` gives a rank its share (the
 update loop's micro-batches). In a job of several ranks, :func:`per_row` with ``split`` scores each
 rank's share of the rows and gathers the results, so every rank ends with the whole [B, L] tensor.
-:func:`filter_groups` keeps the rows of the groups that pass a reward-variance filter (GRPO's, and
-PPO's ``ppo.filter``).
 """
 
 from __future__ import annotations
@@ -16,14 +14,10 @@ import torch
 from torch import Tensor
 
 from vagent.distributed import RowTensors, micro_batch_rows, per_row_split
-from vagent.rl.filters import variance_filter
 from vagent.rl.losses import AGG_MODES
 from vagent.rollout.batch import TokenBatch
 
-if TYPE_CHECKING:
-    from vagent.recipes.config import GRPOConfig, PPOConfig
-
-__all__ = ["accumulation_weight", "filter_groups", "mini_batches", "per_row"]
+__all__ = ["accumulation_weight", "mini_batches", "per_row"]
 
 #: what a per-row pass returns: one [b, l, ...] tensor, or a tuple of them
 R = TypeVar("R", bound=RowTensors)
@@ -71,20 +65,3 @@ def mini_batches(n_rows: int, n_mini: int, seed: int) -> list[list[int]]:
     perm = torch.randperm(n_rows, generator=g).tolist()
     n_mini = max(1, min(n_mini, n_rows))
     return [sorted(perm[i::n_mini]) for i in range(n_mini)]
-
-
-def filter_groups(batch: TokenBatch, settings: GRPOConfig | PPOConfig) -> tuple[TokenBatch, float, dict[str, float]]:
-    """(kept rows of the batch, advantage scale, filter/* metrics) of the reward-variance filter
-    ``settings.filter`` / ``filter_value`` (the recipe's: ``cfg.grpo`` or ``cfg.ppo``), over the
-    groups' trajectory returns (``batch.episode_returns``)."""
-    if settings.filter == "none":
-        return batch, 1.0, {}
-    trajs, row_traj = torch.unique(batch.traj_ids, return_inverse=True)
-    first = torch.full((trajs.numel(),), batch.batch_size, dtype=torch.long, device=row_traj.device)
-    first = first.scatter_reduce(0, row_traj, torch.arange(batch.batch_size, device=row_traj.device), "amin")
-    result = variance_filter(batch.episode_returns[first], batch.group_ids[first], settings.filter,
-                             settings.filter_value)
-    keep_traj = torch.zeros(trajs.numel(), dtype=torch.bool, device=row_traj.device)
-    keep_traj[result.kept_indices.to(row_traj.device)] = True
-    rows = keep_traj[row_traj].nonzero()[:, 0]
-    return batch.select(rows), result.scale, result.metrics

@@ -5,7 +5,7 @@ sft.py) call them in the order the algorithm runs. The rest of what the recipes 
 its seam: :mod:`vagent.recipes.optim` (seeds, optimizers, schedules), :mod:`vagent.recipes.tiny_cache`
 (building and caching the tiny model), :mod:`vagent.recipes.scoring` (forward passes and the
 scoring passes), :mod:`vagent.recipes.batching` (mini-/micro-batches and accumulation weights),
-:mod:`vagent.recipes.rollouts` (the training rollout, validation, their metrics) and
+:mod:`vagent.recipes.validation` (validation and the episode summaries) and
 :mod:`vagent.recipes.session` (the run record).
 """
 

@@ -32,7 +32,7 @@ How it departs from GRPO (DeepSeekMath) / ViGoRL:
   verl); use ``grpo.filter`` to drop them.
 - Several processes (torchrun): a group is rolled out whole on one rank (a rank plays a block of
   env specs, one group each) and the episodes are gathered, so group statistics, the filter and
-  the token mean are the single-process ones (``vagent.recipes.rollouts``).
+  the token mean are the single-process ones (``vagent.rollout.loop.rollout_on_ranks``).
 """
 
 from __future__ import annotations
@@ -43,14 +43,13 @@ import torch
 from torch import Tensor
 
 from vagent.models.value import reference_model
-from vagent.recipes.batching import filter_groups
 from vagent.recipes.config import GRPOConfig, GRPOEstimator, RunConfig
 from vagent.recipes.optim import make_optimizer, make_scheduler
 from vagent.recipes.scoring import rl_temperature, score_batch
 from vagent.recipes.session import Session
 from vagent.recipes.sharding import policy_to_copy, shard_for_training
 from vagent.recipes.stages import Advantages, Scores, StepClock, StepOutcome, TrainState
-from vagent.recipes.tail import StepLoop, off_policy, reference_kl, step_metrics, token_batch, update_context
+from vagent.recipes.tail import StepLoop, filter_groups, off_policy, reference_kl, step_metrics, token_batch, update_context
 from vagent.recipes.update import Learner, actor_update
 from vagent.rl.advantages import masked_mean
 from vagent.rl.group_advantages import gigpo_advantages, grpo_advantages, reinforce_pp_advantages, rloo_advantages

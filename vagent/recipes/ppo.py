@@ -54,14 +54,13 @@ from torch import Tensor
 
 from vagent.models.loading import count_parameters
 from vagent.models.value import ReferenceModel, ValueModel, build_critic, reference_model
-from vagent.recipes.batching import filter_groups
 from vagent.recipes.config import PPOConfig, PPOEstimator, RunConfig
 from vagent.recipes.optim import make_optimizer, make_scheduler
 from vagent.recipes.scoring import rl_temperature, score_batch
 from vagent.recipes.session import Session
 from vagent.recipes.sharding import policy_to_copy, shard_for_training
 from vagent.recipes.stages import PPOAdvantages, PPOScores, StepClock, StepOutcome, TrainState
-from vagent.recipes.tail import StepLoop, off_policy, reference_kl, step_metrics, token_batch, update_context
+from vagent.recipes.tail import StepLoop, filter_groups, off_policy, reference_kl, step_metrics, token_batch, update_context
 from vagent.recipes.update import Learner, actor_update, critic_update
 from vagent.rl.advantages import (
     anchor_mask, bi_level_gae, masked_gae, masked_mean, masked_whiten, no_concat_gae, turn_gae,

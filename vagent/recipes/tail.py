@@ -1,5 +1,5 @@
-"""What PPO and GRPO share around their step: the rollout set-up (``StepLoop``), the token batch,
-the KL to the reference (``reference_kl``), the engine/trainer gap (``off_policy``: ratio anchor,
+"""What PPO and GRPO share around their step: the rollout set-up (``StepLoop``), the training
+rollout (``train_rollout``), the token batch and its reward-variance filter (``filter_groups``), the KL to the reference (``reference_kl``), the engine/trainer gap (``off_policy``: ratio anchor,
 rollout correction, mismatch metrics), the update's context, the step's metrics record
 (``step_metrics``), validation, and the step's tail (log, validate, save samples, checkpoint, plot).
 
@@ -9,35 +9,39 @@ critic); what both do is here, once.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
+import torch
 from torch import Tensor
 
 from vagent.distributed import generation_mode
-from vagent.recipes.common import train_env_specs
-from vagent.recipes.rollouts import reward_metrics, train_rollout, validation_rollout, validation_turns
+from vagent.recipes.common import sampling_for, train_env_specs
 from vagent.recipes.session import Session
 from vagent.recipes.sharding import policy_export
 from vagent.recipes.stages import (
     Advantages, OffPolicy, PPOAdvantages, PPOScores, Scores, StepClock, StepOutcome, TrainState,
 )
 from vagent.recipes.update import UpdateContext
+from vagent.recipes.validation import reward_metrics, validation_rollout, validation_turns
 from vagent.rl.advantages import masked_mean
 from vagent.rl.correction import CorrectionSettings, correct, k3_kl, mismatch_metrics
+from vagent.rl.filters import variance_filter
 from vagent.rl.losses import kl_penalty
 from vagent.rollout.batch import TokenBatch, build_token_batch
 from vagent.rollout.canary import WeightCanary, default_tolerance, probe_for_run
 from vagent.rollout.driver import InFlight, RolloutDriver, close_env_factories, is_default, make_driver
 from vagent.rollout.hf_policy import HFPolicy
+from vagent.rollout.loop import RolloutResult, rollout_on_ranks
 from vagent.runs import StepProgress, load_object, plot_run, save_checkpoint, save_rollouts, save_token_rows
+from vagent.runs.errors import NonFiniteError, check_module_finite
 from vagent.runs.rundir import due
 from vagent.runs.samples import save_validation
 
 if TYPE_CHECKING:
-    from vagent.recipes.config import RunConfig, UpdateConfig
+    from vagent.recipes.config import GRPOConfig, PPOConfig, RunConfig, UpdateConfig
     from vagent.rewards import ReasoningReward
-    from vagent.rollout.finish import RolloutResult
 
 
 def batch_mode(cfg: RunConfig) -> str:
@@ -164,10 +168,50 @@ def resume_in_flight(session: Session, driver: RolloutDriver, checkpoint: str, s
     driver.resume_in_flight(saved, step)
 
 
+def train_rollout(session: Session, policy: Any, step: int, reasoning: ReasoningReward | None,
+                  unshard: bool = True) -> RolloutResult:
+    """The training rollout of RL ``step`` (sampled, train-split seeds of the step). ``unshard``: the
+    policy generates with the trainer's model, gathered once for the rollout when sharded (False
+    for a separate generator: engine replicas or vLLM, which leave the trainer's parameters alone).
+    If generation fails because the policy's weights hold NaN/inf, say so (NonFiniteError) instead
+    of a sampler error."""
+    cfg = session.cfg
+    try:
+        with generation_mode(session.loaded.model) if unshard else contextlib.nullcontext():
+            return rollout_on_ranks(train_env_specs(cfg, step), policy, sampling_for(cfg, step),
+                                    group_size=cfg.rollout.group_size, max_turns=cfg.rollout.max_turns,
+                                    mode=cfg.rollout.mode, window=cfg.rollout.window, judge=reasoning,
+                                    schedule=cfg.rollout.schedule)
+    except RuntimeError as exc:
+        check_module_finite(session.loaded.model, "policy weights", "rl", step, session.last_checkpoint)
+        if "inf" in str(exc).lower() or "nan" in str(exc).lower():
+            raise NonFiniteError("the policy's next-token probabilities during the rollout (the weights are "
+                                 "finite but the forward pass overflowed)", float("nan"), "rl", step,
+                                 session.last_checkpoint) from exc
+        raise
+
+
 def token_batch(session: Session, episodes: RolloutResult) -> TokenBatch:
     """The episodes' token rows (concat / window / no_concat, as configured) on the run's device."""
     pad = session.loaded.encoder.pad_token_id
     return build_token_batch(episodes, mode=batch_mode(session.cfg), pad_token_id=pad).to(session.device)
+
+
+def filter_groups(batch: TokenBatch, settings: GRPOConfig | PPOConfig) -> tuple[TokenBatch, float, dict[str, float]]:
+    """(kept rows of the batch, advantage scale, filter/* metrics) of the reward-variance filter
+    ``settings.filter`` / ``filter_value`` (the recipe's: ``cfg.grpo`` or ``cfg.ppo``), over the
+    groups' trajectory returns (``batch.episode_returns``)."""
+    if settings.filter == "none":
+        return batch, 1.0, {}
+    trajs, row_traj = torch.unique(batch.traj_ids, return_inverse=True)
+    first = torch.full((trajs.numel(),), batch.batch_size, dtype=torch.long, device=row_traj.device)
+    first = first.scatter_reduce(0, row_traj, torch.arange(batch.batch_size, device=row_traj.device), "amin")
+    result = variance_filter(batch.episode_returns[first], batch.group_ids[first], settings.filter,
+                             settings.filter_value)
+    keep_traj = torch.zeros(trajs.numel(), dtype=torch.bool, device=row_traj.device)
+    keep_traj[result.kept_indices.to(row_traj.device)] = True
+    rows = keep_traj[row_traj].nonzero()[:, 0]
+    return batch.select(rows), result.scale, result.metrics
 
 
 def reference_kl(scores: Scores, M: Tensor, settings: UpdateConfig) -> Tensor | None:

@@ -60,23 +60,34 @@ batching) policy for one reply at a time, with the same turn seeds. Same episode
 (greedy, or sampled with per-request seeds; tested). Each conversation carries ``key =
 traj_id`` (replica routing, per-request seeds) and each ``Turn`` the ``weights_version`` of the
 engine that sampled it.
+
+Ranks (:func:`rollout_on_ranks`): in a job of several ranks, rank r plays a contiguous block of
+the env specs (a spec is one GRPO/GiGPO group, so a group stays whole on one rank and its
+statistics need no gathering), samples with a rank-derived seed, and gathers every rank's
+episodes, renumbered to the single-process group/trajectory ids and in spec order. Every rank then
+holds the whole batch: advantages, whitening, filters and ``reward/*``, ``rollout/*`` and ``val/*``
+metrics are computed over the global batch exactly as in one process.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
+
+from vagent.distributed import gather_objects, world
 
 from vagent.rollout.async_loop import rollout_async
 from vagent.rollout.finish import RolloutClock, RolloutResult, finish_rollout, judge_episodes, rollout_metrics
 from vagent.rollout.policy import Policy, SamplingConfig
 from vagent.rollout.records import Episode
+from vagent.seeds import derive_seed
 from vagent.rollout.trajectory import (
     MODES, SCHEDULES, EnvFactory, EnvSpec, Live, act, apply_reply, check_args, close_env, new_lives,
     next_conversation, record_turn, start_env, step_env,
 )
 
-__all__ = ["EnvSpec", "RolloutResult", "rollout", "rollout_metrics", "MODES", "SCHEDULES"]
+__all__ = ["EnvSpec", "RolloutResult", "rollout", "rollout_on_ranks", "rollout_metrics", "spec_blocks", "MODES", "SCHEDULES"]
 
 
 def rollout(
@@ -152,3 +163,51 @@ def _turn(pool: ThreadPoolExecutor, lives: list[Live], policy: Policy, sampling:
         if stepped is not None:
             record_turn(lv, t, reply, stepped, max_turns, window)
     return True
+
+
+def spec_blocks(n_specs: int, n_ranks: int) -> list[tuple[int, int]]:
+    """[lo, hi) of the specs each rank plays: contiguous, sizes differing by at most one."""
+    base, extra = divmod(n_specs, n_ranks)
+    out, lo = [], 0
+    for r in range(n_ranks):
+        hi = lo + base + (1 if r < extra else 0)
+        out.append((lo, hi))
+        lo = hi
+    return out
+
+
+def rollout_on_ranks(specs: Sequence[EnvSpec], policy: Any, sampling: SamplingConfig, *, group_size: int = 1,
+                     judge: Any = None, **kw: Any) -> RolloutResult:
+    """:func:`rollout` of ``specs``, shared between the ranks of a job (see *Ranks* in the
+    module docstring), then the reasoning-reward stage: ``judge`` (a ``ReasoningReward``, or None)
+    scores each rank's own episodes (``judge_episodes``) before they are gathered. One process:
+    ``judge_episodes(rollout(specs, ...), judge)``."""
+    job = world()
+    if not job.distributed:
+        return judge_episodes(rollout(specs, policy, sampling, group_size=group_size, **kw), judge)
+    lo, hi = spec_blocks(len(specs), job.size)[job.rank]
+    mine = RolloutResult([], {})
+    if hi > lo:  # ranks draw from different streams (the same seed would reuse one rank's noise)
+        sampling = dataclasses.replace(sampling, seed=derive_seed(sampling.seed, "rank", job.rank))
+        mine = judge_episodes(rollout(list(specs[lo:hi]), policy, sampling, group_size=group_size, **kw), judge)
+    for ep in mine:  # the single-process ids: group = spec index, trajectory = group * size + member
+        member = ep.traj_id - ep.group_id * group_size
+        ep.group_id += lo
+        ep.traj_id = ep.group_id * group_size + member
+    parts = gather_objects((list(mine), mine.metrics), "rollout episodes")
+    episodes = [ep for eps, _ in parts for ep in eps]
+    metrics = rollout_metrics(episodes)
+    n = [len(eps) for eps, _ in parts]
+    for key in sorted({k for _, m in parts for k in m} - set(metrics)):
+        vals = [(m[key], k) for (_, m), k in zip(parts, n) if key in m]
+        if key.endswith("_time_s"):  # ranks roll out at the same time: the step waits for the slowest
+            metrics[key] = max(v for v, _ in vals)
+        else:  # episode-weighted mean (reasoning judges' means, prompt-cache fraction)
+            metrics[key] = sum(v * k for v, k in vals) / max(1, sum(k for _, k in vals))
+    # lockstep: generation time is wall time; async: it is summed over overlapping trajectories,
+    # so the rate divides by the rollout's wall time (each the slowest rank's)
+    clock = "perf/rollout_time_s" if kw.get("schedule") == "async" else "perf/generate_time_s"
+    if clock in metrics:
+        tokens = sum(len(t.sampled_token_ids) for e in episodes for t in e.turns)
+        metrics["perf/rollout_tokens_per_s"] = tokens / max(1e-9, metrics[clock])
+    return RolloutResult(episodes, metrics)
