@@ -52,15 +52,6 @@ def rule_items(n: int) -> list[JudgeItem]:
     return items[:n]
 
 
-def median_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def interleaved_medians(fns: dict, repeats: int) -> dict[str, float]:
     """Median wall time of each callable, running one of each per round."""
     times: dict[str, list[float]] = {k: [] for k in fns}

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import argparse
 import copy
-import statistics
 import tempfile
-import time
 from pathlib import Path
+
+from common import median_s
 
 QWEN25_VL_7B_PARAMS = 8.29e9
 #: r x (in + out) per adapted projection of one layer, x 28 layers (the module docstring)
@@ -41,15 +41,6 @@ def tiny_policy(root: Path, r: int = 16):
     return path, loaded, policy
 
 
-def timed(fn, rounds: int) -> float:
-    times = []
-    for _ in range(rounds):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
-
-
 def nbytes(state) -> int:
     return sum(t.numel() * t.element_size() for t in state.values())
 
@@ -63,8 +54,8 @@ def part_hf(rounds: int) -> None:
     try:
         engine = RemoteEngine(policy, loaded.encoder, replicas=1)
         adapter, full = pushed_state(policy), {k: v.detach() for k, v in policy.get_base_model().state_dict().items()}
-        t_adapter = timed(lambda: engine.update_weights(policy), rounds)
-        t_full = timed(lambda: engine.update_state(full), rounds)
+        t_adapter = median_s(lambda: engine.update_weights(policy), rounds)
+        t_full = median_s(lambda: engine.update_state(full), rounds)
         report("hf replica (Ray)", nbytes(adapter), nbytes(full), t_adapter, t_full)
         engine.close()
     finally:
@@ -79,12 +70,12 @@ def part_vllm(rounds: int) -> None:
     path, loaded, policy = tiny_policy(root)
     kw = dict(dtype="float32", kv_cache_memory_bytes=256 << 20, max_model_len=2048)
     with_adapters = VLLMEngine(path, loaded.encoder, lora_rank=16, **kw)
-    t_adapter = timed(lambda: with_adapters.update_weights(policy), rounds)
+    t_adapter = median_s(lambda: with_adapters.update_weights(policy), rounds)
     adapter_bytes = with_adapters.stats["adapter_bytes"]
     with_adapters.close()
     merged_engine = VLLMEngine(path, loaded.encoder, **kw)
     merged = dict(weights_to_push(policy))
-    t_full = timed(lambda: merged_engine.update_weights(policy), rounds)
+    t_full = median_s(lambda: merged_engine.update_weights(policy), rounds)
     merged_engine.close()
     report("vLLM in process (CPU build)", adapter_bytes, nbytes(merged), t_adapter, t_full)
 

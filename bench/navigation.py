@@ -22,19 +22,11 @@ import time
 
 import numpy as np
 
+from common import median_ms
 from vagent.envs import make
 from vagent.envs.formats import render_response
 from vagent.envs.navigation import Pose, RoomParams, generate_room
 from vagent.envs.navigation.raycast import render
-
-
-def _median_ms(fn, repeats: int) -> float:
-    out = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t)
-    return statistics.median(out) * 1e3
 
 
 def _reply(action: str) -> str:
@@ -46,7 +38,7 @@ def bench_render(seeds: int, repeats: int) -> dict:
     out = {}
     for size in (64, 96, 128):
         for pitch in (0, 30):
-            per_pose = [_median_ms(lambda r=room, p=pose: render(r, Pose(p.ix, p.iz, p.yaw, pitch), size), repeats)
+            per_pose = [median_ms(lambda r=room, p=pose: render(r, Pose(p.ix, p.iz, p.yaw, pitch), size), repeats)
                         for room, _, pose in rooms]
             out[f"{size}px_pitch{pitch}"] = statistics.median(per_pose)
             print(f"  render {size:3d} px, pitch {pitch:2d}: median {statistics.median(per_pose):6.2f} ms "
@@ -90,7 +82,7 @@ def main() -> None:
     plans = []
     for seed in range(args.seeds):
         env.reset(seed)
-        plans.append(_median_ms(env.optimal_actions, args.repeats))
+        plans.append(median_ms(env.optimal_actions, args.repeats))
     print(f"== BFS optimal_actions from the start: median {statistics.median(plans):6.2f} ms "
           f"(max {max(plans):6.2f} ms)")
 

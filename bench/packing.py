@@ -36,6 +36,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from common import cpu_name
+
 #: the default run scaled down (as tests/recipes/test_reproducible.py's SCALED), every row of one step dumped
 SCALED_RUN = ["model.tiny_pretrain_steps=12", "model.tiny_pretrain_relation_steps=8", "sft.steps=4",
               "sft.demos_per_env=12", "steps=1", "envs.0.n_val=4", "val.every=0", "log.rollouts_every=1",
@@ -252,7 +254,7 @@ def main() -> None:
         return
     tmp = Path(tempfile.mkdtemp(prefix="bench-packing-"))
     run_dir = args.run.resolve() if args.run else scaled_run(tmp)
-    print(f"machine: {_cpu()} ({platform.machine()}), {args.threads} threads, best of {args.rounds} alternated "
+    print(f"machine: {cpu_name()} ({platform.machine()}), {args.threads} threads, best of {args.rounds} alternated "
           f"rounds; run: {run_dir}")
     for kind in ("run", "ragged"):
         model_dir = tiny_model(run_dir if kind == "run" else None, tmp / kind)
@@ -266,16 +268,6 @@ def main() -> None:
         for key, label in (("update_tok_s", "update tokens/s"), ("score_tok_s", "scoring tokens/s")):
             print(f"  {label:17s} padded {a[key]:9.0f}   packed {b[key]:9.0f}   packed/padded {b[key] / a[key]:.2f}x")
         print(f"  peak RSS MB       padded {rss['padded']:9.0f}   packed {rss['packed']:9.0f}")
-
-
-def _cpu() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 if __name__ == "__main__":

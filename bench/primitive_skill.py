@@ -30,22 +30,22 @@ import math
 import statistics
 import time
 
+from common import median_ms
 from vagent.envs import make
 from vagent.envs.formats import render_response
 from vagent.envs.primitive_skill import render_scene
 
 
-def _median_ms(fn, repeats: int) -> float:
-    out = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t)
-    return statistics.median(out) * 1e3
-
-
 def _reply(answer: str) -> str:
     return render_response("no_think", {"answer": answer})
+
+
+def _first_step_ms(env, repeats: int) -> float:
+    """Median ms of the optimal first step from ``env``'s current (just reset) state: each repeat
+    steps a fresh copy of that state, made before the clock starts."""
+    reply = _reply(env.optimal_actions()[0])
+    probes = iter([copy.deepcopy(env) for _ in range(repeats)])
+    return median_ms(lambda: next(probes).step(reply), repeats)
 
 
 def bench_task(task: str, seeds: int, repeats: int) -> dict[str, float]:
@@ -54,21 +54,14 @@ def bench_task(task: str, seeds: int, repeats: int) -> dict[str, float]:
     for render in ("vision", "text"):
         env = make("primitive_skill", task=task, format="no_think", render=render, max_actions_per_turn=1)
         for s in range(seeds):
-            out[f"reset_{render}"].append(_median_ms(lambda: env.reset(s), repeats))
+            out[f"reset_{render}"].append(median_ms(lambda: env.reset(s), repeats))
             env.reset(s)
-            reply = _reply(env.optimal_actions()[0])
-            probes = [copy.deepcopy(env) for _ in range(repeats)]
-            times = []
-            for probe in probes:  # each repeat steps a fresh copy of the start state
-                t = time.perf_counter()
-                probe.step(reply)
-                times.append(time.perf_counter() - t)
-            out[f"step_{render}"].append(statistics.median(times) * 1e3)
+            out[f"step_{render}"].append(_first_step_ms(env, repeats))
             if render == "vision":
-                out["oracle"].append(_median_ms(env.optimal_actions, repeats))
+                out["oracle"].append(median_ms(env.optimal_actions, repeats))
                 scene = env._backend.scene()
-                out["render_128"].append(_median_ms(lambda: render_scene(scene, 128), repeats))
-                out["render_256"].append(_median_ms(lambda: render_scene(scene, 256), repeats))
+                out["render_128"].append(median_ms(lambda: render_scene(scene, 128), repeats))
+                out["render_256"].append(median_ms(lambda: render_scene(scene, 256), repeats))
     return {k: statistics.median(v) for k, v in out.items()}
 
 
@@ -77,14 +70,7 @@ def bench_frozenlake(seeds: int, repeats: int) -> float:
     per = []
     for s in range(seeds):
         env.reset(s)
-        reply = _reply(env.optimal_actions()[0])
-        probes = [copy.deepcopy(env) for _ in range(repeats)]
-        times = []
-        for probe in probes:
-            t = time.perf_counter()
-            probe.step(reply)
-            times.append(time.perf_counter() - t)
-        per.append(statistics.median(times) * 1e3)
+        per.append(_first_step_ms(env, repeats))
     return statistics.median(per)
 
 

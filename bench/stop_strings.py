@@ -15,6 +15,7 @@ import tempfile
 import time
 
 import vagent.models.stops as stops
+from common import cpu_name
 from vagent.models.loading import load_policy
 from vagent.models.tiny import build_tiny_vlm
 
@@ -59,7 +60,7 @@ def main() -> None:
     def decode(ids):
         return tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
-    print(f"machine: {platform.processor() or platform.machine()} ({_cpu()}); {args.replies} replies x "
+    print(f"machine: {platform.processor() or platform.machine()} ({cpu_name()}); {args.replies} replies x "
           f"{args.tokens} tokens, stop string </answer>, {args.rounds} rounds")
     for stopped in (True, False):
         rows = replies(tok, args.replies, args.tokens, stopped)
@@ -69,16 +70,6 @@ def main() -> None:
         label = "stopped at </answer>" if stopped else "no stop string (length)"
         print(f"{label:26s} scan {before:8.2f} ms/batch   find_stop {after:6.2f} ms/batch   {before / after:6.1f}x "
               f"(same cuts: {cuts_after[0]})")
-
-
-def _cpu() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 if __name__ == "__main__":
