@@ -36,13 +36,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import numpy as np
+
+from vagent.runs.rundir import write_atomic
 
 SCHEMA = 1
 
@@ -98,29 +99,11 @@ def fingerprint(run_config: Mapping[str, Any]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(str(path), os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically and durably (tmp file, fsync, rename, fsync dir)."""
+    """Write ``data`` to ``path`` atomically and durably, creating its folder: tmp file, fsync, rename,
+    fsync dir (:func:`vagent.runs.rundir.write_atomic`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    write_atomic(path, data)
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:

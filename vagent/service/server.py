@@ -123,21 +123,22 @@ def _add_session_routes(app: FastAPI, front: Front) -> None:
     async def step(req: P.StepRequest, session_id: str = SID, codec: str = CODEC) -> Response:
         return respond(await front.session_op(session_id, "step", req.response, req.index, codec=codec), framed=True)
 
-    @app.get(f"{P.API_PREFIX}/sessions/{{session_id}}/system_prompt", response_model=P.SystemPromptOut)
-    async def system_prompt(session_id: str = SID) -> Response:
-        return respond(await front.session_op(session_id, "system_prompt"), framed=False)
+    # the operations without a body and with a JSON answer: (HTTP method, path after the session's, op, answer)
+    for method, tail, op, answer in (("GET", "/system_prompt", "system_prompt", P.SystemPromptOut),
+                                     ("GET", "/state", "state", P.StateOut),
+                                     ("GET", "/optimal_actions", "optimal_actions", P.OptimalActionsOut),
+                                     ("DELETE", "", "close", P.ClosedOut)):
+        app.add_api_route(f"{P.API_PREFIX}/sessions/{{session_id}}{tail}", _session_json_op(front, op),
+                          methods=[method], response_model=answer, name=op)
 
-    @app.get(f"{P.API_PREFIX}/sessions/{{session_id}}/state", response_model=P.StateOut)
-    async def state(session_id: str = SID) -> Response:
-        return respond(await front.session_op(session_id, "state"), framed=False)
 
-    @app.get(f"{P.API_PREFIX}/sessions/{{session_id}}/optimal_actions", response_model=P.OptimalActionsOut)
-    async def optimal_actions(session_id: str = SID) -> Response:
-        return respond(await front.session_op(session_id, "optimal_actions"), framed=False)
+def _session_json_op(front: Front, op: str):
+    """The endpoint of session operation ``op`` (a method of the env without arguments): its JSON answer."""
 
-    @app.delete(f"{P.API_PREFIX}/sessions/{{session_id}}", response_model=P.ClosedOut)
-    async def close(session_id: str = SID) -> Response:
-        return respond(await front.session_op(session_id, "close"), framed=False)
+    async def endpoint(session_id: str = SID) -> Response:
+        return respond(await front.session_op(session_id, op), framed=False)
+
+    return endpoint
 
 
 
