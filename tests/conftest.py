@@ -35,3 +35,28 @@ def pytest_configure(config):
     except ImportError:  # pragma: no cover - torch is a hard dependency
         return
     torch.set_num_threads(1)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """With ``VAGENT_TEST_CPU=FILE``: one JSON line per test appended to FILE, its CPU seconds
+    (this process plus the child processes it waited for: subprocess runs, torchrun jobs) and
+    wall seconds, set-up and tear-down included. The suite's cost is CPU time, which
+    ``--durations`` (wall time) does not show: a test that waits on a timeout costs little."""
+    path = os.environ.get("VAGENT_TEST_CPU")
+    if not path:
+        yield
+        return
+    import json
+    import resource
+    import time
+
+    def cpu() -> float:
+        own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+    c0, t0 = cpu(), time.perf_counter()
+    yield
+    with open(path, "a") as f:
+        f.write(json.dumps({"test": item.nodeid, "cpu_s": round(cpu() - c0, 2),
+                            "wall_s": round(time.perf_counter() - t0, 2)}) + "\n")
