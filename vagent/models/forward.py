@@ -31,13 +31,8 @@ def forward_logits(
 
     ``packed``: run the rows as one sequence without padding (:mod:`vagent.models.packing`; the
     same [B, L, V], zeros at the padding; ignored when ``position_ids`` are given)."""
-    if packed and position_ids is None and packable(model):
-        p = pack(model, input_ids, attention_mask, image_grid_thw)
-        with row_attention(model) as rows:
-            out = model(**packed_inputs(model, p, pixel_values, image_grid_thw, rows), use_cache=False)
-        return p.unpack(out.logits)
-    kwargs = model_inputs(model, input_ids, attention_mask, pixel_values, image_grid_thw, position_ids)
-    return model(**kwargs, use_cache=False).logits
+    return _forward(model, model, "logits", input_ids, attention_mask, pixel_values, image_grid_thw,
+                    position_ids, packed)
 
 
 def forward_hidden(
@@ -50,13 +45,22 @@ def forward_hidden(
     packed: bool = False,
 ) -> torch.Tensor:
     """Last hidden states [B, L, H] of the backbone (no LM head); ``packed`` as in :func:`forward_logits`."""
+    return _forward(model, backbone_of(model), "last_hidden_state", input_ids, attention_mask, pixel_values,
+                    image_grid_thw, position_ids, packed)
+
+
+def _forward(model: torch.nn.Module, net: torch.nn.Module, output: str, input_ids: torch.Tensor,
+             attention_mask: torch.Tensor, pixel_values: torch.Tensor | None, image_grid_thw: torch.Tensor | None,
+             position_ids: torch.Tensor | None, packed: bool) -> torch.Tensor:
+    """``net`` (``model`` itself or its backbone) on the batch, the ``output`` field of its result
+    ([B, L, ...]); inputs, positions and packing are built from ``model``."""
     if packed and position_ids is None and packable(model):
         p = pack(model, input_ids, attention_mask, image_grid_thw)
         with row_attention(model) as rows:
-            out = backbone_of(model)(**packed_inputs(model, p, pixel_values, image_grid_thw, rows), use_cache=False)
-        return p.unpack(out.last_hidden_state)
+            out = net(**packed_inputs(model, p, pixel_values, image_grid_thw, rows), use_cache=False)
+        return p.unpack(getattr(out, output))
     kwargs = model_inputs(model, input_ids, attention_mask, pixel_values, image_grid_thw, position_ids)
-    return backbone_of(model)(**kwargs, use_cache=False).last_hidden_state
+    return getattr(net(**kwargs, use_cache=False), output)
 
 
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
