@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.distributed.conftest import SMALL, run_job, train_cmd
+from tests.waiting import wait_for_file
 from vagent.models.ray_reaper import ray_session_processes
 
 pytest.importorskip("ray", reason="engine replicas need the ray extra: pip install 'vagent[ray]'")
@@ -37,11 +38,7 @@ def test_a_killed_trainer_with_replicas_leaves_no_ray_process(tmp_path: Path, ti
     job = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"))
     try:
-        deadline = time.time() + 400
-        while not list(out.glob("*/checkpoints/step_000001/state.pt")):
-            assert job.poll() is None, "the run ended before its first checkpoint:\n" + job.stdout.read()[-4000:]
-            assert time.time() < deadline, "no checkpoint after 400 s"
-            time.sleep(0.05)
+        wait_for_file(job, out, "*/checkpoints/step_000001/state.pt", "its first checkpoint", 400)
         names = {p.name() for p in ray_session_processes(job.pid)}
         assert {"ray::DashboardAgent", "ray::RuntimeEnvAgent"} <= names, names
         job.send_signal(signal.SIGKILL)  # the trainer alone, as the OOM killer would

@@ -8,7 +8,6 @@ loses no episode (its requests finish on the other one, and the rollout reports 
 from __future__ import annotations
 
 import copy
-import threading
 import time
 
 import pytest
@@ -20,16 +19,14 @@ from vagent.models.engine import HFEngine  # noqa: E402
 from vagent.models.remote import RemoteEngine, start_ray, token_logprobs  # noqa: E402
 from vagent.rollout import EnvSpec, HFPolicy, SamplingConfig, rollout  # noqa: E402
 
+from tests.models.replica_kill import check_killed_replica_loses_no_episode, ids  # noqa: E402
+
 GREEDY = SamplingConfig(temperature=0.0, max_new_tokens=12)
 SAMPLED = SamplingConfig(temperature=1.0, max_new_tokens=12, seed=7)
 
 
 def specs(n=4):
     return [EnvSpec("frozenlake", {"format": "free_think", "max_steps": 20}, seed) for seed in range(n)]
-
-
-def ids(episodes):
-    return [[t.sampled_token_ids for t in e.turns] for e in episodes]
 
 
 @pytest.fixture(scope="module")
@@ -94,25 +91,4 @@ def test_replica_logprobs_equal_the_trainers_after_a_weight_push(remote, tiny_vl
 
 
 def test_killed_replica_mid_rollout_loses_no_episode(remote, tiny_vlm):
-    ref = rollout(specs(6), local_policy(tiny_vlm), GREEDY, max_turns=3)
-    n_before = remote.stats["requests"]
-    killed = threading.Event()
-
-    def kill_when_busy():  # once a later turn's requests are on replica 0, kill it
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if remote.stats["requests"] - n_before > 6 and remote._outstanding[0] > 0:
-                remote.kill_replica(0)
-                killed.set()
-                return
-            time.sleep(0.001)
-
-    watcher = threading.Thread(target=kill_when_busy)
-    watcher.start()
-    got = rollout(specs(6), HFPolicy(remote), GREEDY, max_turns=3)
-    watcher.join()
-    assert killed.is_set()
-    assert remote.alive == [False, True]
-    assert got.metrics["rollout/engine_retries"] > 0  # the run says so
-    assert got.metrics["rollout/errors"] == 0
-    assert ids(got) == ids(ref)
+    check_killed_replica_loses_no_episode(remote, local_policy(tiny_vlm), specs(6), GREEDY, wait_s=60)

@@ -8,11 +8,11 @@ and the rollout reports it)."""
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
 
+from tests.models.replica_kill import check_killed_replica_loses_no_episode, ids
 from tests.vllm_tiny import build_vllm_tiny
 
 pytestmark = pytest.mark.vllm
@@ -27,10 +27,6 @@ SAMPLED = SamplingConfig(temperature=1.0, max_new_tokens=12, seed=7)
 def specs(n=4):
     return [EnvSpec("frozenlake", {"format": "free_think", "render": "vision", "image_size": 64, "max_steps": 20},
                     seed) for seed in range(n)]
-
-
-def ids(episodes):
-    return [[t.sampled_token_ids for t in e.turns] for e in episodes]
 
 
 @pytest.fixture(scope="module")
@@ -101,28 +97,8 @@ def test_killed_replica_mid_rollout_loses_no_episode(setup):
     from vagent.models.engine import HFEngine
 
     loaded, engine, _ = setup
-    ref = rollout(specs(6), HFPolicy(HFEngine(loaded.model, loaded.encoder)), GREEDY, max_turns=3)
-    n_before = engine.stats["requests"]
-    killed = threading.Event()
-
-    def kill_when_busy():  # once a later turn's requests are on replica 0, kill it
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if engine.stats["requests"] - n_before > 6 and engine._outstanding[0] > 0:
-                engine.kill_replica(0)
-                killed.set()
-                return
-            time.sleep(0.001)
-
-    watcher = threading.Thread(target=kill_when_busy)
-    watcher.start()
-    got = rollout(specs(6), HFPolicy(engine), GREEDY, max_turns=3)
-    watcher.join()
-    assert killed.is_set()
-    assert engine.alive == [False, True]
-    assert got.metrics["rollout/engine_retries"] > 0
-    assert got.metrics["rollout/errors"] == 0, [e.error[-1500:] for e in got if e.error]
-    assert ids(got) == ids(ref)
+    reference = HFPolicy(HFEngine(loaded.model, loaded.encoder))
+    check_killed_replica_loses_no_episode(engine, reference, specs(6), GREEDY, wait_s=120)
 
 
 def test_weight_canary_passes_a_push_and_stops_a_bad_one(setup):

@@ -19,12 +19,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.distributed.conftest import SMALL, metrics, run_job, tiny_vlm_dir, train, train_cmd  # noqa: F401 (fixture)
+from tests.waiting import wait_for_file
 
 pytest.importorskip("ray", reason="overlap needs engine replicas: pip install 'vagent[ray]'")
 
@@ -54,11 +54,7 @@ def test_a_resumed_overlap_run_equals_the_uninterrupted_one(tmp_path: Path, tiny
     job = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"), start_new_session=True)
     try:
-        deadline = time.time() + 400
-        while not list(out.glob("*/checkpoints/step_000002/state.pt")):
-            assert job.poll() is None, "the run ended before step 2's checkpoint:\n" + job.stdout.read()[-4000:]
-            assert time.time() < deadline, "no checkpoint after 400 s"
-            time.sleep(0.02)
+        wait_for_file(job, out, "*/checkpoints/step_000002/state.pt", "step 2's checkpoint", 400, poll_s=0.02)
         assert list(out.glob("*/checkpoints/step_000002/inflight.pt")), "step 2's checkpoint holds no in-flight rollout"
         job.send_signal(signal.SIGKILL)
         job.wait(timeout=30)

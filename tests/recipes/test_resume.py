@@ -7,10 +7,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from vagent.runs import read_metrics
+
+from tests.waiting import wait_for_file
 
 from .conftest import small_overrides
 
@@ -42,15 +43,7 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path, tiny_vlm):
     subprocess.run(_cmd(*small_overrides(a_root, tiny_vlm, *ARGS)), check=True, env=env, timeout=600)
 
     proc = subprocess.Popen(_cmd(*small_overrides(b_root, tiny_vlm, *ARGS)), env=env)
-    deadline = time.time() + 600
-    target = None
-    while time.time() < deadline and proc.poll() is None:
-        found = list(b_root.glob("runs/*/checkpoints/step_000002/state.pt"))
-        if found:
-            target = found[0]
-            break
-        time.sleep(0.05)
-    assert target is not None and proc.poll() is None, "run ended before its second RL checkpoint"
+    wait_for_file(proc, b_root, "runs/*/checkpoints/step_000002/state.pt", "its second RL checkpoint", 600)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     run_b = _run_dir(b_root)

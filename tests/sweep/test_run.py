@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ import yaml
 from vagent.runs import read_metrics
 
 from tests.ray_sessions import outlives
+from tests.waiting import wait_for_file
 
 from .conftest import run_sweep_process, sweep_cmd, write_sweep
 
@@ -81,14 +81,8 @@ def test_sigkill_of_the_sweep_then_rerun_resumes_the_trial_from_its_checkpoint(t
     out = tmp_path / "sweep"
     proc = subprocess.Popen(sweep_cmd(str(sweep_file), "--out", str(out), "--num-cpus", "2", "--quiet"),
                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline, target = time.time() + 900, None
-    while time.time() < deadline and proc.poll() is None:
-        found = list(out.glob("trials/base/seed_0/*/checkpoints/step_000002/state.pt"))
-        if found:
-            target = found[0]
-            break
-        time.sleep(0.05)
-    assert target is not None and proc.poll() is None, "the sweep ended before the trial's second RL checkpoint"
+    wait_for_file(proc, out, "trials/base/seed_0/*/checkpoints/step_000002/state.pt",
+                  "the trial's second RL checkpoint", 900)
     os.killpg(proc.pid, signal.SIGKILL)  # the sweep, its Ray head processes and the raylet
     proc.wait()
     # the trial's worker (a child of the raylet in a process group of its own) ends with its raylet
