@@ -144,25 +144,18 @@ def test_errors_before_reset():
         env.step("<answer>Up</answer>")
 
 
-def test_slip_distribution_and_seeded_slippery_episodes(reply):
+def test_slip_distribution_and_seeded_slippery_episodes(reply, trajectory):
     rng = np.random.default_rng(0)
     counts = Counter(slip("Down", rng) for _ in range(3000))
     assert set(counts) == {"Down", "Left", "Right"}  # never the opposite direction
     assert all(abs(n / 3000 - 1 / 3) < 0.04 for n in counts.values())
 
-    def trajectory(seed):
+    def cells(seed):
         env = make("frozenlake", is_slippery=True, p=1.0, size=5, format="no_think", max_steps=10)
-        env.reset(seed)
-        out = []
-        for _ in range(10):
-            res = env.step(reply("no_think", ["Down", "Right"]))
-            out.append(tuple(env.state()["player"]))
-            if res.terminated or res.truncated:
-                break
-        return out
+        return trajectory(env, seed, reply("no_think", ["Down", "Right"]), 10, lambda e: tuple(e.state()["player"]))
 
-    assert trajectory(3) == trajectory(3)
-    assert len({tuple(trajectory(s)) for s in range(8)}) > 1
+    assert cells(3) == cells(3)
+    assert len({tuple(cells(s)) for s in range(8)}) > 1
 
 
 def test_prompt_mentions_slippery_only_when_slippery():

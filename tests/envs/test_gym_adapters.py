@@ -61,17 +61,10 @@ def test_from_gymnasium_frozenlake_hand_derived(reply):
     assert env.state()["observation"] == 5
 
 
-def test_from_gymnasium_slippery_is_seeded(reply):
+def test_from_gymnasium_slippery_is_seeded(reply, trajectory):
     def run(seed):
         env = make("gym", format="no_think", env_kwargs={"is_slippery": True}, max_steps=6)
-        env.reset(seed)
-        out = []
-        for _ in range(6):
-            res = env.step(reply("no_think", ["Right", "Down"]))
-            out.append(env.state()["observation"])
-            if res.terminated or res.truncated:
-                break
-        return out
+        return trajectory(env, seed, reply("no_think", ["Right", "Down"]), 6, lambda e: e.state()["observation"])
 
     assert run(4) == run(4)
     assert len({tuple(run(s)) for s in range(6)}) > 1

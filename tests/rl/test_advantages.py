@@ -356,43 +356,31 @@ def test_masked_reductions_and_whiten():
 # ----------------------------------------------------------------------------------------------
 
 
+# estimator name -> (vectorised estimator, its plain-loop reference, whether both take the turn
+# ends, the (gamma..., lambda) tuples to run after the batch)
+LOOP_CASES = {
+    "masked_gae": (masked_gae, ref_masked_gae, False,
+                   [(0.97, 0.9), (1.0, 1.0)]),  # general scan; gamma*lam = 1 suffix sums
+    "bi_level_gae": (bi_level_gae, ref_bi_level, True, [(1.0, 0.95, 1.0), (0.99, 0.9, 0.95), (1.0, 1.0, 0.9)]),
+    "turn_gae": (turn_gae, ref_turn_gae, True, [(0.95, 0.9)]),
+}
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_masked_gae_matches_loop(seed, dtype):
-    r, v, m, _ = make_batch(seed, dtype=dtype)
+@pytest.mark.parametrize("estimator", list(LOOP_CASES))
+def test_gae_matches_loop(estimator, seed, dtype):
+    fast, ref, takes_turn_ends, settings = LOOP_CASES[estimator]
+    r, v, m, e = make_batch(seed, dtype=dtype)
+    batch = (r, v, m, e) if takes_turn_ends else (r, v, m)
     tr, fv = truncation(r.shape[0], seed)
     for kw in ({}, {"truncated": tr, "final_values": fv}):
-        for gamma, lam in [(0.97, 0.9), (1.0, 1.0)]:  # general scan; gamma*lam = 1 suffix sums
-            adv, ret = masked_gae(r, v, m, gamma, lam, **kw)
-            ra, rr = ref_masked_gae(r, v, m, gamma, lam, **kw)
+        for setting in settings:
+            adv, ret = fast(*batch, *setting, **kw)
+            ra, rr = ref(*batch, *setting, **kw)
             assert adv.dtype == torch.float32 and ret.dtype == torch.float32
             close(adv, ra, 1e-4)
             close(ret, rr, 1e-4)
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_bi_level_gae_matches_loop(seed, dtype):
-    r, v, m, e = make_batch(seed, dtype=dtype)
-    tr, fv = truncation(r.shape[0], seed)
-    for kw in ({}, {"truncated": tr, "final_values": fv}):
-        for g_tok, g_turn, lam in [(1.0, 0.95, 1.0), (0.99, 0.9, 0.95), (1.0, 1.0, 0.9)]:
-            adv, ret = bi_level_gae(r, v, m, e, g_tok, g_turn, lam, **kw)
-            ra, rr = ref_bi_level(r, v, m, e, g_tok, g_turn, lam, **kw)
-            close(adv, ra, 1e-4)
-            close(ret, rr, 1e-4)
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_turn_gae_matches_loop(seed, dtype):
-    r, v, m, e = make_batch(seed, dtype=dtype)
-    tr, fv = truncation(r.shape[0], seed)
-    for kw in ({}, {"truncated": tr, "final_values": fv}):
-        adv, ret = turn_gae(r, v, m, e, 0.95, 0.9, **kw)
-        ra, rr = ref_turn_gae(r, v, m, e, 0.95, 0.9, **kw)
-        close(adv, ra, 1e-4)
-        close(ret, rr, 1e-4)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
