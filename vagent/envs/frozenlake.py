@@ -39,7 +39,6 @@ Version:
 from __future__ import annotations
 
 import dataclasses
-from collections import deque
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -50,8 +49,9 @@ from vagent.config import ConfigError
 from vagent.envs.base import JudgeSpec, Observation, StepResult
 from vagent.envs.formats import FormatExample, format_reward
 from vagent.envs.grid import (
-    MOVES, Cell, EpisodeClock, ParsedActions, check_cells_fit, check_common_config, describe_relations, feedback_line, fill, inset,
-    observation, parse_actions, prompt_tail, relations, reminder_for, render_tiles, resolve_rewards, step_info,
+    MOVES, Cell, EpisodeClock, ParsedActions, bfs_actions, check_cells_fit, check_common_config, describe_relations,
+    feedback_line, fill, inset, observation, parse_actions, prompt_tail, relations, reminder_for, render_tiles,
+    resolve_rewards, step_info,
 )
 from vagent.envs.limits import Items
 from vagent.envs.registry import EnvConfig
@@ -103,23 +103,11 @@ def shortest_path(size: int, holes: frozenset[Cell], start: Cell, goal: Cell) ->
     """
     if start == goal:
         return []
-    prev: dict[Cell, tuple[Cell, str]] = {start: (start, "")}
-    queue = deque([start])
-    while queue:
-        cell = queue.popleft()
-        for name in ACTIONS:
-            nxt = move(size, cell, name)
-            if nxt in prev or nxt in holes:
-                continue
-            prev[nxt] = (cell, name)
-            if nxt == goal:
-                path = []
-                while nxt != start:
-                    nxt, step = prev[nxt]
-                    path.append(step)
-                return path[::-1]
-            queue.append(nxt)
-    return None
+
+    def moves(cell: Cell) -> list[tuple[str, Cell]]:
+        return [(name, nxt) for name in ACTIONS if (nxt := move(size, cell, name)) not in holes]
+
+    return bfs_actions(start, moves, lambda cell: cell == goal)
 
 
 def goal_distance(size: int, holes: frozenset[Cell], cell: Cell, goal: Cell) -> int | None:

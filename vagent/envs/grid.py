@@ -6,7 +6,9 @@
   stopping at the first unknown action);
 - tile-based PIL rendering with per-size tile caches;
 - the observation text (feedback line + observation + format reminder) and the step ``info``;
-- :class:`EpisodeClock`, the reset/step/end bookkeeping that raises the contract's errors.
+- :class:`EpisodeClock`, the reset/step/end bookkeeping that raises the contract's errors;
+- :func:`bfs_actions`, the fewest actions between states (the planners of FrozenLake, Sokoban's
+  walks and Navigation).
 
 Coordinates are ``(row, col)`` with row 0 at the top: "above" means a smaller row.
 """
@@ -15,9 +17,10 @@ from __future__ import annotations
 
 import difflib
 import json
+from collections import deque
 from dataclasses import dataclass, fields
 from functools import lru_cache
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence, TypeVar
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -28,6 +31,8 @@ from vagent.envs.formats import DESCRIPTION_STYLES, FORMATS, FormatExample, Pars
     format_reminder, parse_response
 
 Cell = tuple[int, int]
+State = TypeVar("State", bound=Hashable)
+Action = TypeVar("Action")
 
 #: (d_row, d_col) of each move name.
 MOVES: dict[str, Cell] = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}
@@ -56,20 +61,20 @@ def relations(player: Sequence[int], objects: Iterable[tuple[str, Sequence[int]]
     return out
 
 
-def relation_phrase(vertical: str, horizontal: str) -> str:
-    """Natural-language position, always naming both axes with the judge's words.
+def relation_phrase(vertical: str, horizontal: str, of: str = "you", same_place: str = "") -> str:
+    """Natural-language position relative to ``of``, always naming both axes with the judge's words.
 
     ("above", "left") -> "above and to the left of you"; ("same", "right") ->
     "to the right of you, in the same row"; ("below", "same") -> "below you, in the same column";
-    ("same", "same") -> "in the same row and the same column as you".
+    ("same", "same") -> ``same_place``, by default "in the same row and the same column as you".
     """
     if vertical == "same" and horizontal == "same":
-        return "in the same row and the same column as you"
+        return same_place or f"in the same row and the same column as {of}"
     if vertical == "same":
-        return f"to the {horizontal} of you, in the same row"
+        return f"to the {horizontal} of {of}, in the same row"
     if horizontal == "same":
-        return f"{vertical} you, in the same column"
-    return f"{vertical} and to the {horizontal} of you"
+        return f"{vertical} {of}, in the same column"
+    return f"{vertical} and to the {horizontal} of {of}"
 
 
 def describe_relations(state: Mapping[str, Any], style: str, kinds: Sequence[str]) -> str:
@@ -374,3 +379,27 @@ class EpisodeClock:
     def require_started(self) -> None:
         if not self.started:
             raise EnvError(f"{self.env_name}: call reset(seed) before using the episode state.")
+
+
+def bfs_actions(start: State, moves: Callable[[State], Iterable[tuple[Action, State]]],
+                is_goal: Callable[[State], bool]) -> list[Action] | None:
+    """The fewest actions from ``start`` to a state where ``is_goal`` holds, by breadth-first search;
+    None if no such state is reachable. ``moves(state)`` gives the ``(action, next state)`` pairs
+    allowed from ``state`` in a fixed order, so the plan is deterministic (the first found among the
+    shortest). ``start`` itself is not tested: a caller returns [] when it is already a goal."""
+    prev: dict[State, tuple[State, Action]] = {}  # a reached state -> (the state before, the action)
+    queue = deque([start])
+    while queue:
+        state = queue.popleft()
+        for action, nxt in moves(state):
+            if nxt == start or nxt in prev:
+                continue
+            prev[nxt] = (state, action)
+            if is_goal(nxt):
+                path = []
+                while nxt != start:
+                    nxt, step = prev[nxt]
+                    path.append(step)
+                return path[::-1]
+            queue.append(nxt)
+    return None

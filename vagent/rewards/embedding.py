@@ -19,6 +19,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from vagent.envs.grid import relation_phrase
 from vagent.rewards.base import JudgeItem, JudgeResult
 
 _INSTALL_HINT = (
@@ -40,19 +41,10 @@ class EmbeddingJudgeConfig:
     batch_size: int = 64
 
 
-def _phrase(vertical: str | None, horizontal: str | None) -> str:
-    if vertical == "same" and horizontal == "same":
-        return "at your position"
-    if vertical == "same":
-        return f"to the {horizontal} of you, in the same row"
-    if horizontal == "same":
-        return f"{vertical} you, in the same column"
-    return f"{vertical} and to the {horizontal} of you"
-
-
 def reference_text(state: Mapping[str, Any]) -> str:
     """A plain correct description written from ``state["relations"]`` (one sentence per object)."""
-    sentences = [f"The {r['object'].replace('_', ' ')} is {_phrase(r.get('vertical'), r.get('horizontal'))}."
+    sentences = [f"The {r['object'].replace('_', ' ')} is "
+                 f"{relation_phrase(r.get('vertical'), r.get('horizontal'), same_place='at your position')}."
                  for r in state.get("relations", [])]
     return " ".join(sentences) if sentences else "There is nothing to report."
 

@@ -24,12 +24,13 @@ back. An object's ``distance`` is from the agent to the closest point of its foo
 from __future__ import annotations
 
 import math
-from collections import deque
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Iterator, Protocol, Sequence
 
 import numpy as np
 from PIL import Image
+
+from vagent.envs.grid import bfs_actions
 
 FLOOR, WALL = 0, 1
 #: canonical action names (VAGEN's navigation names); the BFS tries moves in this order
@@ -260,26 +261,18 @@ def plan_path(room: Room, pose: Pose, target: int, success_distance: float, requ
     moveright, moveback, so the plan is deterministic. Pitch is kept (success ignores it)."""
     if is_success(room, pose, target, success_distance, require_facing, fov):
         return []
-    start = (pose.ix, pose.iz, pose.yaw)
-    prev: dict[tuple[int, int, int], tuple[tuple[int, int, int], str]] = {start: (start, "")}
-    queue = deque([start])
-    while queue:
-        key = queue.popleft()
+
+    def moves(key: tuple[int, int, int]) -> Iterator[tuple[str, tuple[int, int, int]]]:
         here = Pose(key[0], key[1], key[2], pose.pitch)
         for action in _PLAN_ORDER:
             nxt = apply_action(room, here, action)
-            nkey = (nxt.ix, nxt.iz, nxt.yaw)
-            if nkey in prev:
-                continue
-            prev[nkey] = (key, action)
-            if is_success(room, nxt, target, success_distance, require_facing, fov):
-                path = []
-                while nkey != start:
-                    nkey, act = prev[nkey]
-                    path.append(act)
-                return path[::-1]
-            queue.append(nkey)
-    return None
+            yield action, (nxt.ix, nxt.iz, nxt.yaw)
+
+    def arrived(key: tuple[int, int, int]) -> bool:
+        return is_success(room, Pose(key[0], key[1], key[2], pose.pitch), target, success_distance, require_facing,
+                          fov)
+
+    return bfs_actions((pose.ix, pose.iz, pose.yaw), moves, arrived)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -21,7 +21,9 @@ import heapq
 import itertools
 from collections import deque
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
+
+from vagent.envs.grid import bfs_actions
 
 INF = 1 << 30
 MOVE_NAMES = ("Up", "Down", "Left", "Right")
@@ -116,23 +118,16 @@ def walk_path(board: Board, start: int, goal: int, boxes: int) -> list[str]:
     if start == goal:
         return []
     floor, deltas = board.floor, board.deltas
-    prev = {start: (start, -1)}
-    queue = deque([start])
-    while queue:
-        x = queue.popleft()
-        for i, d in enumerate(deltas):
-            y = x + d
-            if y in prev or not floor[y] or (boxes >> y) & 1:
-                continue
-            prev[y] = (x, i)
-            if y == goal:
-                out = []
-                while y != start:
-                    y, i = prev[y]
-                    out.append(MOVE_NAMES[i])
-                return out[::-1]
-            queue.append(y)
-    raise ValueError(f"cell {goal} is not reachable from {start}")
+
+    def moves(x: int) -> Iterator[tuple[str, int]]:
+        for name, d in zip(MOVE_NAMES, deltas):
+            if floor[x + d] and not (boxes >> (x + d)) & 1:
+                yield name, x + d
+
+    path = bfs_actions(start, moves, lambda x: x == goal)
+    if path is None:
+        raise ValueError(f"cell {goal} is not reachable from {start}")
+    return path
 
 
 def box_mask(boxes: Iterable[int]) -> int:

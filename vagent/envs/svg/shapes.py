@@ -24,7 +24,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from PIL import ImageColor
 
-from vagent.envs.grid import relation_words
+from vagent.envs.grid import relation_phrase, relation_words
 from vagent.envs.svg.render import element_style, local_name, parse_length, parse_points, svg_canvas
 
 KINDS = ("rectangle", "circle", "ellipse", "line", "polygon")
@@ -170,13 +170,8 @@ def position_phrase(vertical: str, horizontal: str) -> str:
     right of the centre, in the same row"; ("below", "same") -> "below the centre, in the same
     column"; ("same", "same") -> "at the centre, in the same row and the same column as the centre".
     """
-    if vertical == "same" and horizontal == "same":
-        return "at the centre, in the same row and the same column as the centre"
-    if vertical == "same":
-        return f"to the {horizontal} of the centre, in the same row"
-    if horizontal == "same":
-        return f"{vertical} the centre, in the same column"
-    return f"{vertical} and to the {horizontal} of the centre"
+    return relation_phrase(vertical, horizontal, of="the centre",
+                           same_place="at the centre, in the same row and the same column as the centre")
 
 
 def describe_target_state(state: Mapping[str, Any], style: str) -> str:
