@@ -282,19 +282,24 @@ def _check_end(env: Any, name: str, seed: int, max_end_steps: int, report: Check
     else:
         raise _fail(name, f"the episode did not end within {max_end_steps} scripted steps.",
                     "truncate at a turn limit (a `max_steps` config field) with truncated=True.")
-    try:
-        env.step(scripted_reply(env, turn + 1))
-    except EpisodeOverError:
-        pass
-    except Exception as exc:  # noqa: BLE001
-        raise _fail(name, f"step after the end raised {type(exc).__name__} instead of EpisodeOverError.",
-                    "raise vagent.envs.EpisodeOverError when stepping a finished episode.") from exc
-    else:
-        raise _fail(name, "step after the end (terminated/truncated) did not raise.",
-                    "raise vagent.envs.EpisodeOverError('... call reset(seed)') when stepping a finished episode.")
+    _expect_error(name, lambda: env.step(scripted_reply(env, turn + 1)), EpisodeOverError,
+                  "step after the end (terminated/truncated)",
+                  "raise vagent.envs.EpisodeOverError('... call reset(seed)') when stepping a finished episode.")
     obs, _ = env.reset(seed)
     _check_observation(obs, env, name, "reset after the end")
     report.checks.append(f"episode ends within {turn + 1} turns; step after the end raises EpisodeOverError")
+
+
+def _expect_error(name: str, call: Callable[[], Any], error: type[Exception], what: str, fix: str) -> None:
+    """``call()`` (``what``: "step before reset") must raise ``error``; another exception, or none,
+    fails the check with ``fix``."""
+    try:
+        call()
+    except error:
+        return
+    except Exception as exc:  # noqa: BLE001
+        raise _fail(name, f"{what} raised {type(exc).__name__} instead of {error.__name__}: {exc}", fix) from exc
+    raise _fail(name, f"{what} did not raise {error.__name__}.", fix)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -323,16 +328,10 @@ def check_env(env_or_factory: Any | Callable[[], Any], seeds: tuple[int, ...] = 
     report = CheckReport(env=name)
     _check_declaration(env, name, report)
 
-    try:
-        env.step("<answer>x</answer>")
-    except EnvError:
-        report.checks.append("step before reset raises EnvError")
-    except Exception as exc:  # noqa: BLE001
-        raise _fail(name, f"step before reset raised {type(exc).__name__}: {exc}",
-                    "raise vagent.envs.EnvError('call reset(seed) first') when step comes before reset.") from exc
-    else:
-        raise _fail(name, "step before reset did not raise (pass a fresh env or a factory to check_env).",
-                    "raise vagent.envs.EnvError('call reset(seed) first') when step comes before reset.")
+    _expect_error(name, lambda: env.step("<answer>x</answer>"), EnvError,
+                  "step before reset", "raise vagent.envs.EnvError('call reset(seed) first') when step comes before "
+                  "reset (and pass a fresh env or a factory to check_env).")
+    report.checks.append("step before reset raises EnvError")
 
     obs, info = env.reset(seeds[0])
     _check_observation(obs, env, name, "reset")
