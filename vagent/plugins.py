@@ -16,12 +16,22 @@ naming the module, the directories searched and the fix.
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import importlib.util
 import os
 import sys
 from pathlib import Path
 from typing import Iterable
+
+
+def add_import_argument(parser: argparse.ArgumentParser, also: str = "") -> None:
+    """The ``--import MODULE`` option (repeatable, into ``args.imports``) of a command that takes an
+    env: modules to import first, so that the envs they ``register`` are known (docs/custom_env.md).
+    ``also`` is said in its help before "repeatable" (where else the modules go)."""
+    parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                        help="module to import first, which registers your own envs: a dotted name (found from the "
+                             f"current folder or sys.path) or a .py file; {also}repeatable")
 
 
 class PluginImportError(ImportError):

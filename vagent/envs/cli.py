@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from vagent.plugins import add_import_argument
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("envs", help="list registered environments and their config fields")
@@ -42,13 +44,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="env config overrides; values are YAML (e.g. dim_room=[8,8] num_boxes=2)")
     add_import_argument(q)
     q.set_defaults(func=cmd_play)
-
-
-def add_import_argument(p: argparse.ArgumentParser) -> None:
-    """``--import MODULE`` (repeatable): modules to import first, so that the envs they
-    ``register`` are known (docs/custom_env.md; ``vagent.plugins``)."""
-    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
-                   help="module (dotted name, or a .py file) to import first; it registers your own envs; repeatable")
 
 
 def import_plugins(args: argparse.Namespace) -> bool:

@@ -29,6 +29,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from vagent.plugins import add_import_argument
+
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Add the ``eval`` command to an argparse subparsers object."""
@@ -56,8 +58,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="rerun finished episodes")
     p.add_argument("--no-html", action="store_true", help="do not write report.html")
     p.add_argument("--describe", action="store_true", help="print every config field and exit")
-    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
-                   help="module (dotted name or .py file) that registers your own envs; repeatable")
+    add_import_argument(p)
     p.set_defaults(func=run)
     return p
 

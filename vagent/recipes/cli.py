@@ -26,7 +26,7 @@ import yaml
 
 from vagent.config import ConfigError
 from vagent.envs import make_config
-from vagent.plugins import PluginImportError, import_modules
+from vagent.plugins import PluginImportError, add_import_argument, import_modules
 from vagent.recipes.config import describe_all
 
 
@@ -52,9 +52,7 @@ def _add_train_parser(subparsers) -> None:
                        help="the config at smoke scale: the tiny model and sizes capped by configs/paper/smoke.yaml, "
                             "every other setting kept (docs/paper.md)")
     train.add_argument("--quiet", action="store_true", help="print nothing (train.log still gets everything)")
-    train.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
-                       help="module (dotted name or .py file) that registers your own envs; added to the config's "
-                            "imports (saved with the run); repeatable")
+    add_import_argument(train, also="added to the config's imports (saved with the run); ")
     dist = train.add_argument_group("several processes (torchrun; docs/distributed.md)")
     dist.add_argument("--nproc", type=int, default=None, metavar="N",
                       help="processes on this host (GPUs: one per GPU); starts torchrun itself")
@@ -92,8 +90,7 @@ def _add_demos_parser(subparsers) -> None:
     demos.add_argument("--max-turns", type=int, default=10, help="turn limit")
     demos.add_argument("--env", dest="env_config", nargs="*", default=(), metavar="key=value",
                        help="env config fields, e.g. render=text size=5")
-    demos.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
-                       help="module (dotted name or .py file) that registers your own envs; repeatable")
+    add_import_argument(demos)
     demos.set_defaults(func=run_demos)
 
 

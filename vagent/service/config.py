@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from vagent.plugins import add_import_argument
 from vagent.service.protocol import is_loopback
 
 
@@ -96,9 +97,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="env processes: 1 = envs in the server's thread pool; W>=2 = W worker processes (default 1)")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body; beyond: 413 (default 1 MiB)")
     p.add_argument("--png-level", type=int, default=1, help="PNG zlib level 0-9, lossless at all levels (default 1)")
-    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
-                   help="module to import first (registers your own envs): a dotted name found from the current "
-                        "folder or sys.path, or a .py file; repeatable")
+    add_import_argument(p)
     p.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
     p.add_argument("--env-config", dest="env_config", action="append", default=[], metavar="ENV.FIELD=VALUE",
                    help="the operator's value of an env config field for every session of ENV (VALUE is JSON, or a "
