@@ -1,4 +1,5 @@
-"""What the benchmark scripts share: the median wall time of repeated calls and the machine's CPU name.
+"""What the benchmark scripts share: the median wall time of repeated calls, the machine's CPU name
+and the arguments of the scripts that measure a saved policy.
 
 A script imports it as ``from common import median_ms`` (``python bench/x.py`` puts bench/ first on
 ``sys.path``; bench/ is not a package).
@@ -6,6 +7,7 @@ A script imports it as ``from common import median_ms`` (``python bench/x.py`` p
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 from collections.abc import Callable
@@ -38,3 +40,14 @@ def cpu_name() -> str:
     except OSError:
         pass
     return "unknown CPU"
+
+
+def policy_probe_parser(doc: str, n: int, dir_arg: str = "policy_dir") -> argparse.ArgumentParser:
+    """The parser of a script that measures a saved policy (``doc``: the script's docstring, its
+    first line the description): the policy's folder (positional ``dir_arg``), ``--n`` (how many
+    boards or episodes, default ``n``) and ``--threads`` (torch CPU threads, default 2)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument(dir_arg)
+    ap.add_argument("--n", type=int, default=n)
+    ap.add_argument("--threads", type=int, default=2)
+    return ap

@@ -18,19 +18,17 @@ This is a measurement of a model, not a speed benchmark: the figures are shares 
 
 from __future__ import annotations
 
-import argparse
 import collections
 import tempfile
 from pathlib import Path
 
+from common import policy_probe_parser
+
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("model_dir")
-    ap.add_argument("--n", type=int, default=64)
+    ap = policy_probe_parser(__doc__, n=64, dir_arg="model_dir")
     ap.add_argument("--relations", action="store_true", help="also score the goal-relation sentence")
     ap.add_argument("--image-size", type=int, default=128)
-    ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
 
     import torch

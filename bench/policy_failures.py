@@ -21,9 +21,10 @@ A measurement of a policy, not a speed benchmark: the figures are shares of turn
 
 from __future__ import annotations
 
-import argparse
 import collections
 import re
+
+from common import policy_probe_parser
 
 
 
@@ -64,11 +65,8 @@ def move_kinds(turn) -> list[str]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("policy_dir")
-    ap.add_argument("--n", type=int, default=64)
+    ap = policy_probe_parser(__doc__, n=64)
     ap.add_argument("--max-turns", type=int, default=4)
-    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--answers", action="store_true", help="also print the most common answers")
     args = ap.parse_args()
 

@@ -23,10 +23,11 @@ A measurement of a policy, not a speed benchmark.
 
 from __future__ import annotations
 
-import argparse
 import collections
 
 import numpy as np
+
+from common import policy_probe_parser
 
 MAX_DISTANCE = 9  # distances >= 9 (and no path) share one bin
 
@@ -59,11 +60,8 @@ def state_features(turn, index: int) -> list[float]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("policy_dir")
-    ap.add_argument("--n", type=int, default=256)
+    ap = policy_probe_parser(__doc__, n=256)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--gamma-turn", type=float, default=0.5)
     args = ap.parse_args()
     if args.n < 4:
