@@ -43,6 +43,7 @@ from PIL import Image
 
 from vagent.distributed import Padding, all_reduce_sum, barrier, rank_micro_batches, world
 from vagent.envs.base import IMAGE_PLACEHOLDER
+from vagent.jsonl import read_records
 from vagent.models.processor import ChatEncoder
 from vagent.recipes.batching import accumulation_weight
 from vagent.recipes.config import EnvEntry, RunConfig
@@ -78,14 +79,7 @@ def read_chats(path: str | Path, limit: int | None = None) -> list[Chat]:
         raise DataError(f"SFT data file {str(path)!r} does not exist. Make demonstrations with "
                         f"`vagent demos frozenlake --n 64 {path}` or point sft.data at a JSONL chat file.")
     chats: list[Chat] = []
-    for no, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{no}"
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{where}: not valid JSON ({exc}).") from exc
+    for rec, where in read_records(path, DataError):
         chats.append(chat_of_record(rec, where, path.parent))
         if limit is not None and len(chats) >= limit:
             break

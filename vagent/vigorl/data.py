@@ -51,6 +51,7 @@ from typing import Any, Sequence
 import numpy as np
 from PIL import Image, ImageDraw
 
+from vagent.jsonl import read_records
 from vagent.vigorl.grounding import Point, format_point, parse_point_answer
 
 PALETTE: dict[str, tuple[int, int, int]] = {
@@ -455,16 +456,7 @@ def load_dataset(path: str | Path) -> tuple[Example, ...]:
 @lru_cache(maxsize=8)
 def _load_cached(path: str, mtime_ns: int, size: int) -> tuple[Example, ...]:
     p = Path(path)
-    out = []
-    for no, line in enumerate(p.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        where = f"{p}:{no}"
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DatasetError(f"{where}: not valid JSON ({exc}).") from exc
-        out.append(parse_record(rec, p.parent, where))
+    out = [parse_record(rec, p.parent, where) for rec, where in read_records(p, DatasetError)]
     if not out:
         raise DatasetError(f"{p}: no examples in the file.")
     return tuple(out)
