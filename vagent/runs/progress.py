@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
+from vagent.runs.identity import flatten
+
 
 class Console:
     """Prints to stdout and appends to the run's ``train.log``.
@@ -78,7 +80,7 @@ class ConfigSource:
 
         from vagent.recipes.config import parse_override
 
-        keys = list(_flatten(yaml.safe_load(Path(self.file).read_text()) or {})) if self.file else []
+        keys = list(flatten(yaml.safe_load(Path(self.file).read_text()) or {})) if self.file else []
         keys += [".".join(parse_override(o)[0]) for o in self.overrides]
         return list(dict.fromkeys(keys))
 
@@ -91,7 +93,7 @@ def config_summary(cfg: Any, default: Any, config_path: str | Path, width: int =
     values: the fields it left to their defaults are not its changes."""
     from vagent.config import to_dict
 
-    now, default = _flatten(to_dict(cfg)), _flatten(to_dict(default))
+    now, default = flatten(to_dict(cfg)), flatten(to_dict(default))
     head = f"config: {config_path} (resolved; {cfg.recipe}, seed {cfg.seed}, model {cfg.model.path})"
     if source is not None and source.file:
         given = source.keys()
@@ -114,20 +116,6 @@ def config_summary(cfg: Any, default: Any, config_path: str | Path, width: int =
             line = "   "
         line += f" {item}"
     return lines + [line]
-
-
-def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(tree, dict) and tree:
-        out: dict[str, Any] = {}
-        for k, v in tree.items():
-            out.update(_flatten(v, f"{prefix}{k}."))
-        return out
-    if isinstance(tree, list) and tree and all(isinstance(x, dict) for x in tree):
-        out = {}
-        for i, v in enumerate(tree):
-            out.update(_flatten(v, f"{prefix}{i}."))
-        return out
-    return {prefix[:-1]: tree}
 
 
 def _short(v: Any, limit: int = 40) -> str:
