@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from vagent.recipes.config import load_config
-from vagent.recipes.tail import filter_groups
+from vagent.recipes.step import filter_groups
 from vagent.recipes.grpo import trajectory_advantages
 
 GRPO = ["recipe=grpo", "rollout.group_size=2", "grpo.estimator=gigpo", "grpo.gigpo_gamma=0.5",

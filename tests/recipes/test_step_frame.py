@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import vagent.recipes.tail as tail
+import vagent.recipes.step as step_module
 import vagent.rollout.driver as driver_module
 from vagent.distributed.fsdp import ShardedRoot, attach_root, root_of
 from vagent.recipes.config import load_config
@@ -43,11 +43,11 @@ def test_step_loop_starts_rollouts_on_entry_and_closes_them_when_the_setup_fails
 
     pool = Transport("http://127.0.0.1:9")  # a remote env entry's connection pool (nothing is sent)
     monkeypatch.setitem(driver_module._FACTORIES, ("http://127.0.0.1:9",), SimpleNamespace(transport=pool))
-    monkeypatch.setattr(tail, "start_rollouts", start_rollouts)
-    monkeypatch.setattr(tail, "StepProgress", no_bar)
+    monkeypatch.setattr(step_module, "start_rollouts", start_rollouts)
+    monkeypatch.setattr(step_module, "StepProgress", no_bar)
     _ClosingDriver.closed = 0
     session = SimpleNamespace(cfg=load_config(None, []), console=None, reasoning_reward=lambda: None)
-    loop = tail.StepLoop(session, 0)
+    loop = step_module.StepLoop(session, 0)
     assert started == []  # building the frame starts nothing: a failure before `with` leaks nothing
     with pytest.raises(OSError, match="terminal"):
         with loop:
@@ -61,12 +61,12 @@ def test_step_loop_starts_rollouts_on_entry_and_closes_them_when_the_setup_fails
 def test_step_loop_exit_closes_the_driver_and_the_env_pools(monkeypatch):
     pool = Transport("http://127.0.0.1:9")
     monkeypatch.setitem(driver_module._FACTORIES, ("http://127.0.0.1:9",), SimpleNamespace(transport=pool))
-    monkeypatch.setattr(tail, "start_rollouts",
+    monkeypatch.setattr(step_module, "start_rollouts",
                         lambda session, reasoning: (None, _ClosingDriver(lambda policy, step, unshard: [], policy=None)))
     _ClosingDriver.closed = 0
     session = SimpleNamespace(cfg=load_config(None, ["log.progress=false"]), console=None,
                               reasoning_reward=lambda: None)
-    with tail.StepLoop(session, 0) as loop:
+    with step_module.StepLoop(session, 0) as loop:
         assert isinstance(loop.driver, _ClosingDriver)
     assert _ClosingDriver.closed == 1 and pool.http.closed and not driver_module._FACTORIES
 

@@ -3,7 +3,7 @@
 - :mod:`vagent.recipes.ppo`    PPO with a critic (masked / bi-level / turn / no-concat GAE)
 - :mod:`vagent.recipes.grpo`   GRPO, RLOO, REINFORCE++ (no critic), optional variance filter
 - :mod:`vagent.recipes.stages` the typed records a step hands from stage to stage (``Scores`` ...)
-- :mod:`vagent.recipes.tail`   what PPO and GRPO share around a step: the training rollout, batch and filter, saving
+- :mod:`vagent.recipes.step`   what PPO and GRPO share around a step: the training rollout, batch and filter, saving
 - :mod:`vagent.recipes.sft`    SFT on JSONL chat data with images (the warm start before RL)
 - :mod:`vagent.recipes.demos`  solver demonstrations in the SFT chat format (``vagent demos``)
 - :mod:`vagent.recipes.update` the PPO-clip actor update and the critic update they share

@@ -11,11 +11,11 @@ A group is ``rollout.group_size`` episodes of the same env, seed and config. Eac
                    computed per TRAJECTORY and broadcast to all its sampled tokens (and rows);
                    gigpo: grpo's plus omega x a step-level one, per TURN, over the turns of the
                    group that saw the same env state (key: sha256 of env.state() before the turn);
-                   the engine/trainer gap (mismatch/*) and the rollout correction (tail.off_policy)
+                   the engine/trainer gap (mismatch/*) and the rollout correction (step.off_policy)
     5. update      PPO-clip with clip-higher / dual-clip, entropy bonus, KL to the reference in
                    the loss (k3), epochs x mini-batches x micro-batches
     6. log         rollout/ reward/ filter/ loss/ actor/ optim/ perf/; validation every val.every
-                   steps (and at step 0); samples, checkpoint, plots (``tail.after_step``)
+                   steps (and at step 0); samples, checkpoint, plots (``step.after_step``)
 
 Steps count updates done: the k-th update is RL step k (1..steps), as in ``ppo.py``.
 
@@ -49,7 +49,7 @@ from vagent.recipes.scoring import rl_temperature, score_batch
 from vagent.recipes.session import Session
 from vagent.recipes.sharding import policy_to_copy, shard_for_training
 from vagent.recipes.stages import Advantages, Scores, StepClock, StepOutcome, TrainState
-from vagent.recipes.tail import StepLoop, filter_groups, off_policy, reference_kl, step_metrics, token_batch, update_context
+from vagent.recipes.step import StepLoop, filter_groups, off_policy, reference_kl, step_metrics, token_batch, update_context
 from vagent.recipes.update import Learner, actor_update
 from vagent.rl.advantages import masked_mean
 from vagent.rl.group_advantages import gigpo_advantages, grpo_advantages, reinforce_pp_advantages, rloo_advantages

@@ -7,7 +7,7 @@ Each RL step, in the order it runs::
                    optional reward-variance filter over groups (ppo.filter, as grpo.filter)
     3. scoring     no-grad passes: log pi_old, V_old (critic), log pi_ref (if KL); KL in reward
     4. advantages  masked_gae | bi_level_gae | turn_gae | no_concat_gae, then whitened over M;
-                   the engine/trainer gap (mismatch/*) and the rollout correction (tail.off_policy)
+                   the engine/trainer gap (mismatch/*) and the rollout correction (step.off_policy)
     5. update      critic: clipped value loss where returns are defined; actor: PPO-clip +
                    entropy bonus (+ KL in loss); epochs x mini-batches x micro-batches
     6. log         rollout/ reward/ loss/ actor/ critic/ optim/ perf/; validation (greedy, val
@@ -60,7 +60,7 @@ from vagent.recipes.scoring import rl_temperature, score_batch
 from vagent.recipes.session import Session
 from vagent.recipes.sharding import policy_to_copy, shard_for_training
 from vagent.recipes.stages import PPOAdvantages, PPOScores, StepClock, StepOutcome, TrainState
-from vagent.recipes.tail import StepLoop, filter_groups, off_policy, reference_kl, step_metrics, token_batch, update_context
+from vagent.recipes.step import StepLoop, filter_groups, off_policy, reference_kl, step_metrics, token_batch, update_context
 from vagent.recipes.update import Learner, actor_update, critic_update
 from vagent.rl.advantages import (
     anchor_mask, bi_level_gae, masked_gae, masked_mean, masked_whiten, no_concat_gae, turn_gae,

@@ -8,7 +8,7 @@ One RL step of ``ppo.py`` / ``grpo.py`` reads::
     estimate  = ppo_advantages / group_advantages     advantages   -> Advantages (PPO: PPOAdvantages)
     off       = off_policy(cfg, batch, scores, ...)   mismatch     -> OffPolicy (ratio anchor, IS weights, rejections)
     stats     = critic_update(...), actor_update(...) update       -> UpdateStats (loss/ actor/ critic/ metrics)
-    outcome   = StepOutcome(step=..., ...)            log, save    -> after_step (``vagent.recipes.tail``)
+    outcome   = StepOutcome(step=..., ...)            log, save    -> after_step (``vagent.recipes.step``)
 
 Each record is passed whole: a stage takes the records it reads, not their fields one by one.
 What only PPO has (a critic's values and targets) is in PPO's records, which extend the shared
@@ -72,7 +72,7 @@ class PPOAdvantages(Advantages):
 @dataclass(frozen=True)
 class OffPolicy:
     """How the update treats the gap between the engine that sampled the batch and the trainer
-    (``vagent.recipes.tail.off_policy``): what the PPO ratio is taken against, the rollout
+    (``vagent.recipes.step.off_policy``): what the PPO ratio is taken against, the rollout
     correction's weights and rejections, and the ``mismatch/`` and ``correction/`` metrics."""
 
     anchor: Tensor  # log-probs the PPO ratio is taken against: log pi_old (or the behaviour's, overlap 1 uncorrected)
@@ -95,7 +95,7 @@ class UpdateStats:
 
 @dataclass(frozen=True)
 class StepOutcome:
-    """What RL step ``step`` hands to logging, samples and checkpointing (``tail.after_step``)."""
+    """What RL step ``step`` hands to logging, samples and checkpointing (``step.after_step``)."""
 
     step: int  # RL steps done, this one included (1..steps)
     metrics: dict[str, float]  # the step's record in metrics.jsonl
