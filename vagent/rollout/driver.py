@@ -45,7 +45,7 @@ trainer's current weights).
 
 ``env_factory_for(entry)``: envs of a config entry with ``urls`` live on ``vagent serve-env``
 servers (``RemoteEnv``: failover over the urls, replay on server loss); one connection pool per
-entry, kept until ``close_env_factories()`` (the RL loop's end, ``vagent.recipes.tail.StepLoop``).
+entry, kept until ``close_env_factories()`` (the RL loop's end, ``vagent.recipes.step.StepLoop``).
 """
 
 from __future__ import annotations
