@@ -73,6 +73,21 @@ def test_plot_run_writes_both_files(tmp_path):
     assert [f.name for f in files] == ["curves.png", "val.png"] and all(f.stat().st_size > 1000 for f in files)
 
 
+def test_plots_are_current_until_the_metrics_are_written_again(tmp_path):
+    from vagent.runs.plots import plots_current
+
+    _records(tmp_path)
+    metrics, plots = tmp_path / "metrics.jsonl", tmp_path / "plots"
+    assert not plots_current(metrics, plots)  # never drawn
+    plot_run(metrics, plots)
+    assert plots_current(metrics, plots)  # the end of a run that plotted at its last step draws nothing again
+    with metrics.open("a") as f:
+        f.write('{"phase": "rl", "step": 9, "reward/mean": 0.5}\n')
+    assert not plots_current(metrics, plots)
+    plot_run(metrics, plots)
+    assert plots_current(metrics, plots)
+
+
 def guide_metrics() -> list[str]:
     """The metrics docs/training.md "Reading the curves" tells users to read, in its order."""
     text = (Path(__file__).resolve().parents[2] / "docs" / "training.md").read_text()

@@ -57,7 +57,7 @@ from vagent.recipes.tiny_cache import prepare_model_once
 from vagent.rollout.driver import check_rollout_setup
 from vagent.runs import (
     Console, MetricsLogger, TrainingError, existing_run_dir, is_disk_full, is_oom, load_checkpoint, new_run_dir,
-    oom_message, plot_run, read_metrics, startup_arithmetic,
+    oom_message, plot_run, plots_current, read_metrics, startup_arithmetic,
 )
 from vagent.runs.checkpoint import CheckpointInfo, select_checkpoint, trained_from
 from vagent.runs.environment import record_environment
@@ -316,7 +316,7 @@ def _stop(session: Session, hub: HubUploader | None, failing: bool) -> None:
     closing = [("closing the metrics logger", session.logger.close)]
     if hub is not None:
         closing.insert(0, ("the hub upload", hub.close))
-    if current_world().is_main and run.metrics.is_file():
+    if current_world().is_main and run.metrics.is_file() and not plots_current(run.metrics, run.plots):
         closing.append(("plotting", lambda: plot_run(run.metrics, run.plots)))
     for what, close in closing:
         try:

@@ -19,7 +19,7 @@ from vagent.runs.errors import (
     DiskFullError, ModelError, NonFiniteError, TrainingError, check_finite, is_disk_full, is_oom, oom_message,
 )
 from vagent.runs.metrics import PREFIXES, MetricsLogger, read_metrics
-from vagent.runs.plots import plot_run
+from vagent.runs.plots import plot_run, plots_current
 from vagent.runs.progress import Console, StepProgress, startup_arithmetic
 from vagent.runs.rundir import RunDir, existing_run_dir, new_run_dir
 from vagent.runs.samples import save_rollouts
@@ -29,7 +29,7 @@ __all__ = [
     "list_checkpoints", "load_checkpoint", "load_object", "save_checkpoint", "ModelError", "NonFiniteError",
     "TrainingError",
     "check_finite", "is_oom", "DiskFullError", "is_disk_full", "oom_message", "PREFIXES", "MetricsLogger",
-    "read_metrics", "plot_run",
+    "read_metrics", "plot_run", "plots_current",
     "Console", "StepProgress", "startup_arithmetic", "RunDir", "existing_run_dir", "new_run_dir", "save_rollouts",
     "save_token_rows",
 ]

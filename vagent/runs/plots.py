@@ -108,7 +108,10 @@ def curves_figure(records: list[dict]) -> Any | None:
             ax.text(0.02, 0.03, note, transform=ax.transAxes, fontsize=6, color="0.35", va="bottom")
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
-    fig.tight_layout()
+    # fixed margins in inches (the panels' labels have fixed font sizes): tight_layout measures every
+    # text artist and took 40% of the figure's time (0.55 of 1.32 s), for the same layout
+    w, h = fig.get_size_inches()
+    fig.subplots_adjust(left=0.8 / w, right=1 - 0.15 / w, bottom=0.63 / h, top=1 - 0.45 / h, wspace=0.32, hspace=0.5)
     return fig
 
 
@@ -138,6 +141,16 @@ def val_figure(records: list[dict]) -> Any | None:
     ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+def plots_current(metrics_path: str | Path, out_dir: str | Path) -> bool:
+    """Whether ``out_dir/curves.png`` was drawn after the last write of ``metrics_path`` (then a
+    redraw would draw the same figure: the end of a run whose last step already plotted)."""
+    curves = Path(out_dir) / "curves.png"
+    try:
+        return curves.stat().st_mtime_ns > Path(metrics_path).stat().st_mtime_ns  # equal: a coarse clock tick, redraw
+    except FileNotFoundError:
+        return False
 
 
 def plot_run(metrics_path: str | Path, out_dir: str | Path) -> list[Path]:
