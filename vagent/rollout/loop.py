@@ -75,7 +75,6 @@ import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Sequence
 
-from vagent.distributed import gather_objects, world
 
 from vagent.rollout.async_loop import rollout_async
 from vagent.rollout.finish import RolloutClock, RolloutResult, finish_rollout, judge_episodes, rollout_metrics
@@ -182,6 +181,8 @@ def rollout_on_ranks(specs: Sequence[EnvSpec], policy: Any, sampling: SamplingCo
     module docstring), then the reasoning-reward stage: ``judge`` (a ``ReasoningReward``, or None)
     scores each rank's own episodes (``judge_episodes``) before they are gathered. One process:
     ``judge_episodes(rollout(specs, ...), judge)``."""
+    from vagent.distributed import gather_objects, world  # heavy (torch): API-only evaluation imports this module
+
     job = world()
     if not job.distributed:
         return judge_episodes(rollout(specs, policy, sampling, group_size=group_size, **kw), judge)
