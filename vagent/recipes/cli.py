@@ -27,7 +27,7 @@ import yaml
 from vagent.config import ConfigError
 from vagent.envs import make_config
 from vagent.plugins import PluginImportError, add_import_argument, import_modules
-from vagent.recipes.config import describe_all
+from vagent.recipes.config import RunConfig, describe_all
 
 
 def add_parser(subparsers) -> None:
@@ -141,31 +141,39 @@ def run_train(args: argparse.Namespace) -> int:
         return 0
     if args.nproc is not None or args.nnodes > 1:
         return launch_job(args)
-    from vagent.distributed import barrier, shutdown_world, world  # heavy (torch): `vagent --help` stays fast
+    if args.resume and args.config:  # overrides: the fields that may change on a resume (vagent.recipes.resume)
+        return _error("--resume continues a run with its saved config.yaml; drop --config.")
+    try:  # the config first: a wrong key or value is said before torch and the recipes load (~6 s)
+        cfg = None if args.resume else _run_config(args)
+    except ConfigError as exc:
+        return _error(_in_job(str(exc)))
+    from vagent.distributed import barrier, shutdown_world  # heavy (torch): `vagent --help` stays fast
     from vagent.recipes.sft import DataError  # heavy (torch)
     from vagent.runs import TrainingError  # heavy (torch)
 
     try:
-        if args.resume and args.config:  # overrides: the fields that may change on a resume (vagent.recipes.resume)
-            return _error("--resume continues a run with its saved config.yaml; drop --config.")
-        _train(args)
+        _train(args, cfg)
         barrier("end of run")  # a job: every rank is done before any destroys the process group
         return 0
     except (ConfigError, DataError, TrainingError, FileNotFoundError, ImportError) as exc:
-        return _error(f"{world().tag()}: {exc}" if world().distributed else str(exc))
+        return _error(_in_job(str(exc)))
     finally:
         shutdown_world()  # every exit path (a gloo job that skips it aborts about 1 exit in 3)
 
 
-def _train(args: argparse.Namespace) -> None:
-    """``train`` of ``--resume RUN_DIR``, or of the config and overrides after the ``--import``
-    modules (imported before the config's envs are checked; saved in the config for --resume)."""
-    from vagent.recipes.run import train  # heavy (torch, the recipes)
-    from vagent.runs.progress import ConfigSource  # heavy (vagent.runs imports torch)
+def _in_job(msg: str) -> str:
+    """``msg`` with this rank's tag in a torchrun job (``rank 0/2: ...``), as it is in one process."""
+    if "WORLD_SIZE" not in os.environ:
+        return msg
+    from vagent.distributed import world  # heavy (torch)
 
-    if args.resume:
-        train(resume=args.resume, quiet=args.quiet, overrides=args.overrides)
-        return
+    return f"{world().tag()}: {msg}" if world().distributed else msg
+
+
+def _run_config(args: argparse.Namespace) -> RunConfig:
+    """The config of ``train``: the ``--import`` modules (imported before the config's envs are
+    checked; saved in the config for --resume), the config files and overrides, the one-process
+    checks. Light: no torch."""
     if args.imports:
         try:
             import_modules(args.imports)
@@ -177,6 +185,17 @@ def _train(args: argparse.Namespace) -> None:
     if "WORLD_SIZE" not in os.environ:  # one process; a job was checked by its launcher (launch_job)
         preflight(cfg, 1)
     cfg.imports += [m for m in args.imports if m not in cfg.imports]
+    return cfg
+
+
+def _train(args: argparse.Namespace, cfg: RunConfig | None) -> None:
+    """``train`` of ``--resume RUN_DIR`` (``cfg`` None), or of ``cfg`` (:func:`_run_config`)."""
+    from vagent.recipes.run import train  # heavy (torch, the recipes)
+    from vagent.runs.progress import ConfigSource  # heavy (vagent.runs imports torch)
+
+    if cfg is None:
+        train(resume=args.resume, quiet=args.quiet, overrides=args.overrides)
+        return
     # several files: the summary lists the keys that differ from the default preset
     source = ConfigSource(args.config[0] if len(args.config) == 1 else None, tuple(args.overrides))
     train(cfg, quiet=args.quiet, source=source)
