@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import vagent
 
 ROOT = Path(vagent.__file__).parent
@@ -130,11 +132,13 @@ def test_the_command_line_and_api_only_evaluation_import_no_torch():
     assert out.stdout.strip() == "[]", f"imported by the CLI parser or vagent.rollout: {out.stdout.strip()}"
 
 
-def test_a_config_error_is_said_before_torch_loads(tmp_path):
-    """``vagent train`` checks its config before importing torch and the recipes: a wrong key is one
-    line in well under a second of work instead of ~6 s (``-X importtime`` lists every module loaded)."""
-    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "vagent", "train", "update.bogus=1"], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=120)
+@pytest.mark.parametrize("job", [[], ["--nproc", "2"]], ids=["one-process", "torchrun-job"])
+def test_a_config_error_is_said_before_torch_loads(tmp_path, job):
+    """``vagent train`` (and ``--nproc``'s launcher) checks its config before importing torch and the
+    recipes: a wrong key is one line in well under a second of work instead of ~6 s (``-X importtime``
+    lists every module loaded)."""
+    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "vagent", "train", *job, "update.bogus=1"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert out.returncode == 1
     errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
     assert errors and "unknown key 'bogus' in UpdateConfig" in errors[0], out.stderr[-2000:]

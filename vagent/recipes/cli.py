@@ -202,11 +202,9 @@ def _train(args: argparse.Namespace, cfg: RunConfig | None) -> None:
 
 
 def launch_job(args: argparse.Namespace) -> int:
-    """``vagent train --nproc N ...``: the same command as a torchrun job (vagent.distributed.launch)."""
-    from vagent.distributed import launched_by_torchrun  # heavy (torch)
-    from vagent.distributed.launch import launch  # heavy (torch)
-
-    if launched_by_torchrun():
+    """``vagent train --nproc N ...``: the same command as a torchrun job (vagent.distributed.launch).
+    The config is checked before torch loads (a wrong key is said at once, as in one process)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # vagent.distributed.launched_by_torchrun, without torch
         return _error("--nproc/--nnodes start a torchrun job; this process already is a worker of one "
                       "(drop them when you run torchrun yourself).")
     if args.resume and args.config:
@@ -240,6 +238,8 @@ def launch_job(args: argparse.Namespace) -> int:
             preflight(cfg, (args.nproc or 1) * args.nnodes)
         except (ConfigError, PluginImportError) as exc:
             return _error(str(exc))
+    from vagent.distributed.launch import launch  # heavy (torch)
+
     train_args = list(args.overrides)
     if args.smoke:
         train_args.append("--smoke")
