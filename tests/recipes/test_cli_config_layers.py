@@ -55,3 +55,15 @@ def test_the_command_reads_the_first_file_too(tmp_path):
     assert out.stderr.strip().splitlines() == [
         f"error: out_dir {str(blocker)!r} is a file, not a folder; set out_dir= a folder (it is created if "
         "missing), e.g. out_dir=runs."], out.stderr
+
+
+@pytest.mark.parametrize("job", [[], ["--nproc", "2"]], ids=["one-process", "torchrun-job"])
+def test_resume_with_a_config_file_is_refused_in_one_line(tmp_path, job):
+    """``--resume`` keeps the run's saved config.yaml: a ``--config`` beside it is refused before
+    anything loads, in one process and before torchrun starts a rank."""
+    out = subprocess.run([sys.executable, "-m", "vagent", "train", *job, "--resume", str(tmp_path / "run"),
+                          "--config", "configs/frozenlake_ppo.yaml"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines() == [
+        "error: --resume continues a run with its saved config.yaml; drop --config."], out.stderr[-2000:]

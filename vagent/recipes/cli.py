@@ -139,10 +139,10 @@ def run_train(args: argparse.Namespace) -> int:
     if args.describe:
         print(describe_all())
         return 0
-    if args.nproc is not None or args.nnodes > 1:
-        return launch_job(args)
     if args.resume and args.config:  # overrides: the fields that may change on a resume (vagent.recipes.resume)
         return _error("--resume continues a run with its saved config.yaml; drop --config.")
+    if args.nproc is not None or args.nnodes > 1:
+        return launch_job(args)
     try:  # the config first: a wrong key or value is said before torch and the recipes load (~6 s)
         cfg = None if args.resume else _run_config(args)
     except ConfigError as exc:
@@ -207,8 +207,6 @@ def launch_job(args: argparse.Namespace) -> int:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # vagent.distributed.launched_by_torchrun, without torch
         return _error("--nproc/--nnodes start a torchrun job; this process already is a worker of one "
                       "(drop them when you run torchrun yourself).")
-    if args.resume and args.config:
-        return _error("--resume continues a run with its saved config.yaml; drop --config.")
     run_dir, cfg = None, None
     if args.resume:  # before starting any process: a live job's run directory, a finished run
         from vagent.runs import existing_run_dir  # heavy (torch)

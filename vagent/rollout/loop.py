@@ -75,18 +75,18 @@ import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Sequence
 
-
 from vagent.rollout.async_loop import rollout_async
 from vagent.rollout.finish import RolloutClock, RolloutResult, finish_rollout, judge_episodes, rollout_metrics
 from vagent.rollout.policy import Policy, SamplingConfig
 from vagent.rollout.records import Episode
-from vagent.seeds import derive_seed
 from vagent.rollout.trajectory import (
     MODES, SCHEDULES, EnvFactory, EnvSpec, Live, act, apply_reply, check_args, close_env, new_lives,
     next_conversation, record_turn, start_env, step_env,
 )
+from vagent.seeds import derive_seed
 
-__all__ = ["EnvSpec", "RolloutResult", "rollout", "rollout_on_ranks", "rollout_metrics", "spec_blocks", "MODES", "SCHEDULES"]
+__all__ = ["EnvSpec", "RolloutResult", "rollout", "rollout_on_ranks", "rollout_metrics", "spec_blocks", "MODES",
+           "SCHEDULES"]
 
 
 def rollout(
