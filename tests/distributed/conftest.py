@@ -22,7 +22,7 @@ SMALL = [
     "envs.0.config.image_size=64", "rollout.max_turns=2", "rollout.max_new_tokens=12", "rollout.temperature=0",
     "update.epochs=1", "update.mini_batches=1", "update.warmup_steps=0", "ppo.critic_warmup_steps=0",
     "update.micro_batch_tokens=1024", "log.tensorboard=false", "log.progress=false", "log.rollouts_every=0",
-    "log.checkpoint_every=1", "log.plot_every=0", "log.keep_last=5", "dist.timeout_s=60",
+    "log.checkpoint_every=1", "log.plot_every=0", "log.plots=false", "log.keep_last=5", "dist.timeout_s=60",
 ]
 
 

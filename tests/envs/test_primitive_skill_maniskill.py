@@ -290,7 +290,7 @@ def test_one_sft_step_on_solver_demos_and_one_ppo_step_train_on_the_maniskill_ba
         "sft.steps=1", "sft.demos_per_env=1", "sft.batch_size=1", "sft.max_turns=2",
         "rollout.max_new_tokens=12", "update.epochs=1", "update.mini_batches=1", "update.warmup_steps=0",
         "ppo.critic_warmup_steps=0", "log.tensorboard=false", "log.progress=false", "log.checkpoint_every=1",
-        "log.plot_every=0"])
+        "log.plot_every=0", "log.plots=false"])
     initial = {k: v.clone() for k, v in load_policy(model).model.state_dict().items()}
     run = train(cfg, quiet=True)
     rec = [r for r in read_metrics(run / "metrics.jsonl") if r["phase"] == "rl"]

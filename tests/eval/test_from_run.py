@@ -30,7 +30,7 @@ def run_dir(tmp_path_factory) -> Path:
         "steps=1", "sft.steps=0", "val.every=1", "threads=1", f"model.path={model}", "envs.0.n_train=1",
         "envs.0.n_val=4", "rollout.max_turns=2", "rollout.max_new_tokens=12", "update.epochs=1",
         "update.mini_batches=1", "update.warmup_steps=0", "ppo.critic_warmup_steps=0", "log.tensorboard=false",
-        "log.progress=false", "log.plot_every=0", f"out_dir={tmp / 'runs'}", "name=tiny"]
+        "log.progress=false", "log.plot_every=0", "log.plots=false", f"out_dir={tmp / 'runs'}", "name=tiny"]
     assert main(["train", "--quiet", *overrides]) == 0
     (run,) = (tmp / "runs").iterdir()
     return run

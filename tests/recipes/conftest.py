@@ -15,7 +15,7 @@ SMALL = [
     "rollout.max_turns=2", "rollout.max_new_tokens=12",
     "update.epochs=1", "update.mini_batches=1", "update.warmup_steps=0", "ppo.critic_warmup_steps=0",
     "log.tensorboard=false", "log.progress=false", "log.rollouts_every=1", "log.checkpoint_every=1",
-    "log.plot_every=0",
+    "log.plot_every=0", "log.plots=false",
 ]
 
 

@@ -26,7 +26,7 @@ from vagent.runs.checkpoint import CheckpointError, check_checkpoint, load_check
 
 from .conftest import small_overrides
 
-ARGS = ["log.keep_last=2", "log.checkpoint_every=1", "log.rollouts_every=1"]
+ARGS = ["log.keep_last=2", "log.checkpoint_every=1", "log.rollouts_every=1", "log.plots=true"]  # plots: the disk-full test
 
 
 def _comparable(run: Path) -> list[dict]:

@@ -97,7 +97,7 @@ def test_ppo_learns_the_one_token_answer(tmp_path, tiny_vlm):
         # and then loses the answer format (format 0.53 by step 21, validation 1.0 -> 0.375)
         "update.warmup_steps=0", "update.kl_coef=0.05", "update.kl_kind=k3", "update.kl_in=loss", "ppo.critic_lr=1e-3", "ppo.critic_warmup_steps=0", "ppo.estimator=masked_gae", "ppo.whiten_advantages=false",
         "ppo.critic_backbone=separate",
-        "log.tensorboard=false", "log.progress=false", "log.checkpoint_every=0", "log.plot_every=0",
+        "log.tensorboard=false", "log.progress=false", "log.checkpoint_every=0", "log.plot_every=0", "log.plots=false",
         "log.rollouts_every=0",
     ])
     run = train(cfg, quiet=True)

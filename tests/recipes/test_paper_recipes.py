@@ -152,10 +152,10 @@ def test_one_rl_step_at_smoke_scale_keeps_every_other_setting(name, tmp_path, ti
 
     full = load_config(PAPER / f"{name}.yaml")
     cfg = load_scaled(str(PAPER / f"{name}.yaml"), [f"model.cache_dir={tiny_cache}", f"out_dir={tmp_path}",
-                                                    "threads=1"], smoke=True)
+                                                    "threads=1", "log.plots=false"], smoke=True)
     spec = read_smoke()
     a, b = _flat(full), _flat(cfg)
-    changed = {k for k in a.keys() | b.keys() if a.get(k) != b.get(k)} - {"model.cache_dir", "out_dir", "threads"}
+    changed = {k for k in a.keys() | b.keys() if a.get(k) != b.get(k)} - {"model.cache_dir", "out_dir", "threads", "log.plots"}
     assert changed and all(_smoke_keys(k, spec) for k in changed), sorted(k for k in changed if not _smoke_keys(k, spec))
     assert cfg.model.path == "tiny" and cfg.steps == 1
     run = train(cfg, quiet=True)

@@ -32,7 +32,7 @@ GOLDEN_METRICS, GOLDEN_ENV = "scaled_default_metrics.jsonl", "scaled_default_env
 #: the default preset, every phase kept, a few steps each
 SCALED = ["model.tiny_pretrain_steps=12", "model.tiny_pretrain_relation_steps=8", "sft.steps=4",
           "sft.demos_per_env=12", "steps=2", "envs.0.n_train=4", "envs.0.n_val=6", "val.every=1",
-          "log.rollouts_every=1", "log.checkpoint_every=1", "log.plot_every=0", "log.progress=false",
+          "log.rollouts_every=1", "log.checkpoint_every=1", "log.plot_every=0", "log.plots=false", "log.progress=false",
           "log.tensorboard=false"]
 
 #: metric keys that measure time, not the computation

@@ -20,7 +20,7 @@ from .conftest import SMALL
 ARGS = ["model.path=tiny", "model.tiny_hidden=64", "model.tiny_layers=1", "model.tiny_image_size=64",
         "model.tiny_pretrain_steps=3", "model.tiny_pretrain_relation_steps=0", "model.tiny_pretrain_batch=2",
         "sft.steps=2", "sft.demos_per_env=2", "sft.batch_size=2", "sft.actions_per_turn=1", "val.every=1",
-        "ppo.critic_warmup_steps=1", "log.plot_every=1"]
+        "ppo.critic_warmup_steps=1", "log.plot_every=1", "log.plots=true"]
 
 
 def _train(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -93,9 +93,10 @@ def test_console_says_the_ranks_and_the_critic_warm_up_step_by_step(finished):
 def test_plots_of_the_run(finished):
     from vagent.runs.plots import RATE_LIMITS, curves_figure, val_figure
 
-    run, _ = finished
+    run, console = finished
     records = read_metrics(run / "metrics.jsonl")
     assert {p.name for p in (run / "plots").iterdir()} == {"curves.png", "val.png"}
+    assert f"curves: {run / 'plots'}" in console  # the summary names them (a run with log.plots false does not)
     axes = {ax.get_title(): ax for ax in curves_figure(records).axes if ax.get_title()}
     assert axes["validation success rate (greedy)"].get_ylim() == RATE_LIMITS
     assert "starts at step 2" in axes["policy loss"].texts[0].get_text()  # ppo.critic_warmup_steps=1

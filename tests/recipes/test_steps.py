@@ -71,6 +71,7 @@ def test_one_step_updates_and_stays_finite(name, small_cfg, initial_weights):
         assert not any(k.startswith("correction/") for k in m)
     if cfg.reasoning_reward:
         assert "reward/judged_turns" in m
+    assert not list((run / "plots").glob("*")), "log.plots false (SMALL): no figure is drawn, not even at the end"
     ck = run / "checkpoints" / "step_000001"
     policy = torch.load(ck / "policy.pt", weights_only=True)
     changed = [k for k, v in policy.items() if not torch.equal(v, initial_weights[k])]

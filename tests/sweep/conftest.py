@@ -19,6 +19,7 @@ TINY_RUN = {
     "update.epochs": 1, "update.mini_batches": 1, "update.warmup_steps": 0, "ppo.critic_warmup_steps": 0,
     "log.tensorboard": False, "log.progress": False, "log.rollouts_every": 1, "log.checkpoint_every": 1,
     "log.plot_every": 0,
+    "log.plots": False,
 }
 
 

@@ -35,7 +35,7 @@ pytestmark = [
 #: a run of seconds to a minute of CPU: untrained tiny model, 3 train / 3 val episodes of 2 short turns
 TINY = ["model.tiny_pretrain_steps=0", "model.tiny_pretrain_relation_steps=0", "sft.steps=0", "steps=2",
         "envs.0.n_train=3", "envs.0.n_val=3", "val.every=1", "rollout.max_turns=2", "rollout.max_new_tokens=16",
-        "log.rollouts_every=1", "log.checkpoint_every=0", "log.plot_every=0", "log.progress=false",
+        "log.rollouts_every=1", "log.checkpoint_every=0", "log.plot_every=0", "log.plots=false", "log.progress=false",
         "log.tensorboard=false", "reasoning_reward={judge: rule}"]
 
 

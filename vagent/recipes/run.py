@@ -316,7 +316,8 @@ def _stop(session: Session, hub: HubUploader | None, failing: bool) -> None:
     closing = [("closing the metrics logger", session.logger.close)]
     if hub is not None:
         closing.insert(0, ("the hub upload", hub.close))
-    if current_world().is_main and run.metrics.is_file() and not plots_current(run.metrics, run.plots):
+    if (session.cfg.log.plots and current_world().is_main and run.metrics.is_file()
+            and not plots_current(run.metrics, run.plots)):
         closing.append(("plotting", lambda: plot_run(run.metrics, run.plots)))
     for what, close in closing:
         try:
@@ -368,5 +369,6 @@ def format_summary(s: dict) -> str:
         start = "after SFT" if "sft_steps" in s else "before any update"
         lines.append(f"validation success: {s['val_success_start']:.3f} at RL step 0 ({start}) -> "
                      f"{s['val_success_end']:.3f} at the end (best {s['val_success_best']:.3f})")
-    lines.append(f"curves: {Path(s['run_dir']) / 'plots'}")
+    if any((Path(s["run_dir"]) / "plots").glob("*.png")):  # none with log.plots false
+        lines.append(f"curves: {Path(s['run_dir']) / 'plots'}")
     return "\n".join(lines)

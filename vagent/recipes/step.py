@@ -336,7 +336,7 @@ def after_step(session: Session, outcome: StepOutcome, policy: HFPolicy, state: 
             objects={"inflight": driver.in_flight() if driver is not None else None},
         )
         session.last_checkpoint = str(ck)
-    if due(log.plot_every, step, cfg.steps):
+    if log.plots and due(log.plot_every, step, cfg.steps):
         plot_run(session.run.metrics, session.run.plots)
     return val
 

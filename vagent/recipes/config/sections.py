@@ -332,8 +332,10 @@ class LogConfig:
     checkpoint_every: int = 10
     #: checkpoints kept per phase (SFT, RL; older ones of the phase are deleted)
     keep_last: int = 2
-    #: redraw plots/*.png every N steps
+    #: redraw plots/*.png every N steps (and at the end)
     plot_every: int = 5
+    #: draw plots/*.png at all; false: none (a sweep's trials, tests): metrics.jsonl holds every curve
+    plots: bool = True
     #: show the rich progress bar (off when stdout is not a terminal is fine too)
     progress: bool = True
 
