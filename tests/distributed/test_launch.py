@@ -138,7 +138,8 @@ def test_a_job_says_how_many_ranks_it_had(sft_ppo_two):
 
 def test_resume_of_a_finished_run_says_so_once(tmp_path):
     """Every rank of a plain torchrun job finds the run finished; rank 0 alone says so. The launcher
-    (vagent train --nproc) says it without starting the job."""
+    (vagent train --nproc) says it without starting the job, and without loading torch (``-X
+    importtime``): the check is light, in the ranks too."""
     run = tmp_path / "run"
     run.mkdir()
     (run / "config.yaml").write_text("steps: 1\n")
@@ -146,6 +147,9 @@ def test_resume_of_a_finished_run_says_so_once(tmp_path):
     plain = run_job([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
                      "vagent", "train", "--resume", str(run)], tmp_path, timeout=120)
     assert plain.stdout.count("is finished (it has summary.json)") == 1, plain.stdout
-    launched = run_job(train_cmd(2, "--resume", str(run)), tmp_path, timeout=120)
+    cmd = train_cmd(2, "--resume", str(run))
+    launched = run_job([cmd[0], "-X", "importtime", *cmd[1:]], tmp_path, timeout=120)
     assert launched.stdout.count("is finished (it has summary.json)") == 1, launched.stdout + launched.stderr
     assert "torch.distributed" not in launched.stderr  # no torchrun job was started
+    loaded = {ln.rsplit("|", 1)[-1].strip() for ln in launched.stderr.splitlines() if ln.startswith("import time:")}
+    assert "vagent.recipes.finished" in loaded and "torch" not in loaded, sorted(loaded)[:40]

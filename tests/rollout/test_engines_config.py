@@ -167,12 +167,13 @@ def test_rollout_setups_that_cannot_run_are_refused_with_the_fix():
 def test_missing_ray_or_vllm_fails_before_anything_is_built(tmp_path):
     """``vagent train`` with replicas but no Ray (hidden by a ``ray`` module that cannot be found:
     a ``None`` entry in sys.modules), or with engine vllm on this CPU machine: one line, exit 1,
-    no model built and no run directory (the check runs before the SFT it would otherwise waste)."""
+    no model built and no run directory (the check runs before the SFT it would otherwise waste),
+    and neither torch nor transformers loaded (``-X importtime``): the config checks say it at once."""
     hide_ray = ("import sys; sys.modules['ray'] = None; import importlib.util as u; real = u.find_spec; "
                 "u.find_spec = lambda name, *a: None if name == 'ray' else real(name, *a); "
                 "from vagent.cli import main; sys.exit(main(sys.argv[1:]))")
-    cases = [([sys.executable, "-c", hide_ray], "rollout.replicas=2", "Ray is not installed"),
-             ([sys.executable, "-m", "vagent"], "rollout.engine=vllm", "needs vLLM")]
+    cases = [([sys.executable, "-X", "importtime", "-c", hide_ray], "rollout.replicas=2", "Ray is not installed"),
+             ([sys.executable, "-X", "importtime", "-m", "vagent"], "rollout.engine=vllm", "needs vLLM")]
     for prefix, override, message in cases:
         if "vllm" in override and __import__("importlib").util.find_spec("vllm") is not None:
             continue
@@ -181,6 +182,8 @@ def test_missing_ray_or_vllm_fails_before_anything_is_built(tmp_path):
         assert out.returncode == 1, (out.stdout[-2000:], out.stderr[-2000:])
         assert message in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
         assert not (tmp_path / "runs").exists() and not (tmp_path / "cache").exists()
+        loaded = {ln.rsplit("|", 1)[-1].strip() for ln in out.stderr.splitlines() if ln.startswith("import time:")}
+        assert "vagent.rollout.driver" in loaded and not {"torch", "transformers"} & loaded, sorted(loaded)[:40]
 
 
 def test_gathered_lora_state_is_merged_like_peft_for_vllm(tiny_dir):

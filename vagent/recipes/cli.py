@@ -143,6 +143,8 @@ def run_train(args: argparse.Namespace) -> int:
         return _error("--resume continues a run with its saved config.yaml; drop --config.")
     if args.nproc is not None or args.nnodes > 1:
         return launch_job(args)
+    if args.resume and _finished(args):  # each rank of a plain torchrun job too (rank 0 says it)
+        return 0
     try:  # the config first: a wrong key or value is said before torch and the recipes load (~6 s)
         cfg = None if args.resume else _run_config(args)
     except ConfigError as exc:
@@ -159,6 +161,17 @@ def run_train(args: argparse.Namespace) -> int:
         return _error(_in_job(str(exc)))
     finally:
         shutdown_world()  # every exit path (a gloo job that skips it aborts about 1 exit in 3)
+
+
+def _finished(args: argparse.Namespace) -> bool:
+    """``--resume`` of a finished run (its config.yaml and summary.json there): said once (rank 0 of
+    a job), before torch loads; anything else is left to the run's own checks."""
+    from pathlib import Path
+
+    from vagent.recipes.finished import finished
+
+    root = Path(args.resume).expanduser()
+    return (root / "config.yaml").is_file() and finished(root, args.quiet or os.environ.get("RANK", "0") != "0")
 
 
 def _in_job(msg: str) -> str:
@@ -183,6 +196,9 @@ def _run_config(args: argparse.Namespace) -> RunConfig:
 
     cfg = load_scaled(layered_config(args.config), args.overrides, args.smoke)
     if "WORLD_SIZE" not in os.environ:  # one process; a job was checked by its launcher (launch_job)
+        from vagent.rollout.driver import check_rollout_setup
+
+        check_rollout_setup(cfg.rollout, distributed=False)  # Ray / vLLM missing: said before torch loads
         preflight(cfg, 1)
     cfg.imports += [m for m in args.imports if m not in cfg.imports]
     return cfg
@@ -208,7 +224,9 @@ def launch_job(args: argparse.Namespace) -> int:
         return _error("--nproc/--nnodes start a torchrun job; this process already is a worker of one "
                       "(drop them when you run torchrun yourself).")
     run_dir, cfg = None, None
-    if args.resume:  # before starting any process: a live job's run directory, a finished run
+    if args.resume and _finished(args):  # said before torch loads, and before any rank starts
+        return 0
+    if args.resume:  # before starting any process: a live job's run directory
         from vagent.runs import existing_run_dir  # heavy (torch)
         from vagent.runs.lock import RunDirLocked, check_unlocked  # heavy (vagent.runs imports torch)
 
@@ -217,10 +235,6 @@ def launch_job(args: argparse.Namespace) -> int:
             check_unlocked(run.root)
         except (FileNotFoundError, RunDirLocked) as exc:
             return _error(str(exc))
-        from vagent.recipes.run import finished  # heavy (torch, the recipes)
-
-        if finished(run, quiet=args.quiet):
-            return 0
         run_dir = str(run.root)
     if not args.resume:  # the checks of one process, once, before torchrun starts any rank
         from vagent.recipes.config.ranges import check_out_dir

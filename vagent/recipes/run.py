@@ -48,6 +48,7 @@ from vagent.models.loading import LoadedModel, count_parameters
 from vagent.recipes.common import check_compatible, check_remote_envs, load_model, resolve_device, use_bf16
 from vagent.recipes.config import RunConfig, load_config
 from vagent.recipes.config.ranges import check_out_dir
+from vagent.recipes.finished import finished
 from vagent.recipes.grpo import train_grpo
 from vagent.recipes.ppo import train_ppo
 from vagent.recipes.resume import resume_config, write_new_run_files
@@ -84,7 +85,7 @@ def train(cfg: RunConfig | None = None, resume: str | Path | None = None, quiet:
         if cfg is not None:
             raise ConfigError("--resume continues a run with its saved config.yaml; do not pass a config.")
         run = existing_run_dir(resume)
-        if finished(run, quiet or os.environ.get("RANK", "0") != "0"):  # a job's rank 0 says it, once
+        if finished(run.root, quiet or os.environ.get("RANK", "0") != "0"):  # a job's rank 0 says it, once
             return run.root
         cfg, identity = resume_config(run, overrides, said.append)  # before any model work
     elif overrides:
@@ -99,7 +100,7 @@ def train(cfg: RunConfig | None = None, resume: str | Path | None = None, quiet:
         try:
             if run is not None:  # --resume: one writer per run directory (vagent.runs.lock)
                 hold_run_dir(run.root, owned, console)
-                if finished(run, quiet=not world.is_main or quiet):  # it finished while this one started
+                if finished(run.root, quiet=not world.is_main or quiet):  # it finished while this one started
                     return run.root
                 for line in said:
                     console.print(line)
@@ -111,16 +112,6 @@ def train(cfg: RunConfig | None = None, resume: str | Path | None = None, quiet:
             err = disk_full_error(root or cfg.out_dir, exc, resume=root)
             console.log(f"error: {err}")  # train.log; the command prints it once, as it prints every error
             raise err from exc
-
-
-def finished(run: RunDir, quiet: bool) -> bool:
-    """Does the run have summary.json (written last: nothing is left to do)? Says so unless quiet."""
-    if not (run.root / "summary.json").is_file():
-        return False
-    if not quiet:
-        print(f"{run.root} is finished (it has summary.json); nothing to resume, nothing changed. "
-              "Start a new run to train further.", flush=True)
-    return True
 
 
 def hold_run_dir(root: Path, owned: ExitStack, console: Console) -> None:
