@@ -33,9 +33,8 @@ def pytest_ignore_collect(collection_path, config):
     """The vLLM venv's run (``-m vllm``) imports only the test modules that mention vllm: a module
     that does not cannot hold a ``vllm``-marked test (the marker is only ever written in the
     module), and importing the other ~150 costs ~12 s of CPU for nothing. Any other run: no change."""
-    if config.getoption("markexpr", "") != "vllm" or collection_path.suffix != ".py":
-        return None
-    if not collection_path.name.startswith("test_"):
+    if config.getoption("markexpr", "") != "vllm" or not collection_path.name.startswith("test_") \
+            or collection_path.suffix != ".py":
         return None
     return True if "vllm" not in collection_path.read_text(errors="replace") else None
 
@@ -50,7 +49,7 @@ def pytest_configure(config):
 
 
 def _precompile_vagent() -> None:
-    """Write vagent's bytecode once, before the suite starts its ~250 Python processes (``vagent
+    """Write vagent's bytecode once, before the suite starts its ~200 Python processes (``vagent
     train`` runs, torchrun ranks, Ray actors, servers). Where PYTHONDONTWRITEBYTECODE is set (as on
     this project's CI machines) an editable install is never compiled to disk, so each of those
     processes compiled the ~0.3 s of vagent's source it imports again; installed packages are

@@ -141,10 +141,10 @@ def run_train(args: argparse.Namespace) -> int:
         return 0
     if args.resume and args.config:  # overrides: the fields that may change on a resume (vagent.recipes.resume)
         return _error("--resume continues a run with its saved config.yaml; drop --config.")
+    if args.resume and _finished(args):  # before torch, the launcher or any rank (rank 0 of a job says it)
+        return 0
     if args.nproc is not None or args.nnodes > 1:
         return launch_job(args)
-    if args.resume and _finished(args):  # each rank of a plain torchrun job too (rank 0 says it)
-        return 0
     try:  # the config first: a wrong key or value is said before torch and the recipes load (~6 s)
         cfg = None if args.resume else _run_config(args)
     except ConfigError as exc:
@@ -224,9 +224,7 @@ def launch_job(args: argparse.Namespace) -> int:
         return _error("--nproc/--nnodes start a torchrun job; this process already is a worker of one "
                       "(drop them when you run torchrun yourself).")
     run_dir, cfg = None, None
-    if args.resume and _finished(args):  # said before torch loads, and before any rank starts
-        return 0
-    if args.resume:  # before starting any process: a live job's run directory
+    if args.resume:  # before starting any process: a live job's run directory (a finished one: run_train)
         from vagent.runs import existing_run_dir  # heavy (torch)
         from vagent.runs.lock import RunDirLocked, check_unlocked  # heavy (vagent.runs imports torch)
 
