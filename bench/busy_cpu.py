@@ -22,16 +22,22 @@ is a fair share, the goal is <= 1.3. Also the idle cost of each policy against `
 ``--workload train`` times a whole run instead: the default pipeline scaled down (the golden
 test's ``SCALED`` overrides: caption pretraining 12 + 8 steps, 4 SFT steps, 2 PPO steps, 3
 validations; a fresh model cache each time, so pretraining is timed too), ``vagent train`` in a
-subprocess as a user starts it.
+subprocess as a user starts it. ``--workload default`` times README command 1's run itself: the
+embedded default (``vagent train`` with no overrides: caption pretraining, SFT 300 x 8, PPO 20 x 16,
+three validations; about 10-13 minutes alone on a 2-core machine, so use ``--repeats 1``). Both
+run workloads also check that the run's ``metrics.jsonl`` (timing fields aside) is the same beside
+busy processes as alone: load may change how long a run takes, never what it computes.
 
 Run:  PYTHONPATH=. .venv/bin/python bench/busy_cpu.py [--busy 0,2,4] [--steps 6] [--repeats 3]
       PYTHONPATH=. .venv/bin/python bench/busy_cpu.py --workload train --policies vagent --repeats 1
+      PYTHONPATH=. .venv/bin/python bench/busy_cpu.py --workload default --policies vagent --repeats 1
 Measure on an otherwise idle machine (the busy processes are the only load).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -76,15 +82,37 @@ SCALED = ["model.tiny_pretrain_steps=12", "model.tiny_pretrain_relation_steps=8"
           "log.tensorboard=false"]
 
 
-def train_workload(env: dict[str, str]) -> float:
-    """Wall seconds of one scaled default run (``vagent train``), in a fresh folder."""
+#: metric keys that measure time, not the computation (as tests/recipes/test_reproducible.py)
+TIMING_PREFIXES = ("perf/", "time/")
+TIMING_KEYS = ("time", "wall_time", "elapsed_s")
+
+#: what each run workload computed, by (policy, busy processes): its metrics without timing fields
+RECORDS: dict[tuple[str, int], list[dict]] = {}
+
+
+def _computed(metrics: str) -> list[dict]:
+    return [{k: v for k, v in json.loads(line).items()
+             if not k.startswith(TIMING_PREFIXES) and k not in TIMING_KEYS and not k.endswith("_s")}
+            for line in metrics.splitlines()]
+
+
+def train_workload(env: dict[str, str], overrides: list[str], key: tuple[str, int]) -> float:
+    """Wall seconds of one run (``vagent train`` with ``overrides``) in a fresh folder and model cache;
+    its metrics without timing fields go to ``RECORDS[key]``."""
+    import glob
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
         t = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "vagent", "train", *SCALED, f"out_dir={tmp}/runs",
-                        f"model.cache_dir={tmp}/cache"], env=env, cwd=tmp, capture_output=True, text=True, check=True)
-        return time.perf_counter() - t
+        done = subprocess.run([sys.executable, "-m", "vagent", "train", *overrides, f"out_dir={tmp}/runs",
+                               f"model.cache_dir={tmp}/cache"], env=env, cwd=tmp, capture_output=True, text=True)
+        wall = time.perf_counter() - t
+        if done.returncode != 0:
+            raise SystemExit(f"vagent train failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+        (metrics,) = glob.glob(f"{tmp}/runs/*/metrics.jsonl")
+        with open(metrics) as f:
+            RECORDS[key] = _computed(f.read())
+        return wall
 
 
 def run(policy: str, busy: int, steps: int, workload: str = "step") -> float:
@@ -98,8 +126,8 @@ def run(policy: str, busy: int, steps: int, workload: str = "step") -> float:
         env.update(GOMP_SPINCOUNT=policy[4:], VAGENT_OMP_WAIT="keep")
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(busy)]
     try:
-        if workload == "train":
-            return train_workload(env)
+        if workload in ("train", "default"):
+            return train_workload(env, SCALED if workload == "train" else [], (policy, busy))
         out = subprocess.run([sys.executable, "-c", WORKLOAD, str(steps)], env=env, capture_output=True, text=True,
                              check=True).stdout
     finally:
@@ -115,22 +143,24 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--policies", default="default,passive,spin100000,vagent")
-    ap.add_argument("--workload", choices=("step", "train"), default="step",
-                    help="step: forward + backward passes of a PPO micro-batch; train: a scaled default run")
+    ap.add_argument("--workload", choices=("step", "train", "default"), default="step",
+                    help="step: forward + backward passes of a PPO micro-batch; train: a scaled default run; "
+                         "default: the embedded default run (README command 1)")
     args = ap.parse_args()
     cores = os.cpu_count() or 1
     loads = [int(x) for x in args.busy.split(",")]
     policies = args.policies.split(",")
-    times: dict[tuple[str, int], float] = {}
+    times: dict[tuple[str, int], list[float]] = {}
+    load_before = os.getloadavg()[0]
     for _ in range(args.repeats):  # rounds alternate the policies, so drift hits them alike
         for k in loads:
             for p in policies:
                 times.setdefault((p, k), [])
                 times[(p, k)].append(run(p, k, args.steps, args.workload))
     med = {key: statistics.median(v) for key, v in times.items()}
-    what = "a scaled default run" if args.workload == "train" else f"{args.steps} steps"
-    print(f"\n{cores} cores; workload {what}; median of {args.repeats}; load before start: "
-          f"{os.getloadavg()[0]:.2f}")
+    what = {"train": "a scaled default run", "default": "the default run"}.get(args.workload, f"{args.steps} steps")
+    print(f"\n{cores} cores; workload {what}; median of {args.repeats}; load average before start: "
+          f"{load_before:.2f}")
     print("| policy | busy processes | wall s | slowdown | fair slowdown | over fair share | idle cost vs default |")
     print("|---|---|---|---|---|---|---|")
     for p in policies:
@@ -140,6 +170,14 @@ def main() -> int:
             idle = med[(p, 0)] / med[("default", 0)] if ("default", 0) in med else float("nan")
             print(f"| {p} | {k} | {med[(p, k)]:.2f} | {slow:.2f}x | {fair:.2f}x | {slow / fair:.2f} | "
                   f"{idle:.2f}x |")
+    if RECORDS:  # the same computation at every load: each run's metrics against its policy's run alone
+        for (p, k), recs in sorted(RECORDS.items()):
+            alone = RECORDS.get((p, 0))
+            if alone is not None and k:
+                same = "equal" if recs == alone else "DIFFERENT"
+                print(f"{p}, {k} busy: {len(recs)} metrics records, {same} to the run alone (timing fields aside)")
+        if any(recs != RECORDS.get((p, 0), recs) for (p, _), recs in RECORDS.items()):
+            return 1
     return 0
 
 
