@@ -167,9 +167,8 @@ def main() -> int:
         for k in loads:
             slow = med[(p, k)] / med[(p, 0)]
             fair = max(1.0, (k + 2) / cores)
-            idle = med[(p, 0)] / med[("default", 0)] if ("default", 0) in med else float("nan")
-            print(f"| {p} | {k} | {med[(p, k)]:.2f} | {slow:.2f}x | {fair:.2f}x | {slow / fair:.2f} | "
-                  f"{idle:.2f}x |")
+            idle = f"{med[(p, 0)] / med[('default', 0)]:.2f}x" if ("default", 0) in med else "- (default not run)"
+            print(f"| {p} | {k} | {med[(p, k)]:.2f} | {slow:.2f}x | {fair:.2f}x | {slow / fair:.2f} | {idle} |")
     if RECORDS:  # the same computation at every load: each run's metrics against its policy's run alone
         for (p, k), recs in sorted(RECORDS.items()):
             alone = RECORDS.get((p, 0))
