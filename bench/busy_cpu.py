@@ -24,7 +24,7 @@ test's ``SCALED`` overrides: caption pretraining 12 + 8 steps, 4 SFT steps, 2 PP
 validations; a fresh model cache each time, so pretraining is timed too), ``vagent train`` in a
 subprocess as a user starts it. ``--workload default`` times README command 1's run itself: the
 embedded default (``vagent train`` with no overrides: caption pretraining, SFT 300 x 8, PPO 20 x 16,
-three validations; about 10-13 minutes alone on a 2-core machine, so use ``--repeats 1``). Both
+three validations; 13.6 minutes alone on a 2-core AMD EPYC, so use ``--repeats 1``). Both
 run workloads also check that the run's ``metrics.jsonl`` (timing fields aside) is the same beside
 busy processes as alone: load may change how long a run takes, never what it computes.
 
