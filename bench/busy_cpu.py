@@ -82,18 +82,14 @@ SCALED = ["model.tiny_pretrain_steps=12", "model.tiny_pretrain_relation_steps=8"
           "log.tensorboard=false"]
 
 
-#: metric keys that measure time, not the computation (as tests/recipes/test_reproducible.py)
-TIMING_PREFIXES = ("perf/", "time/")
-TIMING_KEYS = ("time", "wall_time", "elapsed_s")
-
 #: what each run workload computed, by (policy, busy processes): its metrics without timing fields
 RECORDS: dict[tuple[str, int], list[dict]] = {}
 
 
 def _computed(metrics: str) -> list[dict]:
-    return [{k: v for k, v in json.loads(line).items()
-             if not k.startswith(TIMING_PREFIXES) and k not in TIMING_KEYS and not k.endswith("_s")}
-            for line in metrics.splitlines()]
+    from vagent.runs.metrics import without_timing
+
+    return [without_timing(json.loads(line)) for line in metrics.splitlines()]
 
 
 def train_workload(env: dict[str, str], overrides: list[str], key: tuple[str, int]) -> float:

@@ -119,3 +119,34 @@ def test_a_build_stopped_with_sigterm_leaves_no_temporary_folder(tmp_path):
         proc.kill()
     assert proc.returncode != 0 and "KeyboardInterrupt: signal 15 while building the tiny model" in out, out[-2000:]
     assert [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name] == []
+
+
+def test_a_build_that_cannot_exit_after_sigterm_is_ended_with_its_stacks():
+    """The interrupt leaves the process unable to exit (here a thread that never ends blocks the
+    interpreter's shutdown): faulthandler's watchdog, armed by the SIGTERM, prints where every
+    thread is and ends the process."""
+    import signal
+    import time
+
+    script = ("import threading, time\n"
+              "from vagent.recipes import tiny_cache\n"
+              "tiny_cache.STOP_GRACE_S = 3.0\n"
+              "def never_ends():\n"
+              "    threading.Event().wait()\n"
+              "with tiny_cache._sigterm_interrupts():\n"
+              "    threading.Thread(target=never_ends, name='stuck').start()\n"
+              "    print('ready', flush=True)\n"
+              "    time.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        t = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        waited = time.monotonic() - t
+    finally:
+        proc.kill()
+    assert proc.returncode == 1, err[-2000:]
+    assert "KeyboardInterrupt: signal 15 while building the tiny model" in err
+    assert "Timeout (0:00:03)!" in err and "in never_ends" in err, err[-2000:]
+    assert waited >= 3.0

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from vagent.runs.metrics import without_timing
+
 REPO = Path(__file__).resolve().parents[2]
 #: one folder per CPU the golden run was recorded on: its metrics and its environment.json
 GOLDEN_DIR = Path(__file__).parent / "golden"
@@ -35,18 +37,8 @@ SCALED = ["model.tiny_pretrain_steps=12", "model.tiny_pretrain_relation_steps=8"
           "log.rollouts_every=1", "log.checkpoint_every=1", "log.plot_every=0", "log.plots=false", "log.progress=false",
           "log.tensorboard=false"]
 
-#: metric keys that measure time, not the computation
-TIMING_PREFIXES = ("perf/", "time/")
-TIMING_KEYS = ("time", "wall_time", "elapsed_s")
-
-
 def _strip_timing(path: Path) -> list[dict]:
-    out = []
-    for line in path.read_text().splitlines():
-        rec = json.loads(line)
-        out.append({k: v for k, v in rec.items()
-                    if not k.startswith(TIMING_PREFIXES) and k not in TIMING_KEYS and not k.endswith("_s")})
-    return out
+    return [without_timing(json.loads(line)) for line in path.read_text().splitlines()]
 
 
 def cpu_slug(env: dict) -> str:

@@ -12,10 +12,12 @@ every rank together (:func:`build_tiny_spmd`); anything else rank 0 prepares whi
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import glob
 import hashlib
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -106,16 +108,29 @@ def _build_into_place(m: ModelConfig, envs: Sequence[EnvEntry], out: Path, say: 
         shutil.rmtree(tmp, ignore_errors=True)  # gone already after a successful rename
 
 
+#: seconds a build stopped by SIGTERM has to end before it is ended for it (see _sigterm_interrupts)
+STOP_GRACE_S = 60.0
+
+
 @contextlib.contextmanager
 def _sigterm_interrupts():
     """Within the block, SIGTERM (``kill``, ``timeout``, a scheduler) raises KeyboardInterrupt in
     the main thread like Ctrl-C does, so a build's ``finally`` removes its temporary folder;
-    outside it, and in other threads, SIGTERM keeps its handler."""
+    outside it, and in other threads, SIGTERM keeps its handler.
+
+    SIGTERM means stop: an exception raised at an arbitrary point can leave a library's lock or
+    thread in a state that blocks the interpreter's exit, so the handler also arms faulthandler's
+    watchdog (a C thread that needs no GIL). A process still alive ``STOP_GRACE_S`` seconds later
+    prints every thread's stack to stderr (where it was stuck) and exits with status 1."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def interrupt(signum: int, frame: Any) -> None:
+        stream = sys.__stderr__
+        if stream is not None:
+            with contextlib.suppress(ValueError, OSError, AttributeError):  # no file descriptor
+                faulthandler.dump_traceback_later(STOP_GRACE_S, exit=True, file=stream)
         raise KeyboardInterrupt(f"signal {signum} while building the tiny model")
 
     previous = signal.signal(signal.SIGTERM, interrupt)

@@ -25,6 +25,17 @@ PREFIXES = (
 )
 
 
+#: metric-name prefixes and keys (and any key ending in ``_s``) that measure time, not the computation
+TIMING_PREFIXES = ("perf/", "time/")
+TIMING_KEYS = ("time", "wall_time", "elapsed_s")
+
+
+def without_timing(record: Mapping[str, Any]) -> dict[str, Any]:
+    """``record`` without the fields that measure time: what two runs of one seed must agree on."""
+    return {k: v for k, v in record.items()
+            if not k.startswith(TIMING_PREFIXES) and k not in TIMING_KEYS and not k.endswith("_s")}
+
+
 def check_names(metrics: Mapping[str, Any]) -> None:
     bad = [k for k in metrics if not k.startswith(PREFIXES)]
     if bad:
