@@ -79,7 +79,7 @@ POLICIES = {"default": {}, "passive": {"OMP_WAIT_POLICY": "PASSIVE"}, "vagent": 
 SCALED = ["model.tiny_pretrain_steps=12", "model.tiny_pretrain_relation_steps=8", "sft.steps=4",
           "sft.demos_per_env=12", "steps=2", "envs.0.n_train=4", "envs.0.n_val=6", "val.every=1",
           "log.rollouts_every=1", "log.checkpoint_every=1", "log.plot_every=0", "log.progress=false",
-          "log.tensorboard=false"]
+          "log.tensorboard=false", "update.packing=false", "update.micro_batch_tokens=1024"]
 
 
 #: what each run workload computed, by (policy, busy processes): its metrics without timing fields
