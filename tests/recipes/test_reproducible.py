@@ -41,6 +41,7 @@ SCALED = ["model.tiny_pretrain_steps=12", "model.tiny_pretrain_relation_steps=8"
           "log.rollouts_every=1", "log.checkpoint_every=1", "log.plot_every=0", "log.plots=false", "log.progress=false",
           "log.tensorboard=false", "update.packing=false", "update.micro_batch_tokens=1024"]
 
+
 def _strip_timing(path: Path) -> list[dict]:
     return [without_timing(json.loads(line)) for line in path.read_text().splitlines()]
 
