@@ -9,9 +9,9 @@ runtime torch uses (libgomp):
 - ``default``: libgomp's own (idle worker threads spin for a while before sleeping);
 - ``passive``: ``OMP_WAIT_POLICY=PASSIVE`` (idle workers sleep at once);
 - ``vagent``: what ``import vagent`` sets when the user set nothing (vagent/__init__.py: PASSIVE when
-  ``machine_load()``, the load average or the processes runnable as it starts, is at least half
-  the cores, else ``GOMP_SPINCOUNT=100000``; the busy processes started right before the
-  workload are runnable, so this row shows the busy machine's choice beside them);
+  ``machine_load()``, the other processes runnable as it starts, is at least half the cores, else
+  ``GOMP_SPINCOUNT=100000``; the busy processes started right before the workload are runnable,
+  so this row shows the busy machine's choice beside them, and the idle one's alone);
 - ``spin<N>`` (e.g. ``spin10000``): libgomp spins at most N times before sleeping (``GOMP_SPINCOUNT``).
 
 Printed per policy and load: wall seconds, the slowdown against the same policy alone, and that

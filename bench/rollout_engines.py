@@ -21,10 +21,13 @@ Three measurements, each side by side in one process on the same seeds:
    median RL step time, median rollout generation time, the run's wall time (vLLM's start-up
    included), and each step split into generation, the rest of the rollout, the weight push and
    canary before it, and scoring + update (with the batch's tokens: sampled replies differ by
-   engine), in ``vagent train`` subprocesses after an untimed run that builds the tiny model.
+   engine), in ``vagent train`` subprocesses after an untimed run that builds the tiny model;
+   ``--rounds`` runs per engine, their order alternated by round, with each run's OpenMP wait
+   settings (its environment.json: they change the step time far more than the engine does on a
+   small CPU) and the speed-up of each round and of the medians.
 
 Run:  PYTHONPATH=. python bench/rollout_engines.py [--episodes 16] [--turns 3] [--part all]
-      PYTHONPATH=. .venv-vllm/bin/python bench/rollout_engines.py --part vllm   (and --part train
+      PYTHONPATH=. .venv-vllm/bin/python bench/rollout_engines.py --part vllm   (and --part train [--rounds 3]
           [--train-override model.tiny_pretrain_steps=0 --train-override model.tiny_pretrain_relation_steps=0])
 
 The printed table is in docs/results.md form. Timings depend on the machine (the 2-core CI
@@ -181,13 +184,17 @@ def bench_train(args, rows):
 
     extra = list(args.train_override)
     train("steps=0", "name=build", *extra)  # the default tiny model (built once under model.cache_dir, untimed)
-    for engine in ("hf", "vllm"):
-        wall = train(f"steps={args.train_steps}", f"rollout.engine={engine}", f"name={engine}", *extra)
-        (run_dir,) = (tmp / "runs").glob(f"*{engine}*")
-        recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        recs = [r for r in recs if "perf/step_time_s" in r]
-        rows.append((f"rollout.engine {engine}", statistics.median(r["perf/step_time_s"] for r in recs), wall,
-                     statistics.median(r["perf/generate_time_s"] for r in recs), step_parts(recs)))
+    for r in range(args.rounds):  # the engines' order alternates by round: a machine that drifts favours neither
+        for engine in (("hf", "vllm") if r % 2 == 0 else ("vllm", "hf")):
+            name = f"{engine}-r{r}"
+            wall = train(f"steps={args.train_steps}", f"rollout.engine={engine}", f"name={name}", *extra)
+            (run_dir,) = (tmp / "runs").glob(f"*{name}*")
+            recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+            recs = [r for r in recs if "perf/step_time_s" in r]
+            omp = json.loads((run_dir / "environment.json").read_text()).get("omp_wait_env", {})
+            rows.append((engine, r, statistics.median(x["perf/step_time_s"] for x in recs), wall,
+                         statistics.median(x["perf/generate_time_s"] for x in recs), step_parts(recs),
+                         omp.get("OMP_WAIT_POLICY") or f"spin {omp.get('GOMP_SPINCOUNT')}", os.getloadavg()[0]))
 
 
 def step_parts(recs: list[dict]) -> str:
@@ -213,6 +220,7 @@ def main() -> None:
     ap.add_argument("--replica-threads", type=int, default=1)
     ap.add_argument("--steps", type=int, default=5, help="PPO steps per overlap run")
     ap.add_argument("--train-steps", type=int, default=3, help="RL steps per run of --part train")
+    ap.add_argument("--rounds", type=int, default=1, help="--part train: runs per engine, the order alternated")
     ap.add_argument("--train-override", action="append", default=[],
                     help="a config override of both --part train runs (repeatable), e.g. "
                          "model.tiny_pretrain_steps=0 to skip the tiny model's caption pretraining")
@@ -254,12 +262,16 @@ def main() -> None:
         rows.clear()
         bench_train(args, rows)
         print(f"\nthe default run (configs/frozenlake_ppo.yaml), {args.train_steps} RL steps, sft.steps=0, val.every=0 "
-              f"{' '.join(args.train_override)}; load average {os.getloadavg()[0]:.2f} at the end")
-        print("| setting | median step s | median generate s | wall s | per step: generate / rest of rollout / push + "
-              "canary / scoring + update s, batch tokens |\n|---|---|---|---|---|")
-        hf_step = rows[0][1]
-        for name, step_s, wall, gen, parts in rows:
-            print(f"| {name} | {step_s:.2f} ({hf_step / step_s:.2f}x hf) | {gen:.2f} | {wall:.1f} | {parts} |")
+              f"{' '.join(args.train_override)}; {args.rounds} round(s), the engines' order alternated")
+        print("| round | engine | median step s | median generate s | wall s | per step: generate / rest of rollout / "
+              "push + canary / scoring + update s, batch tokens | OpenMP wait | load after |\n|---|---|---|---|---|---|---|---|")
+        for engine, r, step_s, wall, gen, parts, omp, load in rows:
+            print(f"| {r} | {engine} | {step_s:.2f} | {gen:.2f} | {wall:.1f} | {parts} | {omp} | {load:.2f} |")
+        ratios = [next(x[2] for x in rows if x[:2] == ("hf", r)) / next(x[2] for x in rows if x[:2] == ("vllm", r))
+                  for r in range(args.rounds)]
+        med = {e: statistics.median(x[2] for x in rows if x[0] == e) for e in ("hf", "vllm")}
+        print(f"\nvllm step speed-up over hf by round: {', '.join(f'{q:.2f}x' for q in ratios)}; median step "
+              f"hf {med['hf']:.2f} s, vllm {med['vllm']:.2f} s ({med['hf'] / med['vllm']:.2f}x)")
     if args.part in ("all", "overlap"):
         rows.clear()
         bench_overlap(args, rows)

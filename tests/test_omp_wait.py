@@ -66,3 +66,28 @@ def test_busy_processes_that_just_started_make_vagent_sleep():
         for b in burners:
             b.kill()
             b.wait()
+
+
+def test_a_load_average_left_by_ended_processes_is_an_idle_machine(tmp_path):
+    """The 1-minute average still counts a process for a minute after it ended; only the
+    processes runnable now (besides this one) make the machine busy."""
+    from vagent import machine_load
+
+    stale = tmp_path / "loadavg"
+    stale.write_text("1.17 1.26 1.49 1/79 9827\n")  # read right after a run ended: nothing else runnable
+    assert machine_load(loadavg=str(stale)) == 0.0
+    assert omp_wait_settings({}, machine_load(loadavg=str(stale)), cores=2) == {"GOMP_SPINCOUNT": "100000"}
+    busy = tmp_path / "busy"
+    busy.write_text("0.10 0.30 0.40 3/79 9827\n")  # two busy processes that started a moment ago
+    assert machine_load(loadavg=str(busy), gap_s=0.0) == 2.0
+    assert machine_load(loadavg=str(tmp_path / "absent")) == 0.0  # not Linux: the idle choice
+
+
+def test_the_run_records_the_wait_settings_it_ran_with():
+    """environment.json names them: they decide a run's speed on a small CPU (not its results)."""
+    from vagent.runs.environment import RESULT_FIELDS, describe_environment
+
+    recorded = describe_environment()["omp_wait_env"]
+    assert recorded == {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "VAGENT_OMP_WAIT")}
+    assert recorded["OMP_WAIT_POLICY"] or recorded["GOMP_SPINCOUNT"] or recorded["VAGENT_OMP_WAIT"] == "keep"
+    assert "omp_wait_env" not in RESULT_FIELDS

@@ -26,9 +26,9 @@ def omp_wait_settings(environ: dict, load: float, cores: int) -> dict[str, str]:
     libgomp's default, 0.8-0.9x / 0.7-0.9x with ``OMP_WAIT_POLICY=PASSIVE``, but PASSIVE costs
     1.3-1.4x on an idle machine (tiny models run many small ops), where a bounded spin
     (``GOMP_SPINCOUNT=100000``) costs 1.03x and still helps under load (1.3x / 2.1x of the fair
-    share). So: PASSIVE when the machine is busy as vagent starts (``load``, :func:`machine_load`,
-    at least half the cores), else the bounded spin. A user's own ``OMP_WAIT_POLICY`` or
-    ``GOMP_SPINCOUNT`` wins, and ``VAGENT_OMP_WAIT=keep`` leaves the runtime's default. Results are
+    share). So: PASSIVE when the machine is busy as vagent starts (``load``, :func:`machine_load`:
+    other processes runnable on at least half the cores), else the bounded spin. A user's own
+    ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` wins, and ``VAGENT_OMP_WAIT=keep`` leaves the runtime's default. Results are
     unchanged (scheduling only); it takes effect when vagent is imported before torch (the vagent
     command, and every process it starts).
 
@@ -44,29 +44,31 @@ def omp_wait_settings(environ: dict, load: float, cores: int) -> dict[str, str]:
     return {"OMP_WAIT_POLICY": "PASSIVE"} if load >= 0.5 * max(1, cores) else {"GOMP_SPINCOUNT": "100000"}
 
 
-def machine_load(looks: int = 3, gap_s: float = 0.01) -> float:
-    """How busy the machine is as vagent starts: the larger of the 1-minute load average and the
-    processes runnable right now besides this one (``/proc/loadavg``'s running count, the fewest
-    of ``looks`` looks ``gap_s`` apart, so a process that runs for an instant is not counted). The
-    second sees busy processes that started seconds ago, which the average takes a minute to show."""
+def machine_load(looks: int = 3, gap_s: float = 0.01, loadavg: str = "/proc/loadavg") -> float:
+    """How busy the machine is as vagent starts: the processes runnable right now besides this one
+    (``/proc/loadavg``'s running count, the fewest of ``looks`` looks ``gap_s`` apart, so a process
+    that runs for an instant is not counted). A busy process is runnable at every look, one that
+    started a moment ago included.
+
+    The 1-minute load average is not used: it still counts a process for about a minute after it
+    ended, so every process started right after a heavy one (the next run of a script, a test's
+    subprocess, a benchmark's second configuration) took the busy machine's PASSIVE on an idle
+    machine, and PASSIVE costs 1.3-1.4x on an idle machine (up to 10x on a loop of small ops). Not
+    Linux (no ``loadavg`` file): 0, the idle machine's choice."""
     import time
 
-    try:
-        average = _os.getloadavg()[0]
-    except (AttributeError, OSError):
-        average = 0.0
     now: list[int] = []
     for i in range(looks):
         try:
-            with open("/proc/loadavg") as f:
-                now.append(int(f.read().split()[3].split("/")[0]) - 1)
-        except (OSError, IndexError, ValueError):  # not Linux: the average alone
+            with open(loadavg) as f:
+                now.append(max(0, int(f.read().split()[3].split("/")[0]) - 1))
+        except (OSError, IndexError, ValueError):
             break
-        if min(now) <= average:  # more looks cannot raise the answer (an idle machine pays no wait)
+        if min(now) == 0:  # more looks cannot raise the answer (an idle machine pays no wait)
             break
         if i + 1 < looks:
             time.sleep(gap_s)
-    return max(average, float(min(now)) if now else 0.0)
+    return float(min(now)) if now else 0.0
 
 
 if omp_wait_settings(dict(_os.environ), 0.0, 1):  # not the user's own: look at the machine (20 ms)
