@@ -184,15 +184,15 @@ def bench_train(args, rows):
 
     extra = list(args.train_override)
     train("steps=0", "name=build", *extra)  # the default tiny model (built once under model.cache_dir, untimed)
-    for r in range(args.rounds):  # the engines' order alternates by round: a machine that drifts favours neither
-        for engine in (("hf", "vllm") if r % 2 == 0 else ("vllm", "hf")):
-            name = f"{engine}-r{r}"
+    for rnd in range(args.rounds):  # the engines' order alternates by round: a machine that drifts favours neither
+        for engine in (("hf", "vllm") if rnd % 2 == 0 else ("vllm", "hf")):
+            name = f"{engine}-r{rnd}"
             wall = train(f"steps={args.train_steps}", f"rollout.engine={engine}", f"name={name}", *extra)
             (run_dir,) = (tmp / "runs").glob(f"*{name}*")
             recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
             recs = [r for r in recs if "perf/step_time_s" in r]
             omp = json.loads((run_dir / "environment.json").read_text()).get("omp_wait_env", {})
-            rows.append((engine, r, statistics.median(x["perf/step_time_s"] for x in recs), wall,
+            rows.append((engine, rnd, statistics.median(x["perf/step_time_s"] for x in recs), wall,
                          statistics.median(x["perf/generate_time_s"] for x in recs), step_parts(recs),
                          omp.get("OMP_WAIT_POLICY") or f"spin {omp.get('GOMP_SPINCOUNT')}", os.getloadavg()[0]))
 

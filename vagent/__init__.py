@@ -28,9 +28,9 @@ def omp_wait_settings(environ: dict, load: float, cores: int) -> dict[str, str]:
     (``GOMP_SPINCOUNT=100000``) costs 1.03x and still helps under load (1.3x / 2.1x of the fair
     share). So: PASSIVE when the machine is busy as vagent starts (``load``, :func:`machine_load`:
     other processes runnable on at least half the cores), else the bounded spin. A user's own
-    ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` wins, and ``VAGENT_OMP_WAIT=keep`` leaves the runtime's default. Results are
-    unchanged (scheduling only); it takes effect when vagent is imported before torch (the vagent
-    command, and every process it starts).
+    ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` wins, and ``VAGENT_OMP_WAIT=keep`` leaves the
+    runtime's default. Results are unchanged (scheduling only); it takes effect when vagent is
+    imported before torch (the vagent command, and every process it starts).
 
     vagent marks its own choice (``VAGENT_OMP_WAIT=auto``), so a process started by another (a
     test's or a launcher's subprocess) decides again for the machine as it is when it starts,
