@@ -20,9 +20,9 @@ slowdown over the fair share (k busy processes and our 2 threads on C cores get
 is a fair share, the goal is <= 1.3. Also the idle cost of each policy against ``default``.
 
 ``--workload train`` times a whole run instead: the default pipeline scaled down (the golden
-test's ``SCALED`` overrides: caption pretraining 12 + 8 steps, 4 SFT steps, 2 PPO steps, 3
-validations; a fresh model cache each time, so pretraining is timed too), ``vagent train`` in a
-subprocess as a user starts it. ``--workload default`` times README command 1's run itself: the
+test's run, ``vagent.recipes.config.presets.SCALED_DEFAULT_OVERRIDES``: caption pretraining 12 + 8
+steps, 4 SFT steps, 2 PPO steps, 3 validations; a fresh model cache each time, so pretraining is
+timed too), ``vagent train`` in a subprocess as a user starts it. ``--workload default`` times README command 1's run itself: the
 embedded default (``vagent train`` with no overrides: caption pretraining, SFT 300 x 8, PPO 20 x 16,
 three validations; 13.6 minutes alone on a 2-core AMD EPYC, so use ``--repeats 1``). Both
 run workloads also check that the run's ``metrics.jsonl`` (timing fields aside) is the same beside
@@ -43,6 +43,8 @@ import statistics
 import subprocess
 import sys
 import time
+
+from vagent.recipes.config.presets import SCALED_DEFAULT_OVERRIDES
 
 WORKLOAD = r"""
 import sys, time
@@ -75,11 +77,8 @@ print("WORKLOAD_S", time.perf_counter() - t)
 POLICIES = {"default": {}, "passive": {"OMP_WAIT_POLICY": "PASSIVE"}, "vagent": None}
 
 
-#: the golden test's scaled-down default pipeline (tests/recipes/test_reproducible.py SCALED)
-SCALED = ["model.tiny_pretrain_steps=12", "model.tiny_pretrain_relation_steps=8", "sft.steps=4",
-          "sft.demos_per_env=12", "steps=2", "envs.0.n_train=4", "envs.0.n_val=6", "val.every=1",
-          "log.rollouts_every=1", "log.checkpoint_every=1", "log.plot_every=0", "log.progress=false",
-          "log.tensorboard=false", "update.packing=false", "update.micro_batch_tokens=1024"]
+#: the golden test's scaled-down default pipeline
+SCALED = list(SCALED_DEFAULT_OVERRIDES)
 
 
 #: what each run workload computed, by (policy, busy processes): its metrics without timing fields

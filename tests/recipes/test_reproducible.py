@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from vagent.recipes.config.presets import SCALED_DEFAULT_OVERRIDES
 from vagent.runs.metrics import without_timing
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,15 +32,8 @@ REPO = Path(__file__).resolve().parents[2]
 GOLDEN_DIR = Path(__file__).parent / "golden"
 GOLDEN_METRICS, GOLDEN_ENV = "scaled_default_metrics.jsonl", "scaled_default_environment.json"
 
-#: the default preset, every phase kept, a few steps each. The golden files were recorded with the
-#: padded 1,024-token micro-batches the default used before it turned on packing at 4,096 tokens;
-#: the two pins keep them valid on every CPU that has one (a file can be re-recorded only on its
-#: own CPU). Packed = padded within 1e-5 is tests/models/test_packing.py and
-#: tests/recipes/test_packing_runs.py; the pins' budget changes SFT's micro-batches too.
-SCALED = ["model.tiny_pretrain_steps=12", "model.tiny_pretrain_relation_steps=8", "sft.steps=4",
-          "sft.demos_per_env=12", "steps=2", "envs.0.n_train=4", "envs.0.n_val=6", "val.every=1",
-          "log.rollouts_every=1", "log.checkpoint_every=1", "log.plot_every=0", "log.plots=false", "log.progress=false",
-          "log.tensorboard=false", "update.packing=false", "update.micro_batch_tokens=1024"]
+#: the default preset, every phase kept, a few steps each (pinned to the golden files' settings)
+SCALED = list(SCALED_DEFAULT_OVERRIDES)
 
 
 def _strip_timing(path: Path) -> list[dict]:

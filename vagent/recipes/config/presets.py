@@ -114,3 +114,18 @@ log:
 def default_preset_dict() -> dict:
     """The default preset as a plain tree (what :data:`DEFAULT_PRESET_YAML` parses to)."""
     return yaml.safe_load(DEFAULT_PRESET_YAML)
+
+
+#: the default pipeline with every phase kept, a few steps each (about a minute on 2 cores): the
+#: golden reproducibility test's run (tests/recipes/test_reproducible.py) and bench/busy_cpu.py's
+#: ``train`` workload, as ``vagent train`` overrides. Its golden files were recorded with the padded
+#: 1,024-token micro-batches the default used before it turned on packing at 4,096 tokens; the last
+#: two pins keep them valid on every CPU that has one (a file can be re-recorded only on its own
+#: CPU). Packed = padded within 1e-5 is tests/models/test_packing.py and
+#: tests/recipes/test_packing_runs.py; the pins' budget changes SFT's micro-batches too.
+SCALED_DEFAULT_OVERRIDES = (
+    "model.tiny_pretrain_steps=12", "model.tiny_pretrain_relation_steps=8", "sft.steps=4", "sft.demos_per_env=12",
+    "steps=2", "envs.0.n_train=4", "envs.0.n_val=6", "val.every=1", "log.rollouts_every=1", "log.checkpoint_every=1",
+    "log.plot_every=0", "log.plots=false", "log.progress=false", "log.tensorboard=false",
+    "update.packing=false", "update.micro_batch_tokens=1024",
+)
