@@ -8,7 +8,7 @@ runtime torch uses (libgomp):
 
 - ``default``: libgomp's own (idle worker threads spin for a while before sleeping);
 - ``passive``: ``OMP_WAIT_POLICY=PASSIVE`` (idle workers sleep at once);
-- ``vagent``: what ``import vagent`` sets when the user set nothing (vagent/__init__.py: PASSIVE when
+- ``vagent``: what the vagent command sets when the user set nothing (vagent/omp.py: PASSIVE when
   ``machine_load()``, the other processes runnable as it starts, is at least half the cores, else
   ``GOMP_SPINCOUNT=100000``; the busy processes started right before the workload are runnable,
   so this row shows the busy machine's choice beside them, and the idle one's alone);
@@ -48,7 +48,9 @@ from vagent.recipes.config.presets import SCALED_DEFAULT_OVERRIDES
 
 WORKLOAD = r"""
 import sys, time
-import vagent  # sets the wait policy first when asked to (policy "vagent")
+import os
+from vagent.omp import apply_wait_settings
+apply_wait_settings(os.environ)  # first, as the vagent command does (policy "vagent"; the others keep theirs)
 import torch
 from vagent.models.tiny import build_tiny_vlm
 from vagent.models.loading import load_policy

@@ -12,7 +12,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-import vagent  # noqa: E402,F401 -- before torch loads: the OpenMP wait policy by load (vagent/__init__.py)
+import vagent  # noqa: E402
+from vagent.omp import apply_wait_settings  # noqa: E402
+
+apply_wait_settings()  # before torch loads: the OpenMP wait policy by load, as the vagent command's (vagent/omp.py)
 
 
 @pytest.hookimpl(tryfirst=True)

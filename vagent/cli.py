@@ -56,7 +56,13 @@ def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 
 def main(argv: list[str] | None = None) -> int:
     from vagent.numerics import pin_cpu_kernels
+    from vagent.omp import apply_wait_settings
 
+    try:  # before anything imports torch: OpenMP's wait policy for the machine's load (vagent/omp.py)
+        apply_wait_settings()
+    except ValueError as exc:  # an unknown VAGENT_OMP_WAIT
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     pin_cpu_kernels()  # before anything imports torch: the same CPU kernels on every AVX2 machine
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)

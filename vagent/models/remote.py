@@ -88,11 +88,14 @@ def start_ray(num_cpus: int | None = None, object_store_mb: int = 256, *, num_gp
         return ray
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     _reap_and_watch(kwargs.get("_temp_dir"))
+    from vagent.omp import without_own_wait_settings
+
     for attempt in range(1, tries + 1):
         try:
-            ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False,
-                     object_store_memory=object_store_mb * 2**20, log_to_driver=False, configure_logging=False,
-                     **kwargs)
+            with without_own_wait_settings():  # the cluster's workers inherit none; each replica decides
+                ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False,
+                         object_store_memory=object_store_mb * 2**20, log_to_driver=False, configure_logging=False,
+                         **kwargs)
             _mark_own_session()
             return ray
         except Exception as exc:  # Ray raises a bare Exception for the startup timeout
@@ -550,13 +553,18 @@ class RemoteEngine:
 
 
 def _replica_options(replicas: int, names: Sequence[str] | None) -> list[dict]:
-    """Each replica's extra actor options (a name in vagent's namespace when ``names`` is given),
-    after checking the count."""
+    """Each replica's extra actor options (a name in vagent's namespace when ``names`` is given;
+    the OpenMP wait settings of a process vagent starts, :func:`vagent.omp.child_wait_env`, in its
+    runtime env), after checking the count."""
+    from vagent.omp import child_wait_env
+
     if replicas < 1:
         raise ValueError(f"RemoteEngine needs replicas >= 1, got {replicas}")
     if names is not None and len(names) != replicas:
         raise ValueError(f"RemoteEngine: {len(names)} names for {replicas} replicas")
-    return [{} if names is None else {"name": n, "namespace": NAMESPACE} for n in (names or [None] * replicas)]
+    runtime_env = {"env_vars": child_wait_env(os.environ)}  # decided once, as the replicas start
+    return [{"runtime_env": runtime_env, **({} if n is None else {"name": n, "namespace": NAMESPACE})}
+            for n in (names or [None] * replicas)]
 
 
 def _running_ray() -> Any:

@@ -101,7 +101,7 @@ def describe_environment() -> dict:
         "cpu_count": os.cpu_count(),
         "python": sys.version.split()[0],
         "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
-        # speed only: the OpenMP wait settings (``import vagent`` picks them for the machine's load)
+        # speed only: the OpenMP wait settings (the vagent command picks them for the machine's load: vagent/omp.py)
         "omp_wait_env": {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "VAGENT_OMP_WAIT")},
         # the job: its processes and hosts (1 and 1 for a plain `vagent train`)
         "ranks": int(os.environ.get("WORLD_SIZE", "1")),

@@ -10,6 +10,7 @@ route for anything unusual.
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import re
 import time
 from typing import Any, Callable
@@ -23,20 +24,44 @@ from vagent.service.responses import ApiError, error_response, frames_response, 
 
 #: the names a tokenless (loopback) server answers to: a web page that points its own domain name at
 #: 127.0.0.1 (DNS rebinding) sends its own name as Host and is refused, as vagent view does
-LOCAL_HOSTS = ("127.0.0.1", "localhost", "[::1]", "::1")
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "[::1]")
+
+
+#: RFC 3986 section 3.2.2 (lower case): reg-name = *( unreserved / pct-encoded / sub-delims ), and an
+#: IP literal's IPvFuture; section 3.2.3: port = *DIGIT
+_REG_NAME = re.compile(r"(?:[a-z0-9\-._~!$&'()*+,;=]|%[0-9a-f]{2})+")
+_IPV_FUTURE = re.compile(r"v[0-9a-f]+\.[a-z0-9\-._~!$&'()*+,;=:]+")
+_PORT = re.compile(r"(?::[0-9]*)?")
 
 
 def host_name(header: bytes | None) -> str | None:
-    """The name of a ``Host`` header without its port, lower case (``[::1]:8765`` -> ``[::1]``,
-    ``LocalHost.:8765`` -> ``localhost``); None without one."""
+    """The host of a ``Host`` header read as an RFC 3986 authority without userinfo, ``host [":"
+    port]`` (host: an IP literal in brackets, an IPv4 address or a registered name; port: digits),
+    lower case, without the port and a trailing dot, an IPv6 address in its short form
+    (``[::1]:8765`` -> ``[::1]``, ``LocalHost.:8765`` -> ``localhost``). None without a header or
+    for one that is no such authority (``[::1]evil.com``, ``localhost:80:80``, ``evil.com@localhost``,
+    ``[::1]:80x``, an empty one), which no server answers to."""
     if header is None:
         return None
-    h = header.decode("latin-1").strip().lower()
-    if h.startswith("["):
-        h = h[:h.find("]") + 1] if "]" in h else h
-    elif h.count(":") == 1:
-        h = h.rsplit(":", 1)[0]
-    return h.rstrip(".")
+    text = header.decode("latin-1").strip(" \t").lower()
+    if text.startswith("["):
+        end = text.find("]")
+        host, rest = (_ip_literal(text[1:end]), text[end + 1:]) if end > 0 else (None, "")
+    else:
+        name, colon, port = text.partition(":")
+        host, rest = name[:-1] if name.endswith(".") else name, colon + port
+        host = host if _REG_NAME.fullmatch(host) else None
+    return host if host is not None and _PORT.fullmatch(rest) else None
+
+
+def _ip_literal(inside: str) -> str | None:
+    """``[inside]`` for an IPv6 address (short form; no zone) or an IPvFuture, else None."""
+    if _IPV_FUTURE.fullmatch(inside):
+        return f"[{inside}]"
+    try:
+        return f"[{ipaddress.IPv6Address(inside).compressed}]" if "%" not in inside else None
+    except ValueError:
+        return None
 
 
 def host_refusal(header: bytes | None, bound: str) -> str:
@@ -58,11 +83,17 @@ class Guard:
     def __init__(self, app: Any, front: Front) -> None:
         self.app, self.front = app, front
         self.token = front.cfg.token.encode() if front.cfg.token else None
+        bound = front.cfg.host  # the address it listens on, as a Host names it (an IPv6 one in brackets)
+        as_host = (host_name(bound.encode("latin-1", "replace")), host_name(f"[{bound}]".encode("latin-1", "replace")))
+        self.local_names = {*LOCAL_HOSTS, *(n for n in as_host if n is not None)}
 
     def host_allowed(self, header: bytes | None) -> bool:
         """A server without a token (loopback only) answers requests addressed to a loopback name
         (127.0.0.1, localhost, [::1], or the address it listens on), any port; with a token, any."""
-        return self.token is not None or host_name(header) in {*LOCAL_HOSTS, self.front.cfg.host.lower()}
+        if self.token is not None:
+            return True
+        name = host_name(header)
+        return name is not None and name in self.local_names
 
     def check_token(self, header: bytes) -> bool:
         """``Authorization: Bearer <token>`` with the server's token (compared in constant time); any

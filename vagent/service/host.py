@@ -368,6 +368,9 @@ def worker_main(conn_in: Any, conn_out: Any, imports: tuple[str, ...], allowed: 
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the front process decides when we stop
     os.environ["VAGENT_WORKER_INDEX"] = str(index)
+    from vagent.omp import apply_wait_settings
+
+    apply_wait_settings()  # this worker's OpenMP wait choice, for the machine as it is now (before an env loads torch)
     import_plugins(imports)
     host = SessionHost(allowed, png_level, env_config)
     while True:

@@ -277,6 +277,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m vagent.service.server", description="Serve vagent envs over HTTP.")
     add_arguments(parser)
     args = parser.parse_args(argv)
+    from vagent.omp import apply_wait_settings
+
+    try:
+        apply_wait_settings()  # before an env loads torch (vagent.omp); `vagent serve-env` made it already
+    except ValueError as exc:
+        print(f"vagent serve-env: error: {exc}", file=sys.stderr)
+        return 2
     try:
         serve(config_from_args(args))
     except StartupError as exc:
