@@ -1,6 +1,8 @@
 """Importing vLLM and keeping its console readable (``VLLMEngine`` and the vLLM replicas use them):
-``import_vllm`` (an ImportError naming the install), vLLM's log level and the filter of the
-weight-reload warnings that every in-place push logs although it is complete, and ``vllm_device``."""
+``import_vllm`` (an ImportError naming the install), vLLM's log level, the filter of the
+weight-reload warnings that every in-place push logs although it is complete, the filter of the
+start-up warnings that vagent's own CPU set-up causes (:data:`EXPECTED_STARTUP_WARNINGS`), and
+``vllm_device``. The warnings vLLM may still print, and why, are in docs/models.md ("vLLM's console")."""
 
 from __future__ import annotations
 
@@ -46,14 +48,59 @@ class ExpectedReloadWarnings(logging.Filter):
         return False
 
 
+#: vLLM's WARNING records (logger -> message start) that follow from how vagent runs vLLM's CPU build
+#: and change nothing in what it generates; dropped unless ``VLLM_LOGGING_LEVEL=DEBUG``. Why each:
+#: - cpu_worker: the CPU worker replaces ``torch.set_num_threads`` by a no-op that warns; vLLM's own
+#:   start-up then calls it before and after each of its profiling passes
+#:   (vllm.utils.torch_utils.set_default_torch_num_threads; 11 lines in issue 56's run). The
+#:   threads stay the trainer's (``threads``); ``VLLMEngine`` restores ``torch.set_num_threads``
+#:   once the engine is built.
+#: - arg_utils: vagent turns chunked prefill off on the CPU on purpose (a seeded request whose
+#:   prefill is split makes vLLM rewind a CPU torch.Generator, which fails; vllm_engine.py); every
+#:   prompt is prefilled in one step, which is what the vLLM tests compare with HFEngine.
+#: - platforms.cpu / config.vllm: .venv-vllm has no Triton (scripts/vllm-env removes PyPI's CUDA
+#:   build, which cannot load beside the CPU torch); vLLM's CPU path runs its C++ kernels and the V1
+#:   model runner, the one the tests cover.
+EXPECTED_STARTUP_WARNINGS: dict[str, tuple[str, ...]] = {
+    "vllm.v1.worker.cpu_worker": ("CPU backend doesn't allow to use `torch.set_num_threads` after the thread binding",),
+    "vllm.engine.arg_utils": ("This model does not officially support disabling chunked prefill.",),
+    "vllm.platforms.cpu": ("Triton is not installed. triton-cpu is expected on x86 CPUs.",),
+    "vllm.config.vllm": ("Model Runner V2 requires Triton; using the V1 model runner instead.",),
+}
+
+
+class ExpectedStartupWarnings(logging.Filter):
+    """Drops the records of :data:`EXPECTED_STARTUP_WARNINGS` (the record's logger and the start of
+    its message, both exact) and counts them in ``dropped``; every other record passes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dropped = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if logging.getLogger("vllm").getEffectiveLevel() <= logging.DEBUG:
+            return True
+        expected = EXPECTED_STARTUP_WARNINGS.get(record.name)
+        if not expected or not record.getMessage().startswith(expected):
+            return True
+        self.dropped += 1
+        return False
+
+
 def quiet_vllm_logging() -> None:
     """Before vLLM is imported: its log level :data:`DEFAULT_VLLM_LOG_LEVEL` unless
     ``VLLM_LOGGING_LEVEL`` is set; the :class:`ExpectedReloadWarnings` filter on its weight-reload
-    logger (once)."""
+    logger and the :class:`ExpectedStartupWarnings` filter on the loggers of
+    :data:`EXPECTED_STARTUP_WARNINGS` (once each)."""
     os.environ.setdefault("VLLM_LOGGING_LEVEL", DEFAULT_VLLM_LOG_LEVEL)
     reload_logger = logging.getLogger(_RELOAD_LOGGER)
     if not any(isinstance(f, ExpectedReloadWarnings) for f in reload_logger.filters):
         reload_logger.addFilter(ExpectedReloadWarnings())
+    startup = ExpectedStartupWarnings()
+    for name in EXPECTED_STARTUP_WARNINGS:
+        source = logging.getLogger(name)
+        if not any(isinstance(f, ExpectedStartupWarnings) for f in source.filters):
+            source.addFilter(startup)
 
 
 def import_vllm() -> Any:
@@ -75,5 +122,5 @@ def vllm_device() -> str:
     return str(current_platform.device_type)
 
 
-__all__ = ["DEFAULT_VLLM_LOG_LEVEL", "EXPECTED_RELOAD_WARNINGS", "ExpectedReloadWarnings", "VLLM_HINT",
-           "import_vllm", "quiet_vllm_logging", "vllm_device"]
+__all__ = ["DEFAULT_VLLM_LOG_LEVEL", "EXPECTED_RELOAD_WARNINGS", "EXPECTED_STARTUP_WARNINGS", "ExpectedReloadWarnings",
+           "ExpectedStartupWarnings", "VLLM_HINT", "import_vllm", "quiet_vllm_logging", "vllm_device"]

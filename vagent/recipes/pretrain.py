@@ -29,7 +29,7 @@ import importlib
 import json
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -110,16 +110,35 @@ def encode_caption(record: dict, root: Path, encoder: ChatEncoder) -> Conversati
     return conv
 
 
+class Pace(NamedTuple):
+    """How fast a caption-pretraining stage runs, measured over its first steps (for an estimate of
+    the whole build: ``vagent.recipes.tiny_cache.build_tiny``)."""
+
+    #: seconds per step, the mean over steps 2..steps_done (the first step carries one-time warm-up;
+    #: a stage of one step: that step)
+    step_s: float
+    #: steps of this stage done when it was measured
+    steps_done: int
+    #: seconds the stage took before its first step (captions rendered, model loaded)
+    setup_s: float
+
+
+#: steps after the first that a stage's :class:`Pace` is measured over
+PACE_STEPS = 5
+
+
 def pretrain_captions(model_dir: Path, env_entries: Sequence[Any], steps: int, *, batch_size: int = 16,
                       lr: float = 1e-3, n_per_env: int = 2048, seed: int = 0, micro_batch_tokens: int = 4096,
                       relations: Sequence[str] = (), stage: str = "grid", first_board: int = 0,
-                      say: Callable[[str], None] = print) -> dict:
+                      say: Callable[[str], None] = print, on_pace: Callable[[Pace], None] | None = None) -> dict:
     """Train the model in ``model_dir`` on captions for ``steps`` steps and save it back in place.
 
     ``stage`` names the pass (its captions go to ``pretrain/<stage>/``, its summary under that key
     in ``vagent_pretrain.json``); ``first_board`` is the first caption board used (see
     :func:`caption_records`), so a later stage can start after an earlier one's boards. ``say``
-    gets the progress lines (with ETA); a :class:`vagent.runs.Console` shows a bar on a terminal."""
+    gets the progress lines (with ETA); a :class:`vagent.runs.Console` shows a bar on a terminal.
+    ``on_pace`` is called once, after step ``1 + PACE_STEPS`` (or the last), with the stage's :class:`Pace`."""
+    t_stage = time.perf_counter()
     work = Path(model_dir) / "pretrain" / stage
     (work / "images").mkdir(parents=True, exist_ok=True)
     records = caption_records(env_entries, n_per_env, seed, work / "images", relations, first_board)
@@ -137,6 +156,7 @@ def pretrain_captions(model_dir: Path, env_entries: Sequence[Any], steps: int, *
         sched = make_scheduler(opt, 10, steps, "constant")
         rng = np.random.default_rng(derive_seed(seed, "pretrain-order", *tag))
         t0, stats = time.perf_counter(), {}
+        ended: list[float] = []  # the end time of each step, up to the pace's measurement
         bar = StepProgress(steps, f"caption pretraining ({stage})", say)
         try:
             for step in range(steps):
@@ -148,6 +168,10 @@ def pretrain_captions(model_dir: Path, env_entries: Sequence[Any], steps: int, *
                 opt.step()
                 sched.step()
                 bar.update(step + 1, {"loss": stats["loss"], "token_accuracy": stats["token_accuracy"]})
+                if on_pace is not None and len(ended) <= PACE_STEPS:
+                    ended.append(time.perf_counter())
+                    if len(ended) == min(PACE_STEPS + 1, steps):
+                        on_pace(_pace(t_stage, t0, ended))
         finally:
             bar.close()
         save_in_place(model, model_dir)
@@ -156,6 +180,13 @@ def pretrain_captions(model_dir: Path, env_entries: Sequence[Any], steps: int, *
     if world().is_main:
         record_stage(Path(model_dir) / "vagent_pretrain.json", stage, summary)
     return summary
+
+
+def _pace(t_stage: float, t_first: float, ended: Sequence[float]) -> Pace:
+    """The :class:`Pace` of a stage that started at ``t_stage``, began its first step at ``t_first``
+    and ended its steps at ``ended``."""
+    step_s = (ended[-1] - ended[0]) / (len(ended) - 1) if len(ended) > 1 else ended[0] - t_first
+    return Pace(step_s=step_s, steps_done=len(ended), setup_s=t_first - t_stage)
 
 
 def _encoded(rows: Sequence[int], records: list[dict], convs: dict[int, Conversation], root: Path,

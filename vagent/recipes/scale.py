@@ -6,7 +6,9 @@ configs/paper/, docs/paper.md):
 - :func:`preflight` runs in ``vagent train`` before any work (before torchrun starts, before a
   model is loaded): a Hugging Face model that is not downloaded yet fails with the exact
   ``hf download`` command; a run with a different number of processes says how each GPU's share
-  of the step changes, and refuses when the training state cannot fit the GPUs' memory.
+  of the step changes, and refuses when the training state cannot fit the GPUs' memory; on a
+  machine without CUDA it refuses a full run in one line naming ``--smoke`` (``device=cpu`` forces
+  the full run on the CPU).
 - :func:`smoke_overrides` turns a recipe into its smoke run (``vagent train --smoke``): the model
   swapped for the tiny one and every size capped by one documented override set
   (configs/paper/smoke.yaml); every other setting is kept.
@@ -102,14 +104,21 @@ def smoke_overrides(cfg: RunConfig, spec: SmokeSpec | None = None) -> list[str]:
     return out
 
 
-def load_scaled(config: str | None, overrides: list[str] | tuple[str, ...], smoke: bool) -> RunConfig:
-    """``load_config(config, overrides)``; with ``smoke`` the smoke overrides go between the file
-    and the command line's overrides (which still win)."""
+def applied_smoke(config: str | dict | None, smoke: bool) -> tuple[str, ...]:
+    """The overrides ``--smoke`` applies to ``config`` (a file, a mapping, None: the default
+    preset): :func:`smoke_overrides` of the loaded file; () without ``smoke``. The config summary
+    lists the values they set as smoke mode's (vagent.runs.progress.ConfigSource.smoke)."""
     from vagent.recipes.config import load_config
 
-    if not smoke:
-        return load_config(config, overrides)
-    return load_config(config, [*smoke_overrides(load_config(config, [])), *overrides])
+    return tuple(smoke_overrides(load_config(config, []))) if smoke else ()
+
+
+def load_scaled(config: str | dict | None, overrides: list[str] | tuple[str, ...], smoke: bool) -> RunConfig:
+    """``load_config(config, overrides)``; with ``smoke`` the smoke overrides (:func:`applied_smoke`)
+    go between the file and the command line's overrides (which still win)."""
+    from vagent.recipes.config import load_config
+
+    return load_config(config, [*applied_smoke(config, smoke), *overrides])
 
 
 # --- preflight --------------------------------------------------------------------------------
@@ -197,22 +206,28 @@ def share_lines(cfg: RunConfig, nproc: int) -> list[str]:
 def preflight(cfg: RunConfig, nproc: int, gpu_bytes: int | None = None,
               say: Callable[[str], None] = print) -> None:
     """Checks of a recipe written for ``cfg.dist.nproc`` GPUs, run on ``nproc`` processes, before
-    any work: the model is downloaded (else ConfigError with ``hf download``), the per-GPU share is
+    any work: the model is downloaded (else ConfigError with ``hf download``); on a machine without
+    CUDA (``gpu_bytes`` None and no CUDA device 0) a full run is refused in one line naming
+    ``--smoke``, unless ``device=cpu`` asks for it (:func:`refuse_without_gpus`); the per-GPU share is
     said, and a run whose training state cannot fit ``gpu_bytes`` per GPU (default: CUDA device 0's
-    memory; None on a machine without CUDA: not checked) is refused with the fixes."""
+    memory) is refused with the fixes."""
     if cfg.dist.nproc <= 0:
         return
     model_dir = cached_model_dir(cfg.model.path)
-    for line in share_lines(cfg, nproc):
-        say(line)
-    if model_dir is None:
+    if model_dir is None:  # the tiny model (a smoke run): nothing to weigh
+        for line in share_lines(cfg, nproc):
+            say(line)
         return
     gpu_bytes = gpu_bytes if gpu_bytes is not None else _cuda_memory()
     n_params = count_parameters_on_disk(model_dir)
     need = state_bytes_per_gpu(cfg, n_params, nproc)
     if gpu_bytes is None:
+        refuse_without_gpus(cfg, need, n_params, nproc)  # before any other line: the refusal is the only one
+    for line in share_lines(cfg, nproc):
+        say(line)
+    if gpu_bytes is None:
         say(f"estimated memory per GPU: {need / GIB:.0f} GiB before activations ({n_params / 1e9:.2f}B parameters, "
-            f"{nproc} GPUs); no CUDA device here to compare it with.")
+            f"{nproc} GPUs); no CUDA device here: the full recipe runs on the CPU, as device=cpu asks.")
         return
     if need > USABLE * gpu_bytes:
         fits = next((n for n in range(nproc + 1, 1025)
@@ -228,3 +243,16 @@ def preflight(cfg: RunConfig, nproc: int, gpu_bytes: int | None = None,
             "dist.cpu_offload=true (the states in CPU memory, slower); "
             "ppo.critic_backbone=shared (one backbone for policy and critic); or model.lora_rank=64.")
     say(f"estimated memory per GPU: {need / GIB:.0f} of {gpu_bytes / GIB:.0f} GiB before activations.")
+
+
+def refuse_without_gpus(cfg: RunConfig, need: int, n_params: int, nproc: int) -> None:
+    """ConfigError (one line) for a full run of a GPU recipe on a machine without CUDA, naming
+    ``--smoke``; none when the config asks for the CPU (``device=cpu``: the user forces the full run
+    there, knowing what it costs)."""
+    if cfg.device == "cpu":
+        return
+    raise ConfigError(
+        f"this recipe is written for {cfg.dist.nproc} GPUs (dist.nproc) and there is no CUDA device here: a full run "
+        f"of {cfg.model.path} ({n_params / 1e9:.2f}B parameters, about {need / GIB:.0f} GiB per GPU on {nproc}) "
+        "is not started on the CPU. Run it at smoke scale here with --smoke (the tiny model, sizes capped by "
+        "configs/paper/smoke.yaml), or on a GPU machine; to run the full recipe on the CPU anyway, add device=cpu.")

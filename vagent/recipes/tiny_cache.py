@@ -31,7 +31,8 @@ from vagent.distributed import world as current_world
 from vagent.models.loading import resolve_model_path
 from vagent.models.tiny import build_tiny_vlm, tokenizer_corpus
 from vagent.recipes.config import EnvEntry, ModelConfig, RunConfig, pretrain_env_entries
-from vagent.recipes.pretrain import pretrain_captions
+from vagent.recipes.pretrain import Pace, pretrain_captions
+from vagent.runs.progress import format_duration
 
 
 def tiny_model_dir(m: ModelConfig, envs: Sequence[EnvEntry] = ()) -> Path:
@@ -142,7 +143,9 @@ def _sigterm_interrupts():
 
 def build_tiny(m: ModelConfig, envs: Sequence[EnvEntry], tmp: Path, name: str,
                 say: Callable[[str], None]) -> None:
-    """Build the tiny model into ``tmp`` and caption-pretrain it (one or two stages)."""
+    """Build the tiny model into ``tmp`` and caption-pretrain it (one or two stages); once the
+    first stage's pace is measured, say once how long the whole build will take (:func:`say_estimate`)."""
+    t_build = time.perf_counter()
     say(f"building tiny model {name} (first run only) ...")
     build_tiny_vlm(tmp, family=m.tiny_family, hidden=m.tiny_hidden, layers=m.tiny_layers, heads=m.tiny_heads,
                    kv_heads=max(1, m.tiny_heads // 2), image_size=m.tiny_image_size, seed=m.tiny_seed,
@@ -150,10 +153,12 @@ def build_tiny(m: ModelConfig, envs: Sequence[EnvEntry], tmp: Path, name: str,
     if m.tiny_pretrain_steps > 0:
         envs = pretrain_env_entries(m, envs)
         two_stage = m.tiny_pretrain_relation_steps > 0 and bool(m.tiny_pretrain_relations)
+        steps = m.tiny_pretrain_steps + (m.tiny_pretrain_relation_steps if two_stage else 0)
         say(f"caption-pretraining it for {m.tiny_pretrain_steps} steps (image -> board description) ...")
         pretrain_captions(tmp, envs, m.tiny_pretrain_steps, batch_size=m.tiny_pretrain_batch,
                           lr=m.tiny_pretrain_lr, seed=m.tiny_seed,
-                          relations=() if two_stage else tuple(m.tiny_pretrain_relations), say=say)
+                          relations=() if two_stage else tuple(m.tiny_pretrain_relations), say=say,
+                          on_pace=lambda pace: say_estimate(pace, t_build, steps, 2 if two_stage else 1, say))
         if two_stage:
             say(f"then {m.tiny_pretrain_relation_steps} steps on captions that add where the "
                 f"{', '.join(m.tiny_pretrain_relations)} is (on fresh boards) ...")
@@ -161,6 +166,24 @@ def build_tiny(m: ModelConfig, envs: Sequence[EnvEntry], tmp: Path, name: str,
                               lr=m.tiny_pretrain_lr, seed=m.tiny_seed + 1, relations=tuple(m.tiny_pretrain_relations),
                               n_per_env=m.tiny_pretrain_relation_steps * m.tiny_pretrain_batch, stage="relations",
                               first_board=_RELATION_BOARDS_FROM, say=say)
+
+
+def say_estimate(pace: Pace, t_build: float, steps: int, stages: int, say: Callable[[str], None]) -> None:
+    """Say how long a build that started at ``t_build`` (``time.perf_counter``) will take in all:
+    the time so far, plus its ``steps`` pretraining steps (every stage's) not done yet at the first
+    stage's ``pace``, plus each later stage's set-up as long as the first's."""
+    so_far = time.perf_counter() - t_build
+    total = so_far + (steps - pace.steps_done) * pace.step_s + (stages - 1) * pace.setup_s
+    say(f"the model build will take {about(total)} in all at this machine's pace now ({pace.step_s:.2f} s a step "
+        f"over the first steps; {format_duration(so_far)} so far); the pace changes with the machine's load")
+
+
+def about(seconds: float) -> str:
+    """``about 40 seconds`` under a minute (to 10 s), else ``about N minutes`` (``about 1 minute``)."""
+    if seconds < 60:
+        return f"about {max(10, int(round(seconds, -1)))} seconds"
+    minutes = int(round(seconds / 60))
+    return f"about {minutes} minute{'s' if minutes != 1 else ''}"
 
 
 def prepare_model_once(cfg: RunConfig, console: Any) -> Path:

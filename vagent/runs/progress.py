@@ -6,7 +6,8 @@ run directory exists (the tiny model's build and caption pretraining) is kept an
 PPO / GRPO) shows one :class:`StepProgress`: a rich bar with ETA on a terminal, plain lines with
 ETA otherwise (CI, a subprocess, ``| tee``), and the plain lines in ``train.log`` either way.
 While a run runs, Python warnings and the log messages of ``transformers`` / ``huggingface_hub``
-go to ``train.log`` only, and their own progress bars are off (:func:`library_output_to_log`).
+go to ``train.log`` only, and their own progress bars are off (:func:`library_output_to_log`);
+``vagent eval`` sends them to a file of its output folder the same way (:func:`library_output_to_file`).
 """
 
 from __future__ import annotations
@@ -68,21 +69,39 @@ class Console:
 
 @dataclass(frozen=True)
 class ConfigSource:
-    """Where a run's config came from: ``vagent train --config FILE key=value ...``."""
+    """Where a run's config came from: ``vagent train --config FILE [--smoke] key=value ...``."""
 
     #: the YAML file (None: the default preset)
     file: str | None = None
     overrides: tuple[str, ...] = ()
+    #: the overrides ``--smoke`` applied between the file and ``overrides`` (configs/paper/smoke.yaml;
+    #: vagent.recipes.scale.smoke_overrides); empty: not a smoke run
+    smoke: tuple[str, ...] = ()
 
     def keys(self) -> list[str]:
         """The dotted keys the file and the overrides set (``envs.0.config.size``), in order."""
         import yaml
 
+        keys = list(flatten(yaml.safe_load(Path(self.file).read_text()) or {})) if self.file else []
+        keys += self.override_keys()
+        return list(dict.fromkeys(keys))
+
+    def override_keys(self) -> list[str]:
+        """The dotted keys the command line's overrides set."""
         from vagent.recipes.config import parse_override
 
-        keys = list(flatten(yaml.safe_load(Path(self.file).read_text()) or {})) if self.file else []
-        keys += [".".join(parse_override(o)[0]) for o in self.overrides]
-        return list(dict.fromkeys(keys))
+        return [".".join(parse_override(o)[0]) for o in self.overrides]
+
+    def smoke_keys(self) -> list[str]:
+        """The dotted keys whose value ``--smoke`` set (the command line's overrides win over it)."""
+        from vagent.recipes.config import parse_override
+
+        given = set(self.override_keys())
+        return [k for k in dict.fromkeys(".".join(parse_override(o)[0]) for o in self.smoke) if k not in given]
+
+
+def _under(key: str, keys: list[str]) -> bool:
+    return any(key == g or key.startswith(g + ".") for g in keys)
 
 
 def config_summary(cfg: Any, default: Any, config_path: str | Path, width: int = 110, max_lines: int = 4,
@@ -90,28 +109,41 @@ def config_summary(cfg: Any, default: Any, config_path: str | Path, width: int =
     """A few lines instead of the whole resolved config: where it is written and the keys where
     ``cfg`` differs from ``default`` (the default preset; ``key=value``, dotted as in overrides).
     With a config file (``source.file``), the keys the file and the overrides set, with their
-    values: the fields it left to their defaults are not its changes."""
+    values: the fields it left to their defaults are not its changes. A smoke run
+    (``source.smoke``) says so and lists the values ``--smoke`` set apart (they are not the file's)."""
     from vagent.config import to_dict
 
     now, default = flatten(to_dict(cfg)), flatten(to_dict(default))
-    head = f"config: {config_path} (resolved; {cfg.recipe}, seed {cfg.seed}, model {cfg.model.path})"
+    smoking = source is not None and bool(source.smoke)
+    smoke = source.smoke_keys() if smoking else []
+    lines = [f"config: {config_path} (resolved; {cfg.recipe}, seed {cfg.seed}, model {cfg.model.path}"
+             + (", smoke mode: --smoke)" if smoking else ")")]
+    if smoke:
+        items = [f"{k}={_short(v)}" for k, v in now.items() if _under(k, smoke)]
+        lines += _wrapped(f"  smoke mode: {len(items)} set by --smoke (configs/paper/smoke.yaml):", items, width, 3)
     if source is not None and source.file:
         given = source.keys()
-        changed = [f"{k}={_short(v)}" for k, v in now.items() if any(k == g or k.startswith(g + ".") for g in given)]
+        changed = [f"{k}={_short(v)}" for k, v in now.items() if _under(k, given) and not _under(k, smoke)]
         by = source.file + (f" and {len(source.overrides)} override(s)" if source.overrides else "")
-        title = f"  {len(changed)} set by {by}:"
-    else:
-        changed = [f"{k}={_short(v)}" for k, v in now.items() if k not in default or default[k] != v]
-        changed += [f"{k}=(unset)" for k in default if k not in now]
-        title = f"  {len(changed)} changed from the default preset:"
+        if not changed:
+            return lines + [f"  0 set by {by}"]
+        return lines + _wrapped(f"  {len(changed)} set by {by}:", changed, width, max_lines - 1)
+    changed = [f"{k}={_short(v)}" for k, v in now.items()
+               if (k not in default or default[k] != v) and not _under(k, smoke)]
+    changed += [f"{k}=(unset)" for k in default if k not in now]
     if not changed:
-        return [head, title.rstrip(":") if source is not None and source.file else "  the default preset, unchanged"]
-    lines, line = [head], title
-    for i, item in enumerate(changed):
+        return lines + ["  the default preset, unchanged"]
+    return lines + _wrapped(f"  {len(changed)} changed from the default preset:", changed, width, max_lines - 1)
+
+
+def _wrapped(title: str, items: list[str], width: int, max_lines: int) -> list[str]:
+    """``title`` then the items, wrapped at ``width`` into at most ``max_lines`` lines; one more
+    line says how many items did not fit."""
+    lines, line = [], title
+    for i, item in enumerate(items):
         if len(line) + len(item) + 1 > width:
-            if len(lines) == max_lines:
-                lines.append(f"  ... and {len(changed) - i} more (see config.yaml)")
-                return lines
+            if len(lines) + 1 == max_lines:
+                return lines + [line, f"  ... and {len(items) - i} more (see config.yaml)"]
             lines.append(line)
             line = "   "
         line += f" {item}"
@@ -151,8 +183,7 @@ def startup_arithmetic(cfg: Any, run_root: str | Path, n_params: int | None = No
             f"sampled per episode, {max_sampled} per step",
             f"update: {cfg.update.epochs} epochs x {cfg.update.mini_batches} mini-batches, micro-batches of "
             f"<= {cfg.update.micro_batch_tokens} tokens; actor lr {cfg.update.actor_lr:g}",
-            f"validation: every {cfg.val.every} steps on "
-            + ", ".join(f"{e.n_val} {e.name}" for e in cfg.envs) + " val-split episodes (greedy)",
+            validation_line(cfg),
         ]
     warmup = cfg.ppo.critic_warmup_steps if cfg.recipe == "ppo" else 0
     if warmup and cfg.steps <= warmup:
@@ -163,6 +194,14 @@ def startup_arithmetic(cfg: Any, run_root: str | Path, n_params: int | None = No
         span = f"steps 1-{warmup} train" if warmup > 1 else "step 1 trains"
         lines.append(f"critic warm-up: RL {span} the critic only; the actor updates from step {warmup + 1} on")
     return lines
+
+
+def validation_line(cfg: Any) -> str:
+    """What validation the run does: ``validation: off (val.every=0)``, or how often and on what."""
+    if cfg.val.every == 0:
+        return "validation: off (val.every=0)"
+    return (f"validation: every {cfg.val.every} steps on " + ", ".join(f"{e.n_val} {e.name}" for e in cfg.envs)
+            + " val-split episodes (greedy)")
 
 
 def _fmt(v: Any) -> str:
@@ -253,22 +292,25 @@ class StepProgress:
 
 
 @contextmanager
-def library_output_to_log(console: Console) -> Iterator[None]:
+def library_output_to_log(console: Console | Callable[[str], None]) -> Iterator[None]:
     """Within the block, Python warnings (``FutureWarning`` and the like) and the records of the
-    ``transformers`` and ``huggingface_hub`` loggers go to ``console.log`` (``train.log``) instead
-    of the terminal, and the tqdm bars of transformers / huggingface_hub (weight loading, shard
-    writing) are off; everything is restored on exit."""
+    ``transformers`` and ``huggingface_hub`` loggers go to ``console.log`` (``train.log``; or to
+    ``console(text)`` when it is a plain callable) instead of the terminal, and the tqdm bars of
+    transformers / huggingface_hub (weight loading, shard writing) are off; everything is restored
+    on exit."""
     import logging
     import warnings
 
     from transformers.utils import logging as hf_logging
 
+    write = console.log if isinstance(console, Console) else console
+
     def show(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001 (warnings' signature)
-        console.log(f"{category.__name__}: {message} ({filename}:{lineno})")
+        write(f"{category.__name__}: {message} ({filename}:{lineno})")
 
     class ToLog(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
-            console.log(f"{record.name} {record.levelname.lower()}: {record.getMessage()}")
+            write(f"{record.name} {record.levelname.lower()}: {record.getMessage()}")
 
     handler = ToLog(level=logging.WARNING)
     loggers = [logging.getLogger(n) for n in ("transformers", "huggingface_hub")]
@@ -289,3 +331,20 @@ def library_output_to_log(console: Console) -> Iterator[None]:
             lg.handlers, lg.propagate = handlers, propagate
         if bars:
             hf_logging.enable_progress_bar()
+
+
+@contextmanager
+def library_output_to_file(path: str | Path) -> Iterator[None]:
+    """:func:`library_output_to_log` for a command without a run directory's Console (``vagent
+    eval``): the libraries' warnings and messages are appended to ``path`` (its folder made at the
+    first line; no file when there is none), their loading bars are off, the console keeps the
+    command's own lines."""
+    path = Path(path)
+
+    def append(text: str) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as f:
+            f.write(text + "\n")
+
+    with library_output_to_log(append):
+        yield

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 import yaml
 
 from vagent.config import ConfigError, _suggest, field_types, from_mapping
-from vagent.recipes.config.presets import default_preset_dict, training_presets
+from vagent.recipes.config.presets import default_preset_dict, missing_config_hint
 from vagent.recipes.config.ranges import read_config_text
 from vagent.recipes.config.sections import RunConfig
 from vagent.recipes.config.validate import validate, validate_envs
@@ -150,11 +150,7 @@ def load_config(
     else:
         path = Path(source)
         if not path.is_file():
-            presets = training_presets()
-            raise ConfigError(
-                f"config file {str(path)!r} does not exist. Pass a YAML file, e.g. "
-                f"--config configs/frozenlake_ppo.yaml (presets: {', '.join(presets) or 'none found'})."
-            )
+            raise ConfigError(f"config file {str(path)!r} does not exist.{missing_config_hint(str(path))}")
         try:
             tree = load_yaml(read_config_text(path), str(path)) or {}
         except yaml.YAMLError as exc:

@@ -16,12 +16,14 @@ def preset_dir() -> Path:
     return Path(__file__).resolve().parents[3] / "configs"
 
 
-def training_presets() -> list[str]:
-    """Names of the run configs in :func:`preset_dir` (files whose top-level keys are all RunConfig
-    fields: configs/eval_example.yaml, a ``vagent eval`` config, is not one)."""
+def training_presets(folder: str = "") -> list[str]:
+    """Names of the run configs in :func:`preset_dir` (``folder``: its subfolder, e.g. "paper" for
+    the paper's recipes) (files whose top-level keys are all RunConfig fields: configs/eval_example.yaml,
+    a ``vagent eval`` config, is not one, nor configs/paper/smoke.yaml)."""
     fields = {f.name for f in dataclasses.fields(RunConfig)}
     out = []
-    for path in sorted(preset_dir().glob("*.yaml")) if preset_dir().is_dir() else []:
+    where = preset_dir() / folder
+    for path in sorted(where.glob("*.yaml")) if where.is_dir() else []:
         try:
             tree = yaml.safe_load(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, yaml.YAMLError):
@@ -29,6 +31,20 @@ def training_presets() -> list[str]:
         if isinstance(tree, dict) and tree and set(tree) <= fields:
             out.append(path.stem)
     return out
+
+
+def missing_config_hint(name: str) -> str:
+    """What to pass instead of a --config file ``name`` that does not exist: the closest preset or
+    paper recipe ("did you mean"), an example, and every preset and paper recipe by name."""
+    import difflib
+
+    presets, paper = training_presets(), training_presets("paper")
+    paths = {**{n: f"configs/{n}.yaml" for n in presets}, **{n: f"configs/paper/{n}.yaml" for n in paper}}
+    close = difflib.get_close_matches(Path(name).stem, list(paths), n=1, cutoff=0.6)
+    return ((f" Did you mean {paths[close[0]]}?" if close else "")
+            + " Pass a YAML file, e.g. --config configs/frozenlake_ppo.yaml"
+            + (f"; the paper's recipes are configs/paper/<name>.yaml, <name> one of {', '.join(paper)}" if paper else "")
+            + f" (presets: {', '.join(presets) or 'none found'}).")
 
 
 # The default preset, mirrored from configs/frozenlake_ppo.yaml so that `vagent train` with no
