@@ -2,7 +2,7 @@
 (``sft_000002``) makes the RL checkpoints fall back with it, SFT step 2 runs again and the run
 equals the uninterrupted one; an edited, emptied or changed-shape ``config.yaml`` is refused
 before any model work, listing each changed field; ``steps`` changes only when named, and the
-change is recorded in ``run.json``."""
+change is recorded in ``run.json`` once the resume is accepted."""
 
 from __future__ import annotations
 
@@ -92,10 +92,11 @@ def test_steps_change_only_when_named_and_the_change_is_recorded(made_run):
         resume_config(made_run)  # edited by hand, not named
     with pytest.raises(ConfigError, match="may change only steps"):
         resume_config(made_run, ["seed=3"])
-    said: list[str] = []
-    cfg, identity = resume_config(made_run, ["steps=6"], say=said.append)
-    assert cfg.steps == 6 and "steps: 4 -> 6" in said[0]
+    plan = resume_config(made_run, ["steps=6"])
+    assert plan.cfg.steps == 6 and "steps: 4 -> 6" in plan.said[0]
+    assert read_run_identity(made_run.root).config["steps"] == 4  # written once the resume is accepted
+    plan.accept()
     recorded = read_run_identity(made_run.root)
     assert recorded.changes[-1]["fields"] == {"steps": [4, 6]} and recorded.config["steps"] == 6
     assert yaml.safe_load(made_run.config.read_text())["steps"] == 6
-    assert resume_config(made_run)[0].steps == 6  # accepted once, the run's config from then on
+    assert resume_config(made_run).cfg.steps == 6  # accepted once, the run's config from then on

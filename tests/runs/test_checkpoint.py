@@ -1,5 +1,6 @@
-"""Checkpoints: exact round trip of weights, optimizer, scheduler and RNG states; keep-last-N;
-a half-written checkpoint is never picked up."""
+"""Checkpoints: exact round trip of weights, optimizer, scheduler and RNG states (saved as tensors
+and plain numbers; an older vagent's numpy RNG state still loads); keep-last-N; a half-written
+checkpoint is never picked up."""
 
 from __future__ import annotations
 
@@ -187,3 +188,27 @@ def test_objects_saved_beside_the_modules_are_checksummed_and_read_back(tmp_path
         with pytest.raises(ValueError, match="checkpoint object name"):
             save_checkpoint(tmp_path, "rl", 4, {"policy": model}, objects={name: 1})
     assert [c.step for c in list_checkpoints(tmp_path)] == [3]
+
+
+def test_rng_states_are_plain_data_and_an_older_numpy_state_still_loads(tmp_path):
+    """state.pt names no global (the numpy RNG state is 624 ints, not an array: issue 55); an older
+    vagent's state.pt, with numpy's own tuple, loads through the narrow numpy allowlist."""
+    from vagent.runs.checkpoint import _VERIFIED, check_checkpoint
+    from vagent.runs.manifest import write_manifest
+    from vagent.runs.safe_load import data_problem
+
+    model, _, _ = _setup(0)
+    ck = save_checkpoint(tmp_path, "rl", 1, {"policy": model})
+    assert data_problem(ck / "state.pt") is None
+    state = torch.load(ck / "state.pt", weights_only=True)
+    np.random.seed(5)
+    state["rng"]["numpy"] = np.random.get_state()  # as an older vagent saved it: a tuple with a uint32 array
+    expected = np.random.rand(3)
+    torch.save(state, ck / "state.pt")
+    (ck / "manifest.json").unlink()
+    write_manifest(ck)
+    _VERIFIED.clear()
+    assert check_checkpoint(ck) is None
+    np.random.seed(99)
+    load_checkpoint(ck, {"policy": model})
+    assert np.array_equal(np.random.rand(3), expected)

@@ -25,12 +25,14 @@ alternative.
 from __future__ import annotations
 
 import logging
+import pickle
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from vagent.config import ConfigError
 from vagent.models.processor import ChatEncoder, is_vision_config
 
 logger = logging.getLogger(__name__)
@@ -218,8 +220,24 @@ def load_model(
     auto_cls = AutoModelForImageTextToText if is_vision_config(config) else AutoModelForCausalLM
     if attn_implementation is not None:
         kw["attn_implementation"] = attn_implementation
-    model = auto_cls.from_pretrained(str(path), dtype=resolve_dtype(dtype, device, config), **kw)
+    try:
+        model = auto_cls.from_pretrained(str(path), dtype=resolve_dtype(dtype, device, config), **kw)
+    except pickle.UnpicklingError as exc:  # transformers reads *.bin weights-only: the file names code
+        raise UnsafeWeightsError(path, exc) from None
     return model.to(device)
+
+
+class UnsafeWeightsError(ConfigError):
+    """A model directory's ``*.bin`` weights need code to load (torch's weights-only unpickler
+    refused them); vagent loads weights as data only. One line: the directory, what was refused,
+    the fix."""
+
+    def __init__(self, path: Path, exc: BaseException):
+        found = re.search(r"GLOBAL (\S+) was not an allowed global", str(exc))
+        what = f"it names {found.group(1)}" if found else " ".join(str(exc).split())[:160]
+        super().__init__(f"{path}: its *.bin weights need code to load ({what}), and vagent loads weights as data "
+                         "only. Use a model saved as safetensors (save_pretrained writes them), from a source you "
+                         "trust.")
 
 
 def load_policy(

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -28,6 +29,10 @@ from vagent.config import ConfigError
 from vagent.envs import make_config
 from vagent.plugins import PluginImportError, add_import_argument, import_modules
 from vagent.recipes.config import RunConfig, describe_all
+
+if TYPE_CHECKING:
+    from vagent.recipes.consent import CodeConsent
+    from vagent.runs.rundir import RunDir
 
 
 def add_parser(subparsers) -> None:
@@ -52,7 +57,11 @@ def _add_train_parser(subparsers) -> None:
                        help="the config at smoke scale: the tiny model and sizes capped by configs/paper/smoke.yaml, "
                             "every other setting kept (docs/paper.md)")
     train.add_argument("--quiet", action="store_true", help="print nothing (train.log still gets everything)")
-    add_import_argument(train, also="added to the config's imports (saved with the run); ")
+    add_import_argument(train, also="added to the config's imports (saved with the run); with --resume, each "
+                        "module the run's config imports must be named (a run directory is data); ")
+    train.add_argument("--trust-remote-code", action="store_true",
+                       help="with --resume: run the model directory's own Python files when the run's config has "
+                            "model.trust_remote_code true (a run directory is data: its code runs only when you say so)")
     dist = train.add_argument_group("several processes (torchrun; docs/distributed.md)")
     dist.add_argument("--nproc", type=int, default=None, metavar="N",
                       help="processes on this host (GPUs: one per GPU); starts torchrun itself")
@@ -123,8 +132,9 @@ def layered_config(files: list[str]) -> str | dict | None:
     for name in files:
         path = Path(name)
         if not path.is_file():
-            raise ConfigError(f"config file {name!r} does not exist. Pass YAML files, e.g. "
-                              "--config configs/frozenlake_ppo.yaml --config mine.yaml.")
+            from vagent.recipes.config.presets import missing_config_hint
+
+            raise ConfigError(f"config file {name!r} does not exist.{missing_config_hint(name)}")
         try:
             layer = load_yaml(read_config_text(path), name) or {}
         except yaml.YAMLError as exc:
@@ -141,8 +151,17 @@ def run_train(args: argparse.Namespace) -> int:
         return 0
     if args.resume and args.config:  # overrides: the fields that may change on a resume (vagent.recipes.resume)
         return _error("--resume continues a run with its saved config.yaml; drop --config.")
-    if args.resume and _finished(args):  # before torch, the launcher or any rank (rank 0 of a job says it)
-        return 0
+    try:
+        if args.resume:  # a run directory is data: the code its config names runs only when named here
+            from pathlib import Path
+
+            from vagent.recipes.consent import check_run_code
+
+            check_run_code(Path(args.resume).expanduser() / "config.yaml", _consent(args))
+        if args.resume and _finished(args):  # before torch, the launcher or any rank (rank 0 of a job says it)
+            return 0
+    except ConfigError as exc:  # overrides a finished run cannot take (steps=60), or an unknown key
+        return _error(_in_job(str(exc)))
     if args.nproc is not None or args.nnodes > 1:
         return launch_job(args)
     try:  # the config first: a wrong key or value is said before torch and the recipes load (~6 s)
@@ -163,15 +182,24 @@ def run_train(args: argparse.Namespace) -> int:
         shutdown_world()  # every exit path (a gloo job that skips it aborts about 1 exit in 3)
 
 
+def _consent(args: argparse.Namespace) -> "CodeConsent":
+    """The code a ``--resume`` command line vouches for: its ``--import`` modules, ``--trust-remote-code``."""
+    from vagent.recipes.consent import CodeConsent
+
+    return CodeConsent(tuple(args.imports), bool(getattr(args, "trust_remote_code", False)))
+
+
 def _finished(args: argparse.Namespace) -> bool:
     """``--resume`` of a finished run (its config.yaml and summary.json there): said once (rank 0 of
-    a job), before torch loads; anything else is left to the run's own checks."""
+    a job), before torch loads; ConfigError for overrides it cannot take (``steps=60``: a finished
+    run does not train again). Anything else is left to the run's own checks."""
     from pathlib import Path
 
     from vagent.recipes.finished import finished
 
     root = Path(args.resume).expanduser()
-    return (root / "config.yaml").is_file() and finished(root, args.quiet or os.environ.get("RANK", "0") != "0")
+    return (root / "config.yaml").is_file() and finished(root, args.quiet or os.environ.get("RANK", "0") != "0",
+                                                         args.overrides)
 
 
 def _in_job(msg: str) -> str:
@@ -210,10 +238,13 @@ def _train(args: argparse.Namespace, cfg: RunConfig | None) -> None:
     from vagent.runs.progress import ConfigSource  # heavy (vagent.runs imports torch)
 
     if cfg is None:
-        train(resume=args.resume, quiet=args.quiet, overrides=args.overrides)
+        train(resume=args.resume, quiet=args.quiet, overrides=args.overrides, consent=_consent(args))
         return
-    # several files: the summary lists the keys that differ from the default preset
-    source = ConfigSource(args.config[0] if len(args.config) == 1 else None, tuple(args.overrides))
+    # several files: the summary lists the keys that differ from the default preset; --smoke's values apart
+    from vagent.recipes.scale import applied_smoke
+
+    source = ConfigSource(args.config[0] if len(args.config) == 1 else None, tuple(args.overrides),
+                          applied_smoke(layered_config(args.config), args.smoke))
     train(cfg, quiet=args.quiet, source=source)
 
 
@@ -225,13 +256,14 @@ def launch_job(args: argparse.Namespace) -> int:
                       "(drop them when you run torchrun yourself).")
     run_dir, cfg = None, None
     if args.resume:  # before starting any process: a live job's run directory (a finished one: run_train)
-        from vagent.runs import existing_run_dir  # heavy (torch)
-        from vagent.runs.lock import RunDirLocked, check_unlocked  # heavy (vagent.runs imports torch)
+        from vagent.runs import TrainingError, existing_run_dir  # heavy (torch)
+        from vagent.runs.lock import check_unlocked  # heavy (vagent.runs imports torch)
 
         try:
             run = existing_run_dir(args.resume)
-            check_unlocked(run.root)
-        except (FileNotFoundError, RunDirLocked) as exc:
+            check_unlocked(run.root)  # RunDirLocked, a TrainingError
+            check_job_resume(run, args.overrides, (args.nproc or 1) * args.nnodes, _consent(args))
+        except (FileNotFoundError, TrainingError, ConfigError) as exc:
             return _error(str(exc))
         run_dir = str(run.root)
     if not args.resume:  # the checks of one process, once, before torchrun starts any rank
@@ -261,12 +293,28 @@ def launch_job(args: argparse.Namespace) -> int:
         train_args.append("--quiet")
     for module in args.imports:
         train_args += ["--import", module]
+    if args.trust_remote_code:
+        train_args.append("--trust-remote-code")
     try:
         return launch(args.nproc or 1, train_args, nnodes=args.nnodes, node_rank=args.node_rank,
                       rdzv_endpoint=args.rdzv_endpoint, run_dir=run_dir,
                       out_dir=cfg.out_dir if cfg is not None else None, run_name=cfg.name if cfg is not None else None)
     except ValueError as exc:
         return _error(str(exc))
+
+
+def check_job_resume(run: RunDir, overrides: list[str], ranks: int, consent: "CodeConsent | None" = None) -> None:
+    """Before a job of ``ranks`` processes starts on ``--resume RUN``: its config and overrides pass
+    (:func:`vagent.recipes.resume.resume_config`, which writes nothing), and the newest checkpoint
+    suits the job (:func:`vagent.recipes.resume.check_resumable`: one written by one process in a
+    job of several, ``steps`` below its step). One line; rank 0 checks the checkpoint it resumes
+    from again (a damaged newest one falls back)."""
+    from vagent.recipes.resume import check_resumable, resume_config  # heavy (torch)
+    from vagent.runs.checkpoint import list_checkpoints
+
+    plan = resume_config(run, overrides, *([consent] if consent is not None else []))
+    for newest in list_checkpoints(run.checkpoints)[-1:]:
+        check_resumable(run, newest, plan, ranks)
 
 
 def run_demos(args: argparse.Namespace) -> int:

@@ -12,6 +12,7 @@ scoring passes), :mod:`vagent.recipes.batching` (mini-/micro-batches and accumul
 from __future__ import annotations
 
 import copy
+import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -129,6 +130,7 @@ def use_bf16(setting: str, device: torch.device) -> bool:
 def load_model(cfg: RunConfig, path: Path, device: torch.device):
     """``load_policy`` with the run's dtype / LoRA / checkpointing; errors name the fix."""
     model_cfg, lora = cfg.model, None
+    check_lora_rank(model_cfg.lora_rank, path)
     if model_cfg.lora_rank > 0:
         lora = LoraSettings(r=model_cfg.lora_rank, alpha=int(model_cfg.lora_alpha), dropout=model_cfg.lora_dropout)
     try:
@@ -150,6 +152,27 @@ def load_model(cfg: RunConfig, path: Path, device: torch.device):
 
 #: module names of vision towers in HF VLMs (Qwen2/2.5/3-VL: "visual")
 VISION_TOWER_NAMES = ("visual", "vision_tower", "vision_model", "vision_encoder")
+
+
+def check_lora_rank(rank: int, path: Path) -> None:
+    """ConfigError when ``model.lora_rank`` is above the hidden size in the model's config.json
+    (read before the model loads): an adapter ``B @ A`` on a layer of width d has rank at most d, so
+    a larger rank only adds parameters and memory. A config.json without one is left to the loader."""
+    if rank <= 0:
+        return
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return
+    if not isinstance(config, dict):
+        return
+    text = config.get("text_config")  # a VLM's language model (Qwen2.5-VL, Qwen3-VL); else the model itself
+    hidden = (text if isinstance(text, dict) else config).get("hidden_size", config.get("hidden_size"))
+    if isinstance(hidden, int) and rank > hidden:
+        raise ConfigError(f"model.lora_rank {rank} is above the hidden size of the model ({hidden}, "
+                          f"{Path(path) / 'config.json'}): a LoRA adapter on a layer {hidden} wide has rank at most "
+                          f"{hidden}, so a larger rank only adds parameters and memory. Set model.lora_rank <= "
+                          f"{hidden} (8 to 64 is usual), or 0 to train every weight.")
 
 
 def check_compatible(loaded: Any, cfg: RunConfig) -> None:

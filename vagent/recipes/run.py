@@ -3,12 +3,14 @@
 The order, top to bottom::
 
     run dir being resumed: finished (summary.json)? then say so and change nothing
+    run dir being resumed: its config and identity checked (vagent.recipes.resume; nothing written)
     run dir being resumed: take its lock (run.lock: one writer; a live one -> refused with its PID)
     seeds, threads, device, bf16
+    resume: the checkpoint to continue from, accepted -> only then config.yaml / run.json written
     model directory (the tiny model is built once under model.cache_dir) -> load -> compatible?
     new run dir <- config.yaml, its lock; train.log <- what was printed so far (the build's progress)
     config summary, start-up arithmetic
-    latest checkpoint (resume) -> metrics.jsonl cut back to it
+    resume: metrics.jsonl cut back to the checkpoint
     SFT warm start (sft.steps > 0), skipped when an SFT-complete checkpoint exists
     PPO or GRPO (recipe), from step 0 or the checkpoint's step
     plots, summary.json
@@ -20,7 +22,9 @@ functions of (run seed, step), and records the killed process wrote after that c
 dropped from ``metrics.jsonl``; temporary folders of saves that were killed are deleted. Out of
 disk space anywhere is one :class:`~vagent.runs.errors.DiskFullError` line (the path, the free
 space); the checkpoints already written stay intact and the run resumes once space is freed. Resuming a finished run (one with
-``summary.json``) prints that it is finished and writes nothing.
+``summary.json``) prints that it is finished and writes nothing; with overrides that ask it for
+more (``steps=60``) it is an error that says how to continue. A refused resume writes nothing to
+the run directory but its lock and its ``train.log`` lines.
 
 While the run runs, Python warnings and the messages of transformers / huggingface_hub go to
 ``train.log`` only and their progress bars are off (``vagent.runs.progress``); every long phase
@@ -51,7 +55,8 @@ from vagent.recipes.config.ranges import check_out_dir
 from vagent.recipes.finished import finished
 from vagent.recipes.grpo import train_grpo
 from vagent.recipes.ppo import train_ppo
-from vagent.recipes.resume import resume_config, write_new_run_files
+from vagent.recipes.consent import CodeConsent, check_run_code
+from vagent.recipes.resume import Resume, check_resumable, resume_config, write_new_run_files
 from vagent.recipes.session import Session, SilentLogger
 from vagent.recipes.sft import train_sft
 from vagent.recipes.tiny_cache import prepare_model_once
@@ -60,11 +65,10 @@ from vagent.runs import (
     Console, MetricsLogger, TrainingError, existing_run_dir, is_disk_full, is_oom, load_checkpoint, new_run_dir,
     oom_message, plot_run, plots_current, read_metrics, startup_arithmetic,
 )
-from vagent.runs.checkpoint import CheckpointInfo, select_checkpoint, trained_from
+from vagent.runs.checkpoint import CheckpointError, CheckpointInfo, select_checkpoint, trained_from
 from vagent.runs.environment import record_environment
 from vagent.runs.errors import disk_full_error
 from vagent.runs.hub import HubUploader, start_hub_upload
-from vagent.runs.identity import RunIdentity
 from vagent.runs.lock import RunDirLocked, lock_run_dir
 from vagent.runs.manifest import remove_stale_temporaries
 from vagent.runs.metrics import torn_last_record
@@ -73,21 +77,26 @@ from vagent.runs.rundir import RunDir, write_atomic
 
 
 def train(cfg: RunConfig | None = None, resume: str | Path | None = None, quiet: bool = False,
-          source: ConfigSource | None = None, overrides: Sequence[str] = ()) -> Path:
+          source: ConfigSource | None = None, overrides: Sequence[str] = (),
+          consent: CodeConsent = CodeConsent()) -> Path:
     """Run (or resume) a training run; returns its run directory. Errors raise
     :class:`vagent.runs.TrainingError` (or ConfigError) with the fix in the message. ``source``: a
     :class:`vagent.runs.progress.ConfigSource` (the --config file and overrides ``cfg`` came from),
     so that the config summary lists what they set. ``overrides``: with ``resume``, the changes of
-    fields that may change (``steps=6``; :mod:`vagent.recipes.resume`), recorded in the run."""
+    fields that may change (``steps=6``; :mod:`vagent.recipes.resume`), recorded in the run ``consent``: the code the
+    resumed run's config names that the user vouches for (:class:`vagent.recipes.resume.CodeConsent`;
+    none by default: a config naming ``imports`` or ``model.trust_remote_code`` is refused)."""
     t_start = time.time()
-    run, identity, said = None, None, []
+    run, plan = None, None
     if resume is not None:
         if cfg is not None:
             raise ConfigError("--resume continues a run with its saved config.yaml; do not pass a config.")
         run = existing_run_dir(resume)
-        if finished(run.root, quiet or os.environ.get("RANK", "0") != "0"):  # a job's rank 0 says it, once
+        check_run_code(run.config, consent)  # a run directory is data: the code it names runs only with consent
+        if finished(run.root, quiet or os.environ.get("RANK", "0") != "0", overrides):  # a job's rank 0 says it, once
             return run.root
-        cfg, identity = resume_config(run, overrides, said.append)  # before any model work
+        plan = resume_config(run, overrides, consent)  # before any model work; it writes once accepted (_accept_resume)
+        cfg = plan.cfg
     elif overrides:
         raise ConfigError("overrides without --resume belong in load_config (the config of a new run).")
     cfg = cfg if cfg is not None else load_config()
@@ -100,13 +109,13 @@ def train(cfg: RunConfig | None = None, resume: str | Path | None = None, quiet:
         try:
             if run is not None:  # --resume: one writer per run directory (vagent.runs.lock)
                 hold_run_dir(run.root, owned, console)
-                if finished(run.root, quiet=not world.is_main or quiet):  # it finished while this one started
+                if finished(run.root, not world.is_main or quiet, overrides):  # it finished while this one started
                     return run.root
-                for line in said:
-                    console.print(line)
-            return _train(cfg, run, identity, console, t_start, owned, source)
+            return _train(cfg, run, plan, console, t_start, owned, source)
         except BaseException as exc:
             if not is_disk_full(exc):
+                if isinstance(exc, (ConfigError, TrainingError)) and not isinstance(exc, RunDirLocked):
+                    console.log(f"error: {exc}")  # train.log (a locked one is another job's); the command prints it
                 raise
             root = console.log_path.parent if console.log_path is not None else None  # the run directory
             err = disk_full_error(root or cfg.out_dir, exc, resume=root)
@@ -130,17 +139,17 @@ def hold_run_dir(root: Path, owned: ExitStack, console: Console) -> None:
         raise RunDirLocked(refused)
 
 
-def _train(cfg: RunConfig, run: RunDir | None, identity: RunIdentity | None, console: Console, t_start: float,
+def _train(cfg: RunConfig, run: RunDir | None, plan: Resume | None, console: Console, t_start: float,
            owned: ExitStack, source: ConfigSource | None = None) -> Path:
     """``train`` after the run directory to resume (if any) and the console are known; ``owned``
     holds the run directory's lock (a new run's is taken here, when the directory is made).
-    Set-up (seeds, device, model, run directory, checkpoint, loggers) -> SFT -> RL -> finish
-    (loggers closed, plots, summary.json). ``identity``: the resumed run's (None: a new run)."""
-    world, resuming = current_world(), identity is not None
+    Set-up (seeds, device, checkpoint to resume, model, run directory, loggers) -> SFT -> RL ->
+    finish (loggers closed, plots, summary.json). ``plan``: the resume's (None: a new run)."""
+    world, resuming = current_world(), plan is not None
     device, bf16 = _seed_and_device(cfg)
+    latest = _accept_resume(run, plan, console) if run is not None and plan is not None else None
     model_dir, loaded = _checked_model(cfg, console, device)
-    run, identity = _open_run_dir(cfg, run, identity, console, owned, source)
-    latest = _checkpoint_to_resume(run, console, identity)
+    run = _open_run_dir(cfg, run, console, owned, source)
     logger = MetricsLogger(run.root, tensorboard=cfg.log.tensorboard, wandb=cfg.log.wandb,
                            wandb_project=cfg.log.wandb_project, run_name=run.root.name) if world.is_main else SilentLogger()
     _cut_metrics_back(logger, latest, resuming, console)
@@ -189,15 +198,15 @@ def _checked_model(cfg: RunConfig, console: Console, device: torch.device) -> tu
     return model_dir, loaded
 
 
-def _open_run_dir(cfg: RunConfig, run: RunDir | None, identity: RunIdentity | None, console: Console,
-                  owned: ExitStack, source: ConfigSource | None) -> tuple[RunDir, RunIdentity | None]:
+def _open_run_dir(cfg: RunConfig, run: RunDir | None, console: Console, owned: ExitStack,
+                  source: ConfigSource | None) -> RunDir:
     """A new run's directory (rank 0 writes it with run.json and config.yaml; train.log gets the
     lines printed so far) and its lock; then the config summary and, on rank 0, the environment
-    record. Returns the run directory and its identity (None on ranks other than 0)."""
-    world, resuming = current_world(), identity is not None
+    record. ``run``: the resumed run's directory (None: a new run)."""
+    world, resuming = current_world(), run is not None
     if run is None and world.is_main:  # rank 0 alone writes the run directory
         run = new_run_dir(cfg.out_dir, cfg.name)
-        identity = write_new_run_files(run, cfg)
+        write_new_run_files(run, cfg)
         console.attach(run.log)  # with the lines printed so far (the model build's)
     if world.distributed:
         run = RunDir(Path(broadcast_object(str(run.root) if world.is_main else None, "run directory")))
@@ -206,18 +215,33 @@ def _open_run_dir(cfg: RunConfig, run: RunDir | None, identity: RunIdentity | No
     console.print(*config_summary(cfg, load_config(), run.config, source=source))
     if world.is_main:
         record_environment(run.root, say=console.print)  # threads, CPU kernels, versions (a resume compares)
-    return run, identity
+    return run
 
 
-def _checkpoint_to_resume(run: RunDir, console: Console, identity: RunIdentity | None) -> CheckpointInfo | None:
-    """The newest intact checkpoint of this run, or None: rank 0 settles killed saves' temporary
-    folders, checks the checkpoints (manifests, identities) and tells the job which one."""
-    world, latest = current_world(), None
+def _accept_resume(run: RunDir, plan: Resume, console: Console) -> CheckpointInfo | None:
+    """The checkpoint a resume continues from (None: none yet), chosen and accepted before any
+    model work and before anything is written: rank 0 takes the newest intact one of this run
+    (manifests, identities; a damaged or foreign one is named and skipped) and refuses one this
+    job cannot continue (:func:`~vagent.recipes.resume.check_resumable`); only then are the
+    resume's config change or identity written (:meth:`Resume.accept`) and killed saves' temporary
+    folders deleted. A job's ranks all raise rank 0's refusal; the resume's own lines (a rebuilt
+    identity, an accepted change) follow its acceptance."""
+    world, latest, refused = current_world(), None, None
     if world.is_main:
-        remove_stale_temporaries(run.checkpoints, say=console.print)
-        latest = select_checkpoint(run.checkpoints, say=console.print, run=identity)
+        try:
+            latest = select_checkpoint(run.checkpoints, say=console.print,
+                                       run=plan.identity if plan.checks_identity else None)
+            check_resumable(run, latest, plan, world.size)
+            plan.accept()
+            remove_stale_temporaries(run.checkpoints, say=console.print)
+        except (ConfigError, CheckpointError) as exc:
+            refused = exc
     if world.distributed:
-        latest = broadcast_object(latest, "checkpoint to resume")
+        latest, refused = broadcast_object((latest, refused), "checkpoint to resume")
+    if refused is not None:
+        raise refused
+    for line in plan.said:
+        console.print(line)
     return latest
 
 
@@ -245,9 +269,9 @@ def _cut_metrics_back(logger: MetricsLogger | SilentLogger, latest: CheckpointIn
 
 def _sft_then_rl(session: Session, latest: CheckpointInfo | None) -> None:
     """The SFT warm start (``sft.steps > 0``; skipped when a checkpoint has it done), then PPO or
-    GRPO (``recipe``). A TrainingError is printed (a full disk is said once, by ``train``, with the
-    resume command); an out-of-memory error becomes one that names the fix for its phase."""
-    cfg, console = session.cfg, session.console
+    GRPO (``recipe``). An out-of-memory error becomes a TrainingError that names the fix for its
+    phase; errors are said once, by the command (``train`` logs them to train.log)."""
+    cfg = session.cfg
     phase = "setup"
     try:
         sft_done = latest is not None and (latest.phase == "rl" or latest.step >= cfg.sft.steps)
@@ -262,13 +286,8 @@ def _sft_then_rl(session: Session, latest: CheckpointInfo | None) -> None:
             resumed = latest is not None and latest.phase == "rl"
             train_rl = train_ppo if cfg.recipe == "ppo" else train_grpo
             train_rl(session, latest.step if resumed else 0, str(latest.path) if resumed else None)
-    except TrainingError as exc:
-        if not is_disk_full(exc):
-            console.print(f"error: {exc}")
-        raise
     except (RuntimeError, MemoryError) as exc:
         if is_oom(exc):
-            console.print(f"error: {oom_message(phase, cfg)}")
             raise TrainingError(oom_message(phase, cfg)) from exc
         raise
 
@@ -328,7 +347,9 @@ def _write_summary(run: RunDir, wall_s: float, ranks: int, console: Console) -> 
 
 def checkpoint_ranks(path: str | Path) -> int:
     """How many ranks wrote a checkpoint (its state.pt's ``world_size``; 1 for a one-process one)."""
-    state = torch.load(Path(path) / "state.pt", map_location="cpu", weights_only=False)
+    from vagent.runs.safe_load import LEGACY_RNG, load_data
+
+    state = load_data(Path(path) / "state.pt", LEGACY_RNG, mmap=True)  # data, never code (vagent.runs.safe_load)
     return int(state.get("world_size", 1)) if isinstance(state, dict) else 1
 
 

@@ -10,7 +10,7 @@ critic); what both do is here, once.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
@@ -146,11 +146,15 @@ class StepLoop:
 
 
 def resume_in_flight(session: Session, driver: RolloutDriver, checkpoint: str, step: int) -> None:
-    """Give an overlapped run's driver the rollout its checkpoint had in flight (``inflight.pt``),
-    so step ``step + 1`` trains on the episodes the uninterrupted run trained on, sampled with the
-    same (one update older) weights. A checkpoint without one (the last step of a run whose
-    ``steps`` the resume raised, or an older vagent's) resumes with fresh episodes, and the console
-    says so."""
+    """Give an overlapped run's driver the rollout its checkpoint had in flight (``inflight.pt``,
+    read as data), so step ``step + 1`` trains on the episodes the uninterrupted run trained on,
+    sampled with the same (one update older) weights. A checkpoint without one (the last step of a
+    run whose ``steps`` the resume raised, or an older vagent's) resumes with fresh episodes, and
+    the console says so; a record of another step or another run (``InFlight.run_id`` against
+    run.json's) is a one-line CheckpointError (the checkpoint choice skips such a checkpoint
+    already: ``vagent.runs.checkpoint.identity_problem``)."""
+    from vagent.runs.checkpoint import CheckpointError, in_flight_problem
+
     saved = load_object(checkpoint, "inflight")
     if saved is None:
         if step < session.cfg.steps:
@@ -159,13 +163,21 @@ def resume_in_flight(session: Session, driver: RolloutDriver, checkpoint: str, s
                                   "checkpoint's weights (rollout/weights_lag 0), where an uninterrupted run would have "
                                   "sampled it one update earlier")
         return
-    if not isinstance(saved, InFlight):
-        from vagent.runs.checkpoint import CheckpointError
-
-        raise CheckpointError(f"{checkpoint}/inflight.pt holds a {type(saved).__name__}, not the in-flight rollout "
-                              "vagent saves: the checkpoint was not written by this run. Restore it or resume from "
-                              "an earlier checkpoint.")
+    problem = in_flight_problem(saved, step, _run_id(session))
+    if problem is None and not isinstance(saved, InFlight):
+        problem = f"inflight.pt holds a {type(saved).__name__}, not the in-flight rollout vagent saves"
+    if problem is not None:
+        raise CheckpointError(f"{checkpoint}: its {problem}; the checkpoint was not written by this run. Restore it "
+                              "from a copy of the run directory, or resume from an earlier checkpoint.")
     driver.resume_in_flight(saved, step)
+
+
+def _run_id(session: Session) -> str | None:
+    """The run id in the run directory's run.json (None without one: an older vagent's run)."""
+    from vagent.runs.identity import read_run_identity
+
+    identity = read_run_identity(session.run.root)
+    return identity.run_id if identity is not None else None
 
 
 def train_rollout(session: Session, policy: Any, step: int, reasoning: ReasoningReward | None,
@@ -329,11 +341,13 @@ def after_step(session: Session, outcome: StepOutcome, policy: HFPolicy, state: 
                         values=scores.values if isinstance(scores, PPOScores) else None,
                         returns=estimate.returns if isinstance(estimate, PPOAdvantages) else None)
     if step == cfg.steps or due(log.checkpoint_every, step, cfg.steps):  # the last step always
+        in_flight = driver.in_flight() if driver is not None else None
+        if in_flight is not None:  # the run that sampled it: a resume refuses another run's
+            in_flight = replace(in_flight, run_id=_run_id(session))
         ck = save_checkpoint(
             session.run.checkpoints, "rl", step, state.modules, state.optimizers, state.schedulers,
             data_position={"rl_step": step}, keep_last=log.keep_last,
-            export=policy_export(session, state.modules["policy"]),
-            objects={"inflight": driver.in_flight() if driver is not None else None},
+            export=policy_export(session, state.modules["policy"]), objects={"inflight": in_flight},
         )
         session.last_checkpoint = str(ck)
     if log.plots and due(log.plot_every, step, cfg.steps):

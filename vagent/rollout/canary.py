@@ -112,25 +112,44 @@ def save_probe(path: str | Path, prompts: Sequence[ProbePrompt]) -> None:
 
 
 def load_probe(path: str | Path) -> list[ProbePrompt]:
-    """The probe :func:`save_probe` wrote; a damaged file raises ValueError naming it."""
+    """The probe :func:`save_probe` wrote, read as data (tensors and lists only:
+    ``vagent.runs.safe_load``). ValueError naming the file: damaged, needing code to load, not a
+    list of prompts, or a list of none (a probe of no prompt would switch the canary off)."""
     import torch
     from PIL import Image
 
+    from vagent.runs.safe_load import load_data
+
     try:
-        rows = torch.load(path, weights_only=True)
-        return [ProbePrompt([int(i) for i in r["input_ids"]], r["pixel_values"], r["image_grid_thw"],
-                            tuple(Image.fromarray(a.numpy()) for a in r["images"])) for r in rows]
+        rows = load_data(path)
+        prompts = [ProbePrompt([int(i) for i in r["input_ids"]], r["pixel_values"], r["image_grid_thw"],
+                               tuple(Image.fromarray(a.numpy()) for a in r["images"])) for r in rows]
+        if any(not p.input_ids or not all(isinstance(t, torch.Tensor) or t is None
+                                          for t in (p.pixel_values, p.image_grid_thw)) for p in prompts):
+            raise ValueError("a prompt without token ids, or with pixels that are not tensors")
     except Exception as exc:  # noqa: BLE001 -- any damage: say which file
         raise ValueError(f"{path}: not a readable weight-canary probe ({type(exc).__name__}: {exc}); delete it "
                          "and the run draws the probe again from its training envs") from exc
+    if not prompts:
+        raise ValueError(f"{path} holds no prompt, so the weight canary would check nothing: it was emptied after the "
+                         "run drew it; restore it from a copy of the run directory, or delete it and the run draws "
+                         "the probe again from its training envs")
+    return prompts
 
 
 def probe_for_run(run_dir: str | Path, specs: Sequence[EnvSpec], encoder: ChatEncoder) -> tuple[list[ProbePrompt], str]:
     """The run's probe: ``<run_dir>/canary_probe.pt`` when it exists (a resume), else drawn from
-    ``specs`` and saved there (rank 0 of a job writes it)."""
+    ``specs`` and saved there (rank 0 of a job writes it). When a checkpoint of the run recorded
+    the probe's SHA-256 (its identity's ``run_files``), the file must be there with that hash:
+    a changed or removed probe is a one-line CheckpointError naming the file and the fix."""
     from vagent.distributed import world
+    from vagent.runs.checkpoint import CheckpointError, recorded_run_file, run_file_problem
 
     path = Path(run_dir) / PROBE_FILE
+    recorded = recorded_run_file(Path(run_dir) / "checkpoints", PROBE_FILE)
+    problem = run_file_problem(path, recorded[1], recorded[0]) if recorded is not None else None
+    if problem is not None:
+        raise CheckpointError(problem)
     if path.is_file():
         prompts = load_probe(path)
         return prompts, f"{len(prompts)} prompt(s) from {path}"

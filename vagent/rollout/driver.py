@@ -146,14 +146,28 @@ def is_default(settings: RolloutConfig) -> bool:
 @dataclass
 class InFlight:
     """The rollout an overlapped run has in flight at a checkpoint: step ``step``'s episodes,
-    sampled with weights ``version`` (the trainer's after ``version`` updates), and the canary's
-    ``sync/*`` metrics of that version (the same episodes' record). Saved as the checkpoint's
-    ``inflight.pt``."""
+    sampled with weights ``version`` (the trainer's after ``version`` updates), the canary's
+    ``sync/*`` metrics of that version (the same episodes' record), and the id of the run that
+    sampled them (``run.json``'s; None outside a run directory, or in an older vagent's record).
+    Saved as the checkpoint's ``inflight.pt``, read back as data (``vagent.runs.safe_load``)."""
 
     step: int
     version: int
     episodes: RolloutResult
     sync: dict[str, float] = field(default_factory=dict)
+    run_id: str | None = None
+
+    def __getstate__(self) -> dict:
+        """The pickled state: ``episodes`` as ``{"episodes": [Episode, ...], "metrics": {...}}``
+        (a weights-only load rebuilds no list subclass such as ``RolloutResult``)."""
+        episodes = {"episodes": list(self.episodes), "metrics": dict(getattr(self.episodes, "metrics", {}))}
+        return {**self.__dict__, "episodes": episodes}
+
+    def __setstate__(self, state: dict) -> None:
+        episodes = state.get("episodes")
+        if isinstance(episodes, dict):
+            episodes = RolloutResult(list(episodes.get("episodes", [])), dict(episodes.get("metrics", {})))
+        self.__dict__.update({**state, "episodes": episodes})
 
 
 class RolloutDriver:

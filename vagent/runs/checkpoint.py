@@ -22,6 +22,10 @@ damaged checkpoint raises :class:`CheckpointError` naming the file and the intac
 beside it, and :func:`select_checkpoint` (what ``--resume`` uses) falls back to the newest intact
 one, saying which file failed. A checkpoint without a manifest (written by vagent before
 manifests) loads with a warning that it is unverified, after a CRC check of its ``.pt`` files.
+Nothing in a checkpoint is unpickled as code: every file is read weights-only, with vagent's own
+record types allowed where a file holds them (:mod:`vagent.runs.safe_load`), and a file that
+names any other global is refused with its name and the global, as damage is; the RNG states are
+saved as tensors and plain numbers.
 After a save, all but the newest ``keep_last`` checkpoints OF THAT PHASE are deleted, so the end of
 the SFT warm start (the policy RL started from) is never pruned by RL's checkpoints.
 
@@ -56,11 +60,15 @@ import torch
 
 from vagent.runs.errors import DiskFullError, TrainingError, is_disk_full
 from vagent.runs.identity import (
-    CHECKPOINT_FILE, IdentityError, RunIdentity, checkpoint_identity, read_checkpoint_identity, read_run_identity,
+    CHECKPOINT_FILE, RUN_FILES, IdentityError, RunIdentity, checkpoint_identity, read_checkpoint_identity,
+    read_run_identity,
 )
 from vagent.runs.manifest import (
-    MANIFEST, WriterLock, check_zip_files, fsync_dir, read_manifest, remove_stale_temporaries, replace_folder,
-    verify_manifest, write_manifest,
+    MANIFEST, WriterLock, check_zip_files, file_sha256, fsync_dir, read_manifest, remove_stale_temporaries,
+    replace_folder, verify_manifest, write_manifest,
+)
+from vagent.runs.safe_load import (
+    LEGACY_RNG, RECORDS, UnsafeFileError, data_problem, load_data, load_dcp, load_pickle_data,
 )
 
 PHASES = ("sft", "rl")
@@ -68,16 +76,27 @@ _NAME = re.compile(r"^(sft|step)_(\d{6,})$")
 
 
 def capture_rng() -> dict:
-    """The RNG states of python, numpy and torch (CPU and every CUDA device)."""
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """The RNG states of python, numpy and torch (CPU and every CUDA device), as tensors and plain
+    numbers (numpy's Mersenne Twister as ``{"kind", "key": 624 ints, "pos", "has_gauss",
+    "cached_gaussian"}``), so that reading them back needs no global (vagent.runs.safe_load)."""
+    kind, key, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    numpy_state = {"kind": str(kind), "key": [int(k) for k in key], "pos": int(pos), "has_gauss": int(has_gauss),
+                   "cached_gaussian": float(cached)}
+    state = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
 def restore_rng(state: Mapping[str, Any]) -> None:
+    """Set the RNG states :func:`capture_rng` returned (or an older vagent's, whose numpy state is
+    numpy's own tuple)."""
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    saved = state["numpy"]
+    if isinstance(saved, Mapping):
+        saved = (saved["kind"], np.asarray(saved["key"], dtype=np.uint32), saved["pos"], saved["has_gauss"],
+                 saved["cached_gaussian"])
+    np.random.set_state(saved)
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -163,7 +182,7 @@ def save_checkpoint(
         if export is not None:
             export(tmp / "policy")
         for name, obj in objects.items():
-            _save(obj, tmp / f"{name}.pt")
+            _save_object(obj, tmp / f"{name}.pt")
         _save(state, tmp / "state.pt")
         _write_identity(tmp, d, phase, step)
         write_manifest(tmp)  # the commit point: last, after every file is on disk
@@ -187,13 +206,15 @@ def _checked_objects(objects: Mapping[str, Any] | None, modules: Mapping[str, An
 
 def load_object(path: str | Path, name: str) -> Any:
     """The object ``save_checkpoint(objects={name: ...})`` saved in checkpoint ``path``, or None
-    when it has none (a checkpoint written without it). The caller has verified the checkpoint
-    (``load_checkpoint`` checks its manifest), so the file is the one the save wrote."""
+    when it has none (a checkpoint written without it). Read as data: tensors, plain data and the
+    classes of :data:`vagent.runs.safe_load.RECORDS` (vagent's rollout records, PIL images, numpy
+    arrays); a file that needs another global, or cannot be read, is a CheckpointError naming it.
+    The caller has verified the checkpoint (``load_checkpoint`` checks its manifest)."""
     f = Path(path) / f"{name}.pt"
     if not f.is_file():
         return None
     out: list[Any] = []
-    _load_into(f, lambda: out.append(torch.load(f, map_location="cpu", weights_only=False)))
+    _load_into(f, lambda: out.append(load_data(f, RECORDS)))
     return out[0]
 
 
@@ -201,6 +222,18 @@ def _save(obj: Any, path: Path) -> None:
     """torch.save through a Python file, so a full disk surfaces as OSError(ENOSPC) in the chain."""
     with open(path, "wb") as f:
         torch.save(obj, f)
+
+
+def _save_object(obj: Any, path: Path) -> None:
+    """Save an object beside the modules; ValueError (before the checkpoint is in place) when it
+    holds a type that :func:`load_object` would refuse to read back."""
+    _save(obj, path)
+    problem = data_problem(path, RECORDS)
+    if problem is not None:
+        raise ValueError(f"checkpoint object {path.stem!r} cannot be saved so that a resume reads it: {problem}. "
+                         "An object saved in a checkpoint holds tensors, plain data (numbers, strings, lists, "
+                         "dicts), numpy arrays, PIL images and vagent's rollout records only; keep an env's info and "
+                         "state to those types.")
 
 
 @contextmanager
@@ -243,14 +276,17 @@ def _write_identity(tmp: Path, d: Path, phase: str, step: int) -> None:
     """``identity.json`` of a checkpoint written into a run directory (``d`` = ``<run>/checkpoints``
     whose ``run.json`` names the run); nothing outside one. An RL checkpoint names the SFT
     checkpoint it trained from: the newest one in ``d`` (SFT always checkpoints its last step,
-    which RL starts from)."""
+    which RL starts from). The SHA-256 of each run-level file a resume reads
+    (:data:`vagent.runs.identity.RUN_FILES`: the canary's probe) that exists is recorded too."""
     try:
         run = read_run_identity(d.parent)
     except IdentityError:
         run = None
     if run is None:
         return
-    _save_json(tmp / CHECKPOINT_FILE, checkpoint_identity(run, phase, step, _trained_from(d) if phase == "rl" else None))
+    run_files = {name: file_sha256(d.parent / name) for name in RUN_FILES if (d.parent / name).is_file()}
+    _save_json(tmp / CHECKPOINT_FILE, checkpoint_identity(run, phase, step, _trained_from(d) if phase == "rl" else None,
+                                                          run_files or None))
 
 
 def _trained_from(d: Path) -> dict | None:
@@ -292,7 +328,7 @@ def load_checkpoint(
         f = p / f"{name}.pt"
         if not f.is_file():
             raise FileNotFoundError(f"checkpoint {p} has no {name}.pt; it was written by a different recipe?")
-        _load_into(f, lambda: module.load_state_dict(torch.load(f, map_location="cpu", weights_only=True)))
+        _load_into(f, lambda: module.load_state_dict(load_data(f)))
     for name, opt in optimizers.items():
         if name not in state["optimizers"]:
             raise CheckpointError(f"checkpoint {p} has no optimizer '{name}' (has {list(state['optimizers'])}); it "
@@ -307,9 +343,12 @@ def load_checkpoint(
 
 
 def _load_into(f: Path, load: Callable[[], Any]) -> None:
-    """``load()``; an unreadable or mismatched file becomes a CheckpointError naming ``f``."""
+    """``load()``; an unreadable or mismatched file, or one that needs code to load, becomes a
+    CheckpointError naming ``f``."""
     try:
         load()
+    except UnsafeFileError as exc:
+        raise CheckpointError(_damaged(f.parent, str(exc))) from None
     except (RuntimeError, ValueError, KeyError, TypeError, EOFError, OSError, AttributeError,
             IndexError) as exc:
         raise CheckpointError(_damaged(f.parent, f"{f.name} cannot be loaded into this run's model or optimizer "
@@ -329,9 +368,13 @@ def _read_state(p: Path) -> dict:
     return state
 
 
-def _state_or_problem(p: Path) -> tuple[Any, str | None]:
+def _state_or_problem(p: Path, mmap: bool = False) -> tuple[Any, str | None]:
+    """(``p/state.pt`` read as data, None), or (None, what is wrong with it). ``mmap``: tensors
+    stay on disk (a schema check)."""
     try:
-        state = torch.load(p / "state.pt", weights_only=False, map_location="cpu")
+        state = load_data(p / "state.pt", LEGACY_RNG, mmap=mmap)
+    except UnsafeFileError as exc:
+        return None, str(exc)
     except Exception as exc:  # truncated, empty, not a torch file: whatever torch raises
         return None, f"state.pt cannot be read ({_first_line(exc)})"
     missing = [k for k in STATE_KEYS if k not in state] if isinstance(state, dict) else list(STATE_KEYS)
@@ -352,7 +395,9 @@ def check_checkpoint(path: str | Path, under: str = "") -> str | None:
     """None if checkpoint folder ``path`` is intact; else what is wrong, naming the file. With a
     manifest: every file's size and SHA-256 (only those under ``under``, e.g. ``policy/`` for an
     evaluation); without (an older vagent's): each .pt file's CRC-32 and state.pt's schema (nothing
-    for ``under``: the exported policy carries no checksums of its own)."""
+    for ``under``: the exported policy carries no checksums of its own). Either way (unless
+    ``under``), every pickle in it must be data (:func:`_code_problem`): a manifest proves a file
+    is the one it lists, and anyone who can write the folder can rewrite the manifest."""
     p = Path(path)
     m = p / MANIFEST
     if m.is_file():
@@ -360,19 +405,42 @@ def check_checkpoint(path: str | Path, under: str = "") -> str | None:
         key = (str(p.resolve()), st.st_mtime_ns, st.st_size, under)
         if key in _VERIFIED or (*key[:3], "") in _VERIFIED:
             return None
-        problem = verify_manifest(p, under)
+        problem = verify_manifest(p, under) or (None if under else _code_problem(p))
         if problem is None:
             _VERIFIED[key] = None
         return problem
     if under:
         return None
-    return check_zip_files(p) or _state_or_problem(p)[1]
+    return check_zip_files(p) or _code_problem(p) or _state_or_problem(p, mmap=True)[1]
+
+
+def _code_problem(p: Path) -> str | None:
+    """None when no pickle in checkpoint ``p`` names a global that vagent does not load (its
+    ``.pt`` files: :data:`~vagent.runs.safe_load.LEGACY_RNG` for state.pt and rng_rank*.pt,
+    :data:`~vagent.runs.safe_load.RECORDS` for the others; ``dcp/.metadata``: DCP's classes); else
+    the file and the global. Nothing is unpickled but ``dcp/.metadata``, by an unpickler that
+    admits DCP's classes only."""
+    for f in sorted(p.glob("*.pt")):
+        problem = data_problem(f, LEGACY_RNG if f.name == "state.pt" or f.name.startswith("rng") else RECORDS)
+        if problem is not None:
+            return problem
+    meta = p / "dcp" / ".metadata"
+    if meta.is_file():
+        try:
+            load_pickle_data(meta, "dcp/.metadata")
+        except UnsafeFileError as exc:
+            return str(exc)
+        except Exception as exc:  # truncated, not a pickle
+            return f"dcp/.metadata cannot be read ({_first_line(exc)})"
+    return None
 
 
 def _damaged(p: Path, problem: str) -> str:
     intact = [c.path.name for c in list_checkpoints(p.parent) if c.path != p and check_checkpoint(c.path) is None]
-    beside = (f"intact checkpoints beside it: {', '.join(intact)} (vagent train --resume falls back to the newest)"
-              if intact else "no intact checkpoint beside it (delete the damaged folder to start the run over)")
+    beside = (f"checkpoints beside it that pass their checks: {', '.join(intact)}; restore {p.name} from a copy of the "
+              f"run directory, or move it out of {p.parent} to resume from {intact[-1]}"
+              if intact else "no intact checkpoint beside it (restore the folder from a copy of the run directory, or "
+              "start a new run with its config: vagent train --config RUN/config.yaml)")
     return f"checkpoint {p} is damaged: {problem}; {beside}."
 
 
@@ -390,7 +458,9 @@ def select_checkpoint(ckpt_dir: str | Path, phase: str | None = None, say: Calla
     is one that is not this run's state (:func:`identity_problem`: another run's, relabelled, or an
     RL checkpoint whose SFT checkpoint is gone): the run resumes from the newest one left and
     writes the later steps again. If every checkpoint is skipped, :class:`CheckpointError` lists
-    them (never a silent start from scratch)."""
+    them (never a silent start from scratch). A run-level file that the chosen checkpoint recorded
+    (the canary's probe: :func:`run_files_problem`) and that changed since is a CheckpointError
+    too: no other checkpoint would fix it."""
     found = [c for c in list_checkpoints(ckpt_dir) if phase is None or c.phase == phase]
     skipped: list[str] = []
     for c in reversed(found):
@@ -409,29 +479,39 @@ def select_checkpoint(ckpt_dir: str | Path, phase: str | None = None, say: Calla
         if not is_verified(c.path):
             say(f"warning: checkpoint {c.path} has no manifest (written by an older vagent): resuming from it "
                 "unverified (its .pt files pass their CRC check)")
+        problem = run_files_problem(c.path)
+        if problem is not None:
+            raise CheckpointError(problem)
         return c
     if skipped:
-        raise CheckpointError(f"no intact checkpoint in {ckpt_dir}: " + "; ".join(skipped) + ". Restore the folder "
-                              "from a copy, or delete the damaged checkpoints to start the run over.")
+        raise CheckpointError(f"no intact checkpoint in {ckpt_dir}: " + "; ".join(skipped) + ". Restore the folders "
+                              "from a copy of the run directory, or start a new run with its config (vagent train "
+                              f"--config {Path(ckpt_dir).parent / 'config.yaml'}); nothing in the run was changed.")
     return None
 
 
 def identity_problem(c: CheckpointInfo, run: RunIdentity | None) -> str | None:
     """None when checkpoint ``c`` holds the state its folder name says, of run ``run``; else why
     not. Checked: its ``identity.json`` (run id, config's state hash, phase and step) against the
-    run and the folder name, its ``state.pt`` step against the folder name, and for an RL
-    checkpoint that the SFT checkpoint it trained from is there, intact and the same. A checkpoint
-    without ``identity.json`` (an older vagent's, or saved outside a run directory) is checked by
-    its state.pt step only."""
+    run and the folder name, its ``state.pt`` step against the folder name, its ``inflight.pt``
+    (:func:`_in_flight_problem`) against its step and the run, and for an RL checkpoint that the
+    SFT checkpoint it trained from is there, intact and the same. In a run (``run`` given: its
+    run.json) every checkpoint has ``identity.json``, so one without is refused; a checkpoint
+    saved outside a run directory (``run`` None) is checked by its state.pt and inflight.pt."""
     ident, problem = read_checkpoint_identity(c.path)
     if problem is not None:
         return problem
-    held = _held_step(c.path)
-    if held is not None and held != (c.phase, c.step):
+    held, problem = _held_step(c.path)
+    if held is None:
+        return problem
+    if held != (c.phase, c.step):
         return (f"its state.pt holds {held[0]} step {held[1]} but its folder is named {c.path.name} "
                 "(renamed or copied over another step's folder)")
+    if run is not None and ident is None:
+        return (f"it has no {CHECKPOINT_FILE}, which every checkpoint of a run with run.json has (removed, with its "
+                "manifest rewritten, or copied in from elsewhere); restore the folder from a copy of the run directory")
     if ident is None or run is None:
-        return None
+        return _in_flight_problem(c, None)
     if (ident["phase"], ident["step"]) != (c.phase, c.step):
         return (f"its {CHECKPOINT_FILE} says {ident['phase']} step {ident['step']} but its folder is named "
                 f"{c.path.name} (renamed or copied over another step's folder)")
@@ -442,7 +522,85 @@ def identity_problem(c: CheckpointInfo, run: RunIdentity | None) -> str | None:
         return ("it was trained under another config (its state hash differs from config.yaml's): a config change, "
                 "not damage; restore the run's config.yaml to resume from it")
     tf = ident.get("trained_from")
-    return None if tf is None else _lineage_problem(c.path.parent / tf["checkpoint"], tf["policy_sha256"])
+    return _in_flight_problem(c, run.run_id) or (
+        None if tf is None else _lineage_problem(c.path.parent / tf["checkpoint"], tf["policy_sha256"]))
+
+
+def _in_flight_problem(c: CheckpointInfo, run_id: str | None) -> str | None:
+    """Why ``c``'s ``inflight.pt`` (an overlapped run's rollout in flight) is not the one a resume
+    from ``c`` starts with (:func:`in_flight_problem`), as a reason to skip ``c``; None when it is,
+    or when ``c`` has none. Read as data, memory-mapped."""
+    f = c.path / "inflight.pt"
+    if not f.is_file():
+        return None
+    try:
+        saved = load_data(f, RECORDS, mmap=True)
+    except UnsafeFileError as exc:
+        return str(exc)
+    except Exception as exc:  # damaged: whatever torch raises
+        return f"its inflight.pt cannot be read ({_first_line(exc)})"
+    problem = in_flight_problem(saved, c.step if c.phase == "rl" else -1, run_id)
+    return None if problem is None else f"its {problem}"
+
+
+def in_flight_problem(saved: Any, step: int, run_id: str | None) -> str | None:
+    """None when ``saved`` (an ``inflight.pt`` record, ``vagent.rollout.driver.InFlight``) is the
+    rollout of the resume's first step: ``step`` updates done (its RL step ``step + 1``), sampled
+    with weights no newer, by run ``run_id`` (checked when both name a run: an older vagent's
+    record names none); else why not, starting ``inflight.pt ...``."""
+    held, version, owner = (getattr(saved, k, None) for k in ("step", "version", "run_id"))
+    if type(held) is not int or type(version) is not int:
+        return f"inflight.pt holds a {type(saved).__name__}, not the in-flight rollout vagent saves"
+    if held != step or version > held:
+        return (f"inflight.pt holds the rollout of RL step {held + 1} sampled with weights {version}, not the one a "
+                f"resume from step {step} starts with (RL step {step + 1}): copied in from another checkpoint")
+    if run_id is not None and owner is not None and owner != run_id:
+        return (f"inflight.pt belongs to another run (run id {str(owner)[:12]}, this run's is {run_id[:12]}): copied "
+                "in from another run directory")
+    return None
+
+
+def run_files_problem(path: str | Path) -> str | None:
+    """None when every run-level file that checkpoint ``path``'s identity recorded (``run_files``:
+    the canary's probe) is at the run's root with the recorded SHA-256; else one line naming the
+    file, the checkpoint and the fix."""
+    p = Path(path)
+    ident, _ = read_checkpoint_identity(p)
+    for name, digest in ((ident or {}).get("run_files") or {}).items():
+        problem = run_file_problem(p.parent.parent / name, digest, p.name)
+        if problem is not None:
+            return problem
+    return None
+
+
+def run_file_problem(f: Path, digest: str, recorded_by: str) -> str | None:
+    """None when run-level file ``f`` has SHA-256 ``digest`` (as checkpoint ``recorded_by``
+    recorded it); else one line naming the file and the fix."""
+    if not f.is_file():
+        return (f"{f} is missing, but checkpoint {recorded_by} recorded it (SHA-256 {digest[:16]}...) and the resume "
+                "reads it: restore it from a copy of the run directory")
+    if file_sha256(f) != digest:
+        return (f"{f} is not the file checkpoint {recorded_by} recorded (SHA-256 {digest[:16]}...): it was changed "
+                "after the run wrote it; restore it from a copy of the run directory")
+    return None
+
+
+def recorded_run_file(ckpt_dir: str | Path, name: str) -> tuple[str, str] | None:
+    """(checkpoint name, SHA-256) of run-level file ``name`` as the newest checkpoint in
+    ``ckpt_dir`` of the run in ``ckpt_dir/../run.json`` recorded it; None when none did (no
+    checkpoint since the file was written, a run without run.json, an older vagent's)."""
+    d = Path(ckpt_dir)
+    try:
+        run = read_run_identity(d.parent)
+    except IdentityError:
+        run = None
+    if run is None:
+        return None
+    for c in reversed(list_checkpoints(d)):
+        ident, _ = read_checkpoint_identity(c.path)
+        if ident is not None and ident["run_id"] == run.run_id and name in ident.get("run_files", {}):
+            return c.path.name, ident["run_files"][name]
+    return None
 
 
 def _lineage_problem(sft: Path, policy_sha256: str) -> str | None:
@@ -459,16 +617,15 @@ def _lineage_problem(sft: Path, policy_sha256: str) -> str | None:
     return None
 
 
-def _held_step(p: Path) -> tuple[str, int] | None:
-    """(phase, step) that ``p/state.pt`` holds (read memory-mapped: the optimizer states are not
-    loaded); None when it cannot be read (the integrity checks say why)."""
-    try:
-        state = torch.load(p / "state.pt", map_location="cpu", weights_only=False, mmap=True)
-    except Exception:
-        return None
-    if not isinstance(state, dict) or state.get("phase") not in PHASES or type(state.get("step")) is not int:
-        return None
-    return state["phase"], state["step"]
+def _held_step(p: Path) -> tuple[tuple[str, int] | None, str | None]:
+    """((phase, step) that ``p/state.pt`` holds, None) -- read as data, memory-mapped (the optimizer
+    states are not loaded) -- or (None, what is wrong with it)."""
+    state, problem = _state_or_problem(p, mmap=True)
+    if problem is not None:
+        return None, problem
+    if state.get("phase") not in PHASES or type(state.get("step")) is not int:
+        return None, f"state.pt holds no phase and step (phase {state.get('phase')!r}, step {state.get('step')!r})"
+    return (state["phase"], state["step"]), None
 
 
 def trained_from(path: str | Path) -> Path | None:
@@ -534,7 +691,7 @@ def _save_sharded(d: Path, phase: str, step: int, modules: Mapping[str, torch.nn
                 "extra": dict(extra or {}), "world_size": w.size, "format": "dcp",
             }
             for name, obj in objects.items():
-                _save(obj, tmp / f"{name}.pt")
+                _save_object(obj, tmp / f"{name}.pt")
             _save(state, tmp / "state.pt")
             _write_identity(tmp, d, phase, step)
             write_manifest(tmp)  # every rank's files: the commit point
@@ -549,13 +706,18 @@ def _load_sharded(p: Path, state: dict, modules: Mapping[str, torch.nn.Module],
                   restore_rng_state: bool) -> dict:
     """Load a sharded checkpoint with this job's world size (one process included): DCP reads
     each rank's part of every tensor, whatever the sharding it was written with."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
     from vagent.distributed import collective, world
 
     state_dicts = _sharded_state(modules, optimizers)
-    collective("checkpoint load (dcp)", lambda: dcp.load(state_dicts, checkpoint_id=p / "dcp"))
+    try:
+        collective("checkpoint load (dcp)", lambda: load_dcp(state_dicts, p / "dcp"))
+    except RuntimeError as exc:  # a file of dcp/ that needs code (collective wraps it in a DistributedError)
+        refused = exc if isinstance(exc, UnsafeFileError) else exc.__cause__
+        if not isinstance(refused, UnsafeFileError):
+            raise
+        raise CheckpointError(_damaged(p, str(refused))) from None
     for k, m in modules.items():
         set_model_state_dict(m, state_dicts[f"model.{k}"])
     for k, o in optimizers.items():
@@ -566,5 +728,5 @@ def _load_sharded(p: Path, state: dict, modules: Mapping[str, torch.nn.Module],
     if restore_rng_state:
         rank_file = p / f"rng_rank{world().rank}.pt"
         rng_file = rank_file if rank_file.is_file() else p / "rng_rank0.pt"
-        _load_into(rng_file, lambda: restore_rng(torch.load(rng_file, weights_only=False)))
+        _load_into(rng_file, lambda: restore_rng(load_data(rng_file, LEGACY_RNG)))
     return state

@@ -13,11 +13,17 @@ field that differs from what the run started with. Every checkpoint folder holds
 ``identity.json`` (listed in its manifest like every file)::
 
     {"run_id": "3f9c...", "state_hash": "a41b...", "phase": "rl", "step": 2,
-     "trained_from": {"checkpoint": "sft_000002", "policy_sha256": "..."}}   # RL only, after SFT
+     "trained_from": {"checkpoint": "sft_000002", "policy_sha256": "..."},   # RL only, after SFT
+     "run_files": {"canary_probe.pt": "<sha256>"}}   # the run-level files a resume reads (RUN_FILES)
 
 ``trained_from`` names the SFT checkpoint whose policy the RL steps started from (their KL
 reference and the critic's first backbone): a resume uses that one, and when it is gone or damaged
 the RL checkpoints fall back with it (:func:`vagent.runs.checkpoint.select_checkpoint`).
+``run_files`` holds the SHA-256 of each file of :data:`RUN_FILES` that existed when the checkpoint
+was written: a resume from it refuses a run-level file that changed or went missing since (a probe
+emptied by hand would switch the weight canary off without a word). A checkpoint of a run with
+``run.json`` always has ``identity.json``; one without is refused there (only a checkpoint saved
+outside a run directory has none).
 """
 
 from __future__ import annotations
@@ -32,6 +38,9 @@ from typing import Any, Mapping
 
 RUN_FILE = "run.json"
 CHECKPOINT_FILE = "identity.json"
+#: files at a run directory's root that a resume reads and each checkpoint's identity records the
+#: SHA-256 of: the weight canary's probe (vagent.rollout.canary.PROBE_FILE)
+RUN_FILES = ("canary_probe.pt",)
 
 #: config fields that may change on ``--resume`` when the user names them (``key=value``):
 #: how long the run goes on, what it logs, where it uploads, how many threads; never what shapes the state
@@ -132,11 +141,15 @@ def _canonical(v: Any) -> str:
     return json.dumps(v, sort_keys=True, default=repr)
 
 
-def checkpoint_identity(run: RunIdentity, phase: str, step: int, trained_from: dict | None) -> dict:
-    """The content of a checkpoint's ``identity.json``."""
-    out = {"run_id": run.run_id, "state_hash": run.state_hash, "phase": phase, "step": int(step)}
+def checkpoint_identity(run: RunIdentity, phase: str, step: int, trained_from: dict | None,
+                        run_files: Mapping[str, str] | None = None) -> dict:
+    """The content of a checkpoint's ``identity.json``; ``run_files``: {name: SHA-256} of the
+    :data:`RUN_FILES` that exist."""
+    out: dict[str, Any] = {"run_id": run.run_id, "state_hash": run.state_hash, "phase": phase, "step": int(step)}
     if trained_from is not None:
         out["trained_from"] = trained_from
+    if run_files:
+        out["run_files"] = dict(run_files)
     return out
 
 
@@ -151,9 +164,12 @@ def read_checkpoint_identity(folder: Path) -> tuple[dict | None, str | None]:
     except (OSError, ValueError, RecursionError) as exc:
         return None, f"{CHECKPOINT_FILE} is unreadable ({type(exc).__name__})"
     tf = d.get("trained_from") if isinstance(d, dict) else None
+    rf = d.get("run_files", {}) if isinstance(d, dict) else None
     if not (isinstance(d, dict) and isinstance(d.get("run_id"), str) and isinstance(d.get("state_hash"), str)
             and d.get("phase") in ("sft", "rl") and type(d.get("step")) is int
             and (tf is None or (isinstance(tf, dict) and isinstance(tf.get("checkpoint"), str)
                                 and isinstance(tf.get("policy_sha256"), str)))):
         return None, f'{CHECKPOINT_FILE} is not of the shape {{"run_id", "state_hash", "phase", "step"}}'
+    if not (isinstance(rf, dict) and all(k in RUN_FILES and isinstance(v, str) for k, v in rf.items())):
+        return None, f'{CHECKPOINT_FILE}: "run_files" is not {{name in {list(RUN_FILES)}: sha256}}'
     return d, None

@@ -51,6 +51,11 @@ def _hash_file(path: Path, sync: bool = False) -> str:
     return h.hexdigest()
 
 
+def file_sha256(path: Path) -> str:
+    """The SHA-256 (hex) of a file's content."""
+    return _hash_file(path)
+
+
 def _files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*") if p.is_file() and p.name not in (MANIFEST, WRITER_LOCK))
 

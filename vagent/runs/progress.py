@@ -182,7 +182,7 @@ def startup_arithmetic(cfg: Any, run_root: str | Path, n_params: int | None = No
             f"tokens: up to {r.max_turns} turns x {r.max_new_tokens} new tokens = {r.max_turns * r.max_new_tokens} "
             f"sampled per episode, {max_sampled} per step",
             f"update: {cfg.update.epochs} epochs x {cfg.update.mini_batches} mini-batches, micro-batches of "
-            f"<= {cfg.update.micro_batch_tokens} tokens; actor lr {cfg.update.actor_lr:g}",
+            f"<= {cfg.update.micro_batch_tokens} tokens (a longer row alone); actor lr {cfg.update.actor_lr:g}",
             validation_line(cfg),
         ]
     warmup = cfg.ppo.critic_warmup_steps if cfg.recipe == "ppo" else 0

@@ -52,6 +52,22 @@ def check_rollout(cfg: RunConfig) -> None:
     need(not (rollout.overlap and rollout.engine == "hf" and rollout.replicas == 0),
          "rollout.overlap 1 generates while the trainer updates, so the generator needs its own weights: set "
          "rollout.replicas >= 1 (Ray actors) or rollout.engine vllm, or rollout.overlap 0.")
+    check_canary(cfg)
+
+
+def check_canary(cfg: RunConfig) -> None:
+    """``rollout.canary_tolerance`` set where no canary runs is refused, as every field set where it
+    has no effect (rollout.engine_dtype, envs.N.token): the canary needs ``rollout.canary`` and a
+    generator apart from the trainer (replicas >= 1 or engine vllm)."""
+    rollout = cfg.rollout
+    if rollout.canary_tolerance is None:
+        return
+    need(rollout.canary, f"rollout.canary_tolerance {rollout.canary_tolerance} is the weight canary's tolerance, and "
+                         "rollout.canary is false: set rollout.canary true, or drop rollout.canary_tolerance.")
+    need(rollout.replicas >= 1 or rollout.engine == "vllm",
+         f"rollout.canary_tolerance {rollout.canary_tolerance} is the weight canary's tolerance, and this run has no "
+         "canary: it checks a generator apart from the trainer, and this run generates with the trainer's own model. "
+         "Set rollout.replicas >= 1 (or rollout.engine vllm), or drop rollout.canary_tolerance.")
 
 
 def check_env_servers(cfg: RunConfig) -> None:
@@ -146,13 +162,21 @@ def check_log(cfg: RunConfig) -> None:
 
 
 def check_rollout_correction(cfg: RunConfig) -> None:
-    """An accepted ratio band that is not empty; an engine dtype only where the generator has its own
-    weights (engine replicas or vLLM)."""
+    """An accepted ratio band that is not empty and, with rejection on, holds ratio 1 (a token the
+    engine and the trainer score alike: outside the band every token of an exact run is rejected and
+    the update has no loss); an engine dtype only where the generator has its own weights (engine
+    replicas or vLLM)."""
     corr, rollout = cfg.rollout_correction, cfg.rollout
     need(corr.rs_low is None or corr.rs_low < corr.rs_high,
          f"rollout_correction.rs_low ({corr.rs_low}) must be below rollout_correction.rs_high ({corr.rs_high}): "
          "tokens whose ratio pi_trainer / pi_engine leaves [rs_low, rs_high] are rejected; e.g. rs_low 0.5, "
          "rs_high 2.0 (null rs_low = 1 / rs_high).")
+    low = corr.rs_low if corr.rs_low is not None else 1 / corr.rs_high
+    need(corr.rs_level == "none" or low <= 1 <= corr.rs_high,
+         f"rollout_correction accepts ratios pi_trainer / pi_engine in [{low:g}, {corr.rs_high:g}] (rs_low "
+         f"{'null = 1 / rs_high' if corr.rs_low is None else corr.rs_low}, rs_high {corr.rs_high}), which excludes 1: "
+         f"rs_level {corr.rs_level} would reject the tokens the engine and the trainer agree on, and with them "
+         "every token of a run without mismatch. Set rs_low <= 1 <= rs_high, e.g. rs_low 0.5, rs_high 2.0.")
     need(rollout.engine_dtype == "auto" or rollout.replicas >= 1 or rollout.engine == "vllm",
          f"rollout.engine_dtype {rollout.engine_dtype} sets the dtype of a generator apart from the trainer, and "
          "this run generates with the trainer's own model: set rollout.replicas >= 1 (or rollout.engine vllm), "

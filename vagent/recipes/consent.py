@@ -1,0 +1,54 @@
+"""The code a run directory names, and the user's consent to run it. Light (no torch).
+
+A run directory is data. Its ``config.yaml`` can still name code: ``imports`` (modules imported
+as the run starts, to register its envs) and ``model.trust_remote_code: true`` (the model
+directory's own Python files). A new run's config is the user's own; a resumed run's was written
+by whoever wrote the directory. So ``vagent train --resume`` runs that code only when the command
+line names it again (``--import MODULE`` for each module, ``--trust-remote-code``), and refuses
+in one line otherwise, before anything is imported (:func:`check_run_code`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from vagent.config import ConfigError
+from vagent.recipes.config.ranges import read_config_text
+
+
+@dataclass(frozen=True)
+class CodeConsent:
+    """The code a user vouches for on a resume's command line: the ``--import`` modules and
+    ``--trust-remote-code``. A run directory is data: the code its ``config.yaml`` names (its
+    ``imports``, ``model.trust_remote_code: true``) runs only when the user names it again."""
+
+    imports: tuple[str, ...] = ()
+    trust_remote_code: bool = False
+
+
+def check_run_code(config: Path, consent: CodeConsent = CodeConsent()) -> None:
+    """ConfigError (one line) when the run config ``config`` names code that ``consent`` does not:
+    a module in ``imports`` not named with ``--import``, or ``model.trust_remote_code: true``
+    without ``--trust-remote-code``. Reads the YAML as data (nothing is imported); a file that
+    cannot be read is left to the resume's own checks."""
+    try:
+        tree = yaml.safe_load(read_config_text(config))
+    except (ConfigError, OSError, yaml.YAMLError):
+        return
+    if not isinstance(tree, dict):
+        return
+    imports = tree.get("imports") if isinstance(tree.get("imports"), list) else []
+    unnamed = [str(m) for m in imports if str(m) not in consent.imports]
+    model = tree.get("model") if isinstance(tree.get("model"), dict) else {}
+    remote = model.get("trust_remote_code") is True and not consent.trust_remote_code
+    if not unnamed and not remote:
+        return
+    what = ([f"imports {', '.join(unnamed)} (imported as the run starts)"] if unnamed else []) + \
+        (["model.trust_remote_code true (the model directory's own Python files)"] if remote else [])
+    flags = " ".join([*(f"--import {m}" for m in unnamed), *(["--trust-remote-code"] if remote else [])])
+    raise ConfigError(f"{config} names code that resuming would run: {' and '.join(what)}. A run directory is data, "
+                      "and vagent runs the code it names only when you name it too: if you trust it, resume with "
+                      f"vagent train --resume {config.parent} {flags}")
