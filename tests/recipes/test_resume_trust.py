@@ -90,9 +90,29 @@ def test_checkpoints_that_disagree_or_have_no_identity_are_said_and_nothing_is_w
     for ckpt in (run / "checkpoints").iterdir():  # an older vagent's checkpoints: none has an identity
         (ckpt / "identity.json").unlink()
     plan = resume_config(RunDir(run), ["steps=3"])
-    assert not plan.checks_identity and not (run / "run.json").exists()
+    assert plan.checks_identity and not (run / "run.json").exists()
     assert "is missing and none of its 2 checkpoint(s) has a readable identity.json" in plan.said[0]
+    assert plan.identity.adopted == ("step_000001", "step_000002")  # recorded by name in the new run.json
 
+    # that resume killed before its first checkpoint: the next one (run.json there now) still accepts them,
+    # and a checkpoint that loses its identity.json afterwards is refused
+    from vagent.runs.checkpoint import select_checkpoint
+    from vagent.runs.identity import read_run_identity
+    from vagent.runs.manifest import write_manifest
+
+    for ckpt in (run / "checkpoints").iterdir():
+        (ckpt / "manifest.json").unlink()
+        write_manifest(ckpt)  # intact apart from the identity an older vagent never wrote
+    plan.accept()
+    again = read_run_identity(run)
+    assert again is not None and again.adopted == plan.identity.adopted
+    assert select_checkpoint(run / "checkpoints", run=again, say=lambda m: None).path.name == "step_000002"
+    later = again.__class__(again.run_id, again.state_hash, again.config, again.changes, ("step_000001",))
+    said: list[str] = []
+    assert select_checkpoint(run / "checkpoints", run=later, say=said.append).path.name == "step_000001"
+    assert "step_000002 is skipped: it has no identity.json" in said[0]
+
+    (run / "run.json").unlink()
     first.write_text(original)  # one identity again, and config.yaml edited after run.json was lost
     (run / "config.yaml").write_text((run / "config.yaml").read_text().replace("seed: 0", "seed: 1"))
     with pytest.raises(ConfigError, match="is not the config the run's checkpoints were trained under"):

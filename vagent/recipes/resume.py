@@ -183,8 +183,11 @@ def _identity_from_checkpoints(run: RunDir) -> tuple[RunIdentity, bool, str]:
             named.setdefault((ident["run_id"], ident["state_hash"]), []).append(c.path.name)
     if not named:
         what = (f"none of its {len(found)} checkpoint(s) has a readable identity.json (a vagent before identities "
-                "wrote none): they resume without an identity check" if found else "it has no checkpoint yet")
-        return (RunIdentity.new(saved), False,
+                "wrote none): run.json records them as the run's, and they resume checked by their state.pt step"
+                if found else "it has no checkpoint yet")
+        # the checkpoints there now are adopted by name: a later resume (after this one was killed before its first
+        # checkpoint) still accepts them, while a checkpoint that loses its identity.json later is refused
+        return (RunIdentity.new(saved, tuple(c.path.name for c in found)), True,
                 f"note: {run.identity} is missing and {what}; the run's identity is recorded from config.yaml")
     if len(named) > 1:
         listed = "; ".join(f"run id {rid[:12]} (state hash {h}): {', '.join(names)}"

@@ -507,7 +507,7 @@ def identity_problem(c: CheckpointInfo, run: RunIdentity | None) -> str | None:
     if held != (c.phase, c.step):
         return (f"its state.pt holds {held[0]} step {held[1]} but its folder is named {c.path.name} "
                 "(renamed or copied over another step's folder)")
-    if run is not None and ident is None:
+    if run is not None and ident is None and c.path.name not in run.adopted:
         return (f"it has no {CHECKPOINT_FILE}, which every checkpoint of a run with run.json has (removed, with its "
                 "manifest rewritten, or copied in from elsewhere); restore the folder from a copy of the run directory")
     if ident is None or run is None:

@@ -94,19 +94,25 @@ class RunIdentity:
     state_hash: str
     config: dict[str, Any]
     changes: tuple[dict, ...] = ()
+    #: checkpoint folders without identity.json that the run had when its identity was first
+    #: recorded (an older vagent's run): the only ones a run with run.json accepts without one
+    adopted: tuple[str, ...] = ()
 
     @staticmethod
-    def new(flat: Mapping[str, Any]) -> "RunIdentity":
-        return RunIdentity(uuid.uuid4().hex, state_hash(flat), dict(flat))
+    def new(flat: Mapping[str, Any], adopted: tuple[str, ...] = ()) -> "RunIdentity":
+        return RunIdentity(uuid.uuid4().hex, state_hash(flat), dict(flat), adopted=tuple(adopted))
 
     def to_json(self) -> str:
-        return json.dumps({"version": 1, "run_id": self.run_id, "created": time.time(), "state_hash": self.state_hash,
-                           "config": self.config, "changes": list(self.changes)}, indent=1, default=repr) + "\n"
+        d = {"version": 1, "run_id": self.run_id, "created": time.time(), "state_hash": self.state_hash,
+             "config": self.config, "changes": list(self.changes)}
+        if self.adopted:
+            d["adopted"] = list(self.adopted)
+        return json.dumps(d, indent=1, default=repr) + "\n"
 
     def with_change(self, flat: Mapping[str, Any], fields: Mapping[str, tuple[Any, Any]]) -> "RunIdentity":
         """The identity after accepting ``fields`` ({key: (old, new)}) on a resume."""
         change = {"time": round(time.time(), 3), "fields": {k: list(v) for k, v in fields.items()}}
-        return RunIdentity(self.run_id, state_hash(flat), dict(flat), (*self.changes, change))
+        return RunIdentity(self.run_id, state_hash(flat), dict(flat), (*self.changes, change), self.adopted)
 
 
 class IdentityError(ValueError):
@@ -127,7 +133,10 @@ def read_run_identity(root: str | Path) -> RunIdentity | None:
         raise IdentityError(f"{path} is unreadable ({type(exc).__name__}: {str(exc)[:100]})") from exc
     if not ok:
         raise IdentityError(f'{path} is not a run identity ({{"run_id", "state_hash", "config", "changes"}})')
-    return RunIdentity(d["run_id"], d["state_hash"], d["config"], tuple(d.get("changes", [])))
+    adopted = d.get("adopted", [])
+    if not (isinstance(adopted, list) and all(isinstance(x, str) for x in adopted)):
+        raise IdentityError(f'{path}: "adopted" is not a list of checkpoint folder names')
+    return RunIdentity(d["run_id"], d["state_hash"], d["config"], tuple(d.get("changes", [])), tuple(adopted))
 
 
 def config_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
