@@ -54,6 +54,40 @@ def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     return parser
 
 
+def missing_dependency(exc: ImportError) -> str | None:
+    """The one line a command ends with when a package it needs is not installed: vagent's own
+    ImportErrors name the install that fixes it; a bare "No module named 'x'" gets the extra of
+    vagent that installs x, if one does. None for an import of vagent itself that failed (a bug)."""
+    chain: list[BaseException] = [exc]  # exc and the exceptions it was raised from or during
+    while (before := chain[-1].__cause__ or chain[-1].__context__) is not None and len(chain) < 10:
+        chain.append(before)
+    if any(isinstance(e, ImportError) and (e.name or "").split(".")[0] == "vagent" for e in chain):
+        return None
+    if exc.name is not None and not isinstance(exc, ModuleNotFoundError):
+        return None  # "cannot import name X from Y": an installed package of another version, not a missing one
+    if not isinstance(exc, ModuleNotFoundError) or not exc.name:
+        return str(exc)
+    return f"{exc}: {_install_hint(exc.name)}"
+
+
+def _install_hint(module: str) -> str:
+    """How to install the package of ``module``: the extra of vagent that lists it (pyproject.toml's
+    optional dependencies, as installed), else the module's name."""
+    import re
+    from importlib.metadata import PackageNotFoundError, requires
+
+    try:
+        wanted = requires("vagent") or []
+    except PackageNotFoundError:
+        wanted = []
+    name = module.split(".")[0].replace("_", "-").lower()
+    for req in wanted:
+        found = re.match(r"([A-Za-z0-9_.-]+).*extra == \"([^\"]+)\"", req)
+        if found and found.group(2) != "test" and found.group(1).replace("_", "-").lower() == name:
+            return f"this command needs it: pip install 'vagent[{found.group(2)}]'"
+    return f"this command needs it: install the package that provides {module!r}"
+
+
 def main(argv: list[str] | None = None) -> int:
     from vagent.numerics import pin_cpu_kernels
     from vagent.omp import apply_wait_settings
@@ -76,6 +110,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except ImportError as exc:  # an optional dependency a command needs is missing: one line, no traceback
+        line = missing_dependency(exc)
+        if line is None:  # an import of vagent's own that failed: a bug, its traceback is wanted
+            raise
+        print(f"error: {line}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -1,12 +1,12 @@
 """Fixtures of the viewer's browser tests: one chromium per module, a fresh page per test that
-fails the test on any JavaScript error, and ``served``: the viewer over the module's ``run``
-fixture (its root first), in a thread."""
+fails the test on any JavaScript error (its waits have ``_browser.DEADLINE_MS``), and ``served``:
+the viewer over the module's ``run`` fixture (its root first), in a thread."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.viewer._browser import ARGS, CHROMIUM, sync_playwright
+from tests.viewer._browser import ARGS, CHROMIUM, new_page, sync_playwright
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +21,7 @@ def browser():
 
 @pytest.fixture()
 def page(browser):
-    pg = browser.new_page(viewport={"width": 1500, "height": 1000})
+    pg = new_page(browser)
     errors: list[str] = []
     pg.on("pageerror", lambda e: errors.append(str(e)))
     yield pg

@@ -52,11 +52,11 @@ def run(tmp_path_factory):
 
 def test_opens_on_the_first_episode(served, page):
     page.goto(served)
-    page.wait_for_selector(".episode[data-episode='step_000000#0']", timeout=15_000)
+    page.wait_for_selector(".episode[data-episode='step_000000#0']")
     assert page.locator("tr.ep.current").get_attribute("data-i") == "0"
     assert "Pick an episode" not in page.locator("#episode-pane").inner_text()
     page.locator("tr.group[data-group='step_000001']").click()  # a step picked from the table opens its first too
-    page.wait_for_selector(".episode[data-episode='step_000001#0']", timeout=15_000)
+    page.wait_for_selector(".episode[data-episode='step_000001#0']")
 
 
 def test_a_warmup_step_marks_its_tokens_as_not_trained(run, served, page):
@@ -117,7 +117,7 @@ def test_out_page_embeds_any_text(run, page, tmp_path):
     finally:
         path.write_text(original)
     page.goto(html.as_uri() + "#group=step_000001&i=0")
-    page.wait_for_selector("body[data-ready='1']", timeout=15_000)
+    page.wait_for_selector("body[data-ready='1']")
     page.wait_for_selector(".episode[data-episode='step_000001#0']")
     assert page.locator(".turn[data-turn='0'] .reply-block").count() == 1
     # the reply is on the page as text (the token row of the scripted run differs from the new text,
@@ -135,7 +135,7 @@ def test_a_file_the_server_cannot_read_is_shown_by_name_and_line(page, tmp_path)
     server, url = serve_in_thread(open_source(root), port=0)
     try:
         page.goto(url)
-        page.wait_for_selector("body[data-ready='error']", timeout=15_000)
+        page.wait_for_selector("body[data-ready='error']")
         text = page.locator("#episode-pane .note.error").inner_text()
         assert text.startswith("rollouts/step_000001.jsonl line 2: no 'turns'"), text
     finally:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.viewer._browser import ARGS, CHROMIUM, sync_playwright
+from tests.viewer._browser import ARGS, CHROMIUM, new_page, sync_playwright
 from tests.viewer.test_browser import count_text, open_episode
 
 pytestmark = [
@@ -61,7 +61,7 @@ def page(real_run):
     server, url = serve_in_thread(open_source(real_run), port=0)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        pg = browser.new_page(viewport={"width": 1500, "height": 1000})
+        pg = new_page(browser)
         errors: list[str] = []
         pg.on("pageerror", lambda e: errors.append(str(e)))
         pg.url_base = url
@@ -102,7 +102,7 @@ def test_real_run_steps_tokens_and_filters(real_run, page):
 
     open_episode(page, page.url_base, g, 0)
     img = page.locator(".turn[data-turn='0'] .frames img").first
-    assert img.evaluate("i => i.complete && i.naturalWidth > 0")
+    assert img.evaluate("async i => { await i.decode(); return i.naturalWidth > 0 }")  # decoded, not only in the DOM
     assert page.locator(".episode .tok.m1").count() == masks[0]
     for det in page.locator("details.prompt").all():  # opening the prompts adds no trained token
         det.locator("summary").click()
@@ -138,7 +138,8 @@ def test_real_run_validation_points_pair_by_env_seed(real_run, page):
     page.wait_for_function("document.querySelector('#count').innerText.includes('of 3 episodes')")
     page.locator("tr.ep[data-i='0']").click()
     page.wait_for_selector(".episode .turn .frames img")
-    assert page.locator(".turn .frames img").first.evaluate("i => i.complete && i.naturalWidth > 0")
+    img = page.locator(".turn .frames img").first
+    assert img.evaluate("async i => { await i.decode(); return i.naturalWidth > 0 }")
     assert "not trained" in page.locator(".episode").inner_text()
 
     page.select_option("#compare", "val_000000")

@@ -169,6 +169,10 @@ needs_browser = pytest.mark.skipif(CHROMIUM is None or sync_playwright is None, 
                                    "(apt-get install -y chromium) and playwright (pip install playwright)")
 
 
+#: what only a trial's run viewer shows (its link back to the sweep), and only the sweep page (a metric's table)
+RUN_PAGE, SWEEP_PAGE = "a#back", ".metric[data-metric='val_success_final']"
+
+
 def final_table(page):
     return page.locator(".metric[data-metric='val_success_final']")
 
@@ -188,15 +192,17 @@ def test_sweep_page_tables_curves_and_trial_links(served, page):
     assert page.locator("tr.trial[data-status='failed']").count() == 1
     assert page.locator("tr.trial[data-trial='base/seed_3'] a").count() == 0  # not started: nothing to open
 
+    # each page's readiness signal (body[data-ready]) with what only that page has: the sweep page
+    # is ready too, so its own signal alone would pass before the click's navigation
     page.locator("tr.trial[data-trial='base/seed_0'] a.trial-link").click()
-    page.wait_for_url("**/trial/base/seed_0/")
-    page.wait_for_selector("body[data-ready='1']")
+    page.wait_for_selector(f"body[data-ready='1'] {RUN_PAGE}")
+    assert page.url.split("#")[0] == served + "trial/base/seed_0/"  # the page adds #group=...&i=...
     assert page.locator("tr.ep").count() == 3  # the first dumped step's episodes
     page.locator("tr.ep").first.click()
     page.wait_for_selector(".episode .tok.m1")
     page.locator("a#back").click()
-    page.wait_for_url(served)
-    page.wait_for_selector("body[data-ready='1']")
+    page.wait_for_selector(f"body[data-ready='1'] {SWEEP_PAGE}")
+    assert page.url == served
     assert final_table(page).locator("tr.baseline").count() == 1
 
 

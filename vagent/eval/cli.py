@@ -171,7 +171,7 @@ def _describe() -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Execute ``vagent eval``; returns the exit code (2 on a config error or a corrupt episode file,
-    1 if episodes are missing at the end, else 0)."""
+    1 if episodes are missing or failed at the end, said in one line; else 0)."""
     from vagent.config import ConfigError
 
     if args.describe:
@@ -190,10 +190,15 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, StoreError) as exc:
         print(f"vagent eval: {exc}", file=sys.stderr)
         return 2
+    from vagent.eval.report import failure_line
+
     missing = sum(r["episodes"] - r["finished"] for r in result.summary["cells"])
     print(f"[eval] wrote {result.out_dir / 'summary.json'}"
           + (f" and {result.out_dir / 'report.html'}" if cfg.html else ""), file=sys.stderr)
-    return 1 if missing else 0
+    failed = failure_line(result.summary, result.first_error, cfg.retry_errors)
+    if failed:  # an errored episode is not a result: the command failed (docs/evaluation.md, "Exit codes")
+        print(failed, file=sys.stderr)
+    return 1 if missing or failed else 0
 
 
 __all__ = ["add_parser", "run", "build_mapping"]

@@ -97,8 +97,38 @@ def summarize_cell(records: Sequence[Mapping[str, Any]], *, env: str, model: str
         "reasoning_scores": {name: _mean(v) for name, v in sorted(judged.items())},
         "prompt_tokens": pt, "completion_tokens": ct, "cost_usd": cost,
         "retries": sum(r["usage"].get("retries", 0) for r in records),
-        "error_examples": sorted({str(r["error"]).splitlines()[0][:300] for r in records if r.get("error")})[:3],
+        "error_examples": sorted({error_headline(r["error"])[:300] for r in records if r.get("error")})[:3],
     }
+
+
+def error_headline(error: Any) -> str:
+    """The line that says what an episode's error was: its first line, or for a traceback (an env
+    error is ``env: Traceback ...``) the prefix and the exception's own line, the last one."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if not lines:
+        return ""
+    prefix, tb, _ = lines[0].partition("Traceback (most recent call last):")
+    return prefix + lines[-1] if tb and len(lines) > 1 else lines[0]
+
+
+def failure_line(summary: Mapping[str, Any], first_error: str | None, retry_errors: bool = True) -> str | None:
+    """The line ``vagent eval`` ends with when episodes failed (its exit code is then 1; see
+    docs/evaluation.md, "Exit codes"): how many of the expected episodes, whether any cell measured
+    nothing, and the first error (cell order, then seed); None when none failed."""
+    cells = summary["cells"]
+    failed, total = sum(c["errors"] for c in cells), sum(c["episodes"] for c in cells)
+    if not failed:
+        return None
+    empty = [c for c in cells if c["errors"] and not c["valid"]]
+    if len(empty) == len(cells):
+        what = "nothing was measured"
+    elif empty:
+        what = f"{len(empty)} of {len(cells)} cells measured nothing: " + ", ".join(
+            f"{c['env']}/{c['model']}/{c['format']}" for c in empty)
+    else:
+        what = "left out of the success rates"
+    again = "the same command runs them again" if retry_errors else "retry_errors is off: --force reruns them"
+    return f"vagent eval: {failed} of {total} episodes failed ({what}; {again}); first error: {first_error}"
 
 
 def summary_metrics(summary: Mapping[str, Any], prefix: str = "eval") -> dict[str, float]:
@@ -268,5 +298,5 @@ def render_html(summary: Mapping[str, Any], records: Mapping[tuple[str, str, str
     return "".join(parts)
 
 
-__all__ = ["Z95", "wilson_interval", "summarize_cell", "summary_metrics", "table_rows", "print_table",
-           "render_html", "price_of"]
+__all__ = ["Z95", "wilson_interval", "summarize_cell", "error_headline", "failure_line", "summary_metrics",
+           "table_rows", "print_table", "render_html", "price_of"]

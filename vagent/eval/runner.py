@@ -34,7 +34,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from vagent.config import ConfigError, to_dict
 from vagent.eval.config import EvalConfig, EvalEnv, ModelSpec, resolve_seeds, validate
-from vagent.eval.report import print_table, render_html, summarize_cell
+from vagent.eval.report import error_headline, print_table, render_html, summarize_cell
 from vagent.eval.store import EpisodeKey, atomic_write_bytes, atomic_write_json, episode_record, fingerprint, \
     read_episode, write_episode
 
@@ -68,6 +68,7 @@ class EvalResult:
     ran: int = 0  # episodes rolled out by this invocation
     skipped: int = 0  # episodes already finished on disk
     api_stats: dict[str, dict[str, float]] = field(default_factory=dict)
+    first_error: str | None = None  # the first errored episode's error line (cell order, then seed)
 
 
 def _run_config(cfg: EvalConfig, env: EvalEnv, fmt: str, model: ModelSpec) -> dict[str, Any]:
@@ -315,6 +316,8 @@ def run_eval(cfg: EvalConfig, *, policies: Mapping[str, Any] | None = None, stre
         result.ran += len(keys)
     summary, records = collect(cfg, cells, out_dir)
     summary["api"] = result.api_stats
+    result.first_error = next((error_headline(r["error"]) for recs in records.values() for r in recs
+                               if r.get("error") is not None), None)
     atomic_write_json(out_dir / "summary.json", summary)
     if cfg.html:
         page = render_html(summary, records, out_dir, cfg.html_max_episodes)

@@ -165,6 +165,8 @@ def reap_dead_sessions(temp_dir: str | Path) -> tuple[list[str], int]:
     session is reaped once). Returns (the sessions reaped, processes killed)."""
     dead = []
     for marker in sorted(Path(temp_dir).glob(f"session_*/{MARKER}")):
+        if marker.parent.is_symlink():  # session_latest: Ray's link to the newest session, found by its own name
+            continue
         try:
             info = json.loads(marker.read_text())
             pid, start = int(info["pid"]), float(info["start_time"])

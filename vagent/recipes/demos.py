@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -198,7 +199,9 @@ def play_demo(settings: DemoSettings, seed: int, image_dir: Path | None, image_p
 
 
 def write_demos(settings: DemoSettings, out: str | Path) -> dict:
-    """Write ``settings.n`` demonstrations to the JSONL file ``out``; returns summary numbers."""
+    """Write ``settings.n`` demonstrations to the JSONL file ``out``; returns summary numbers. The
+    file appears once every demonstration is written: a failed run (an env that cannot be made)
+    leaves no file, and an older one of that name as it was."""
     out = Path(out)
     if settings.n < 1:
         raise ValueError(f"n must be >= 1, got {settings.n}")
@@ -208,10 +211,15 @@ def write_demos(settings: DemoSettings, out: str | Path) -> dict:
     image_dir = out.parent / f"{out.stem}_images"  # made by the first image (none for a text env)
     seeds = split_seeds(settings.split, settings.n, settings.offset)
     n_success = n_turns = 0
-    with open(out, "w") as f:
-        for seed in seeds:
-            rec = play_demo(settings, seed, image_dir, f"{image_dir.name}/")
-            f.write(json.dumps(rec) + "\n")
-            n_success += rec["meta"]["success"]
-            n_turns += len(rec["meta"]["turns"])
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "w") as f:
+            for seed in seeds:
+                rec = play_demo(settings, seed, image_dir, f"{image_dir.name}/")
+                f.write(json.dumps(rec) + "\n")
+                n_success += rec["meta"]["success"]
+                n_turns += len(rec["meta"]["turns"])
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
     return {"episodes": len(seeds), "success_rate": n_success / len(seeds), "turns": n_turns, "path": str(out)}

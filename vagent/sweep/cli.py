@@ -61,8 +61,8 @@ def run_sweep_command(args: argparse.Namespace) -> int:
         outcome = run_sweep(sweep, sweep_dir, num_cpus=args.num_cpus, num_gpus=args.num_gpus, say=say)
     except (ConfigError, ImportError, RuntimeError) as exc:
         return _error(str(exc))
-    for trial, err in sorted(outcome.errors.items()):
-        print(f"error: trial {trial} failed: {err} (its train.log is under {outcome.sweep_dir / 'trials' / trial})",
+    for trial, err in sorted(outcome.errors.items()):  # one line each; a run's train.log is in its folder
+        print(f"error: trial {trial} failed: {err}; its folder: {outcome.sweep_dir / 'trials' / trial}",
               file=sys.stderr)
     say(f"{outcome.finished}/{outcome.total} trials finished; report: vagent sweep report {outcome.sweep_dir}")
     return 0 if outcome.finished == outcome.total and not outcome.errors else 1

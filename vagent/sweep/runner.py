@@ -142,6 +142,20 @@ def _import_tune() -> Any:
     return tune
 
 
+class _TrialTraceback(logging.Filter):
+    """Drops Tune's "Trial task failed" record, the failed trial's whole traceback on the console:
+    the sweep says each failed trial in one line, naming the ``error.txt`` Tune keeps it in."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Trial task failed for trial")
+
+
+def _quiet_trial_tracebacks() -> None:
+    source = logging.getLogger("ray.tune.execution.tune_controller")
+    if not any(isinstance(f, _TrialTraceback) for f in source.filters):
+        source.addFilter(_TrialTraceback())
+
+
 def run_sweep(sweep: Sweep, sweep_dir: Path, num_cpus: int | None = None, num_gpus: int | None = None,
               say: Callable[[str], None] = print) -> SweepOutcome:
     """Run (or continue) every trial of ``sweep`` on a local Ray cluster of ``num_cpus`` CPUs
@@ -165,6 +179,7 @@ def run_sweep(sweep: Sweep, sweep_dir: Path, num_cpus: int | None = None, num_gp
     # with Tune's result files off, its result grid warns once per trial that it found none; the
     # sweep reads each trial's own run directory instead, so that warning says nothing
     logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
+    _quiet_trial_tracebacks()
     os.environ.setdefault("RAY_worker_niceness", "0")  # trials run at the sweep's priority (Ray's default: +15)
     started = not ray.is_initialized()
     if started:
@@ -192,7 +207,8 @@ def run_sweep(sweep: Sweep, sweep_dir: Path, num_cpus: int | None = None, num_gp
         errors = {}
         for r in results:
             if r.error is not None:
-                errors[(r.config or {}).get("trial", "?")] = str(r.error).strip().splitlines()[-1]
+                traceback = f"traceback: {Path(r.path) / 'error.txt'}" if r.path else "Tune kept no traceback"
+                errors[(r.config or {}).get("trial", "?")] = f"{str(r.error).strip().splitlines()[-1]} ({traceback})"
     finally:
         if started:
             ray.shutdown()

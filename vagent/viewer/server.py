@@ -48,6 +48,11 @@ _TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=
           ".css": "text/css; charset=utf-8"}
 
 
+#: one curve request at a time: the page asks for its curves at once, one drawing serves them all
+#: (SweepSource caches it) and pyplot is not thread-safe; unlocked, each request drew every curve
+_CURVES_LOCK = threading.Lock()
+
+
 def _json_bytes(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
 
@@ -94,7 +99,8 @@ def _sweep_route(sweep: Any, path: str, q: dict[str, str]) -> tuple[bytes, str]:
     if path == "/api/sweep":
         return _json_bytes(sweep.index()), "application/json"
     if path.startswith("/curves/"):
-        return sweep.curve_png(unquote(path.removeprefix("/curves/"))), "image/png"
+        with _CURVES_LOCK:
+            return sweep.curve_png(unquote(path.removeprefix("/curves/"))), "image/png"
     if path.startswith("/trial/"):
         parts = path.removeprefix("/trial/").split("/", 2)  # <row>, seed_<k>, the run viewer's path
         if len(parts) < 2:
