@@ -48,3 +48,23 @@ def test_a_resume_does_not_import_what_the_run_config_names(tmp_path, finished):
     lines = [line for line in out.stderr.splitlines() if line.strip()]
     assert out.returncode != 0 and not marker.exists(), (out.stdout, out.stderr)
     assert len(lines) == 1 and "--import planted" in lines[0] and "names code" in lines[0], lines
+
+
+def test_eval_of_a_run_does_not_import_what_its_config_names(tmp_path):
+    """``vagent eval RUN`` reads the run's config.yaml (its envs, validation seeds): a config that
+    imports a module is refused in one line unless ``--import`` names it."""
+    marker = tmp_path / "RAN"
+    run = _run_dir(tmp_path, marker)
+    from vagent.runs.manifest import write_manifest
+
+    ckpt = run / "checkpoints" / "step_000001"
+    (ckpt / "policy").mkdir(parents=True)
+    (ckpt / "policy" / "config.json").write_text("{}")
+    (ckpt / "state.pt").write_bytes(b"")
+    write_manifest(ckpt)  # a checkpoint whose policy/ matches its manifest: eval goes on to the run's config
+    env = {"PYTHONPATH": str(tmp_path / "mods"), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, "-m", "vagent", "eval", str(run)], capture_output=True, text=True, env=env,
+                         timeout=120)
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert out.returncode != 0 and not marker.exists(), (out.stdout, out.stderr)
+    assert len(lines) == 1 and f"vagent eval {run} --import planted" in lines[0], lines

@@ -72,7 +72,11 @@ def served(tmp_path_factory):
 
 
 @pytest.mark.parametrize("host", ["attacker.example:{port}", "attacker.example", "127.0.0.1.attacker.example:{port}",
-                                  "localhost.attacker.example", "evil.lan:{port}", None])
+                                  "localhost.attacker.example", "evil.lan:{port}", None,
+                                  # not an RFC 3986 authority (vagent.authority): a name after the brackets, two ports,
+                                  # userinfo, a port that is not digits
+                                  "[::1]evil.com", "[::1]evil.com:{port}", "localhost:80:80", "evil.com@localhost",
+                                  "[::1]:80x", ""])
 def test_other_host_names_are_refused(served, host):
     for path in ("/files/config.yaml", "/api/index", "/"):
         status, body = get(served, path, host and host.format(port=served))

@@ -27,7 +27,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from vagent.plugins import add_import_argument
 
@@ -83,7 +83,7 @@ def build_mapping(args: argparse.Namespace) -> dict[str, Any]:
     if getattr(args, "run", None):
         from vagent.eval.from_run import run_mapping
 
-        base, rc = run_mapping(args.run)
+        base, rc = run_mapping(args.run, getattr(args, "imports", None) or ())
         m = dict(base)
     if args.config:
         m.update(load_yaml(args.config))
@@ -136,7 +136,7 @@ def build_mapping(args: argparse.Namespace) -> dict[str, Any]:
     return m
 
 
-def check_training_envs(cfg: Any) -> None:
+def check_training_envs(cfg: Any, imports: Sequence[str] = ()) -> None:
     """Warn (stderr, and ``cfg.training_run["warnings"]``) for each eval env that differs from the
     training env config of the run an hf model's directory belongs to."""
     from vagent.eval.from_run import env_mismatches, find_checkpoint, load_run_config
@@ -150,7 +150,7 @@ def check_training_envs(cfg: Any) -> None:
             continue
         if not cfg.training_run:
             cfg.training_run = {"run_dir": str(rc.run_dir), "checkpoint": rc.checkpoint.name}
-        for line in env_mismatches(load_run_config(rc.run_dir), cfg.envs, cfg.formats):
+        for line in env_mismatches(load_run_config(rc.run_dir, imports), cfg.envs, cfg.formats):
             lines.append(f"model {model.label}: {line}")
             print(f"[eval] warning: {lines[-1]}", file=sys.stderr)
     if lines:
@@ -169,6 +169,19 @@ def _describe() -> None:
             print(f"  {name} ({tp}, default {default!r}): {doc}")
 
 
+def _run_logged(cfg: Any) -> Any:
+    """``run_eval(cfg)``; with an ``hf`` model, transformers' loading bars and Python's warnings go
+    to ``<out_dir>/eval.log`` instead of the console (``vagent.runs.progress.library_output_to_file``)."""
+    from vagent.eval.runner import run_eval
+
+    if not any(m.backend == "hf" for m in cfg.models):  # API models only: no torch, nothing to route
+        return run_eval(cfg)
+    from vagent.runs.progress import library_output_to_file  # heavy (vagent.runs imports torch)
+
+    with library_output_to_file(Path(cfg.out_dir) / "eval.log"):
+        return run_eval(cfg)
+
+
 def run(args: argparse.Namespace) -> int:
     """Execute ``vagent eval``; returns the exit code (2 on a config error or a corrupt episode file,
     1 if episodes are missing or failed at the end, said in one line; else 0)."""
@@ -183,10 +196,10 @@ def run(args: argparse.Namespace) -> int:
         from vagent.eval.config import load_config
 
         cfg = load_config(build_mapping(args))
-        check_training_envs(cfg)
+        check_training_envs(cfg, getattr(args, "imports", None) or ())
         from vagent.eval.runner import run_eval
 
-        result = run_eval(cfg)
+        result = _run_logged(cfg)
     except (ConfigError, StoreError) as exc:
         print(f"vagent eval: {exc}", file=sys.stderr)
         return 2

@@ -88,9 +88,16 @@ def find_checkpoint(path: str | Path) -> RunCheckpoint | None:
     return RunCheckpoint(root, ckpt)
 
 
-def load_run_config(run_dir: Path) -> Any:
-    """The run's saved config (``config.yaml``), validated; ConfigError names the file."""
+def load_run_config(run_dir: Path, imports: Sequence[str] = ()) -> Any:
+    """The run's saved config (``config.yaml``), validated; ConfigError names the file. A run
+    directory is data: a config that imports modules (``imports``) is read only when ``imports``
+    (the command's ``--import``) names each of them (:func:`vagent.recipes.consent.check_run_code`)."""
     from vagent.recipes.config import load_config
+    from vagent.recipes.consent import CodeConsent, check_run_code
+
+    # eval never runs a model's own code (no trust_remote_code), so only the config's imports need consent
+    check_run_code(run_dir / "config.yaml", CodeConsent(tuple(imports), trust_remote_code=True),
+                   command=f"vagent eval {run_dir}")
 
     try:
         return load_config(run_dir / "config.yaml")
@@ -104,7 +111,7 @@ def _format_of(name: str, config: dict) -> str:
     return str(config.get("format") or make_config(name, **config).format)
 
 
-def run_mapping(path: str | Path) -> tuple[dict[str, Any], RunCheckpoint]:
+def run_mapping(path: str | Path, imports: Sequence[str] = ()) -> tuple[dict[str, Any], RunCheckpoint]:
     """The eval config mapping that repeats the validation of the run at ``path`` (see the module
     docstring), and the run and checkpoint it evaluates. ConfigError if ``path`` is not a run."""
     p = Path(path).expanduser()
@@ -115,7 +122,7 @@ def run_mapping(path: str | Path) -> tuple[dict[str, Any], RunCheckpoint]:
     if rc is None:
         raise ConfigError(f"{p} is not a training run: expected a folder with config.yaml and checkpoints/ "
                           "(or a checkpoint inside one); for any other model directory use --backend hf --model DIR.")
-    run = load_run_config(rc.run_dir)
+    run = load_run_config(rc.run_dir, imports)
     from vagent.recipes.common import stop_strings
 
     envs, formats = [], []

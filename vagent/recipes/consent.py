@@ -29,11 +29,12 @@ class CodeConsent:
     trust_remote_code: bool = False
 
 
-def check_run_code(config: Path, consent: CodeConsent = CodeConsent()) -> None:
+def check_run_code(config: Path, consent: CodeConsent = CodeConsent(), command: str = "") -> None:
     """ConfigError (one line) when the run config ``config`` names code that ``consent`` does not:
     a module in ``imports`` not named with ``--import``, or ``model.trust_remote_code: true``
     without ``--trust-remote-code``. Reads the YAML as data (nothing is imported); a file that
-    cannot be read is left to the resume's own checks."""
+    cannot be read is left to the resume's own checks. ``command``: the command the fix repeats
+    with the flags added (default: ``vagent train --resume RUN``)."""
     try:
         tree = yaml.safe_load(read_config_text(config))
     except (ConfigError, OSError, yaml.YAMLError):
@@ -49,6 +50,7 @@ def check_run_code(config: Path, consent: CodeConsent = CodeConsent()) -> None:
     what = ([f"imports {', '.join(unnamed)} (imported as the run starts)"] if unnamed else []) + \
         (["model.trust_remote_code true (the model directory's own Python files)"] if remote else [])
     flags = " ".join([*(f"--import {m}" for m in unnamed), *(["--trust-remote-code"] if remote else [])])
-    raise ConfigError(f"{config} names code that resuming would run: {' and '.join(what)}. A run directory is data, "
-                      "and vagent runs the code it names only when you name it too: if you trust it, resume with "
-                      f"vagent train --resume {config.parent} {flags}")
+    command = command or f"vagent train --resume {config.parent}"
+    raise ConfigError(f"{config} names code that {command.split(' --')[0]} would run: {' and '.join(what)}. A run "
+                      "directory is data, and vagent runs the code it names only when you name it too: if you trust "
+                      f"it, run {command} {flags}")

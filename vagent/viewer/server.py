@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
 
+from vagent.authority import host_name
 from vagent.viewer.data import ViewerError
 
 #: the Host names the viewer answers to, besides those passed with ``--allow-host``
@@ -114,19 +115,6 @@ def _sweep_route(sweep: Any, path: str, q: dict[str, str]) -> tuple[bytes, str]:
         back = {"back": {"href": "../../../", "label": f"sweep {sweep.title}", "trial": trial_id}}
         return _run_route(source, sub, q, back)
     raise ViewerError(f"no such page {path!r}")
-
-
-def host_name(header: str | None) -> str | None:
-    """The name of a ``Host`` header without its port, lower case (``[::1]:8765`` -> ``[::1]``,
-    ``LocalHost.:8765`` -> ``localhost``); None without a header."""
-    if header is None:
-        return None
-    h = header.strip().lower()
-    if h.startswith("["):
-        h = h[:h.find("]") + 1] if "]" in h else h
-    elif h.count(":") == 1:
-        h = h.rsplit(":", 1)[0]
-    return h.rstrip(".")
 
 
 class _Handler(BaseHTTPRequestHandler):
