@@ -41,10 +41,9 @@ def check_run_code(config: Path, consent: CodeConsent = CodeConsent(), command: 
         return
     if not isinstance(tree, dict):
         return
-    imports = tree.get("imports") if isinstance(tree.get("imports"), list) else []
-    unnamed = [str(m) for m in imports if str(m) not in consent.imports]
-    model = tree.get("model") if isinstance(tree.get("model"), dict) else {}
-    remote = model.get("trust_remote_code") is True and not consent.trust_remote_code
+    imports, model = tree.get("imports"), tree.get("model")
+    unnamed = [str(m) for m in imports if str(m) not in consent.imports] if isinstance(imports, list) else []
+    remote = isinstance(model, dict) and model.get("trust_remote_code") is True and not consent.trust_remote_code
     if not unnamed and not remote:
         return
     what = ([f"imports {', '.join(unnamed)} (imported as the run starts)"] if unnamed else []) + \

@@ -114,8 +114,8 @@ def config_summary(cfg: Any, default: Any, config_path: str | Path, width: int =
     from vagent.config import to_dict
 
     now, default = flatten(to_dict(cfg)), flatten(to_dict(default))
-    smoking = source is not None and bool(source.smoke)
-    smoke = source.smoke_keys() if smoking else []
+    smoke = source.smoke_keys() if source is not None and source.smoke else []
+    smoking = bool(source is not None and source.smoke)
     lines = [f"config: {config_path} (resolved; {cfg.recipe}, seed {cfg.seed}, model {cfg.model.path}"
              + (", smoke mode: --smoke)" if smoking else ")")]
     if smoke:
@@ -139,7 +139,8 @@ def config_summary(cfg: Any, default: Any, config_path: str | Path, width: int =
 def _wrapped(title: str, items: list[str], width: int, max_lines: int) -> list[str]:
     """``title`` then the items, wrapped at ``width`` into at most ``max_lines`` lines; one more
     line says how many items did not fit."""
-    lines, line = [], title
+    lines: list[str] = []
+    line = title
     for i, item in enumerate(items):
         if len(line) + len(item) + 1 > width:
             if len(lines) + 1 == max_lines:
@@ -278,7 +279,7 @@ class StepProgress:
             return
         self._last_line, self._last_time = done, now
         line = self.line(metrics)
-        if self._bar is not None:
+        if self._bar is not None and isinstance(self.console, Console):
             self.console.log(line)  # the bar shows it on the terminal
         elif isinstance(self.console, Console):
             self.console.print(line)
