@@ -22,7 +22,7 @@ def _dump_dom(html_path, tmp_path) -> str:
            "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-extensions",
            f"--user-data-dir={tmp_path / 'chromium-profile'}", "--virtual-time-budget=3000", "--dump-dom",
            html_path.as_uri()]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)  # a busy 2-core machine
     assert out.returncode == 0, out.stderr[-2000:]
     return out.stdout
 

@@ -9,13 +9,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -112,18 +109,6 @@ def _wait_gone(pids, timeout: float) -> list[int]:
             return []
         time.sleep(0.2)
     return left
-
-
-@pytest.fixture()
-def own_ray_temp(monkeypatch) -> Iterator[Path]:
-    """Ray's temp folder for this test alone (``RAY_TMPDIR``; Ray and the reaper's scan both read
-    it): the sessions it watches are marked there, where the start of another run on the host
-    (which reaps the dead drivers' marked sessions of its own folder, /tmp/ray by default) never
-    looks."""
-    root = tempfile.mkdtemp(prefix="vr-", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
-    monkeypatch.setenv("RAY_TMPDIR", root)
-    yield Path(root) / "ray"
-    shutil.rmtree(root, ignore_errors=True)
 
 
 def _marked_sessions(temp: Path) -> dict[str, int]:

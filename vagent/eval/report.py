@@ -30,6 +30,8 @@ import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from vagent.rollout.records import error_headline
+
 #: the 0.975 quantile of the standard normal distribution (two-sided 95 % interval)
 Z95 = 1.959963984540054
 
@@ -99,16 +101,6 @@ def summarize_cell(records: Sequence[Mapping[str, Any]], *, env: str, model: str
         "retries": sum(r["usage"].get("retries", 0) for r in records),
         "error_examples": sorted({error_headline(r["error"])[:300] for r in records if r.get("error")})[:3],
     }
-
-
-def error_headline(error: Any) -> str:
-    """The line that says what an episode's error was: its first line, or for a traceback (an env
-    error is ``env: Traceback ...``) the prefix and the exception's own line, the last one."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    if not lines:
-        return ""
-    prefix, tb, _ = lines[0].partition("Traceback (most recent call last):")
-    return prefix + lines[-1] if tb and len(lines) > 1 else lines[0]
 
 
 def failure_line(summary: Mapping[str, Any], first_error: str | None, retry_errors: bool = True) -> str | None:

@@ -29,13 +29,14 @@ from vagent.rl.advantages import masked_mean
 from vagent.rl.correction import CorrectionSettings, correct, k3_kl, mismatch_metrics
 from vagent.rl.filters import variance_filter
 from vagent.rl.losses import kl_penalty
-from vagent.rollout.batch import TokenBatch, build_token_batch
+from vagent.rollout.batch import NoTrainableEpisodesError, TokenBatch, build_token_batch
 from vagent.rollout.canary import WeightCanary, default_tolerance, probe_for_run
 from vagent.rollout.driver import InFlight, RolloutDriver, close_env_factories, is_default, make_driver
 from vagent.rollout.hf_policy import HFPolicy
 from vagent.rollout.loop import RolloutResult, rollout_on_ranks
+from vagent.rollout.records import error_headline
 from vagent.runs import StepProgress, load_object, plot_run, save_checkpoint, save_rollouts, save_token_rows
-from vagent.runs.errors import NonFiniteError, check_module_finite
+from vagent.runs.errors import NonFiniteError, TrainingError, check_module_finite
 from vagent.runs.rundir import due
 from vagent.runs.samples import save_validation
 
@@ -204,9 +205,13 @@ def train_rollout(session: Session, policy: Any, step: int, reasoning: Reasoning
 
 
 def token_batch(session: Session, episodes: RolloutResult) -> TokenBatch:
-    """The episodes' token rows (concat / window / no_concat, as configured) on the run's device."""
+    """The episodes' token rows (concat / window / no_concat, as configured) on the run's device;
+    TrainingError (one line, naming the episodes' error) when no episode can be trained on."""
     pad = session.loaded.encoder.pad_token_id
-    return build_token_batch(episodes, mode=batch_mode(session.cfg), pad_token_id=pad).to(session.device)
+    try:
+        return build_token_batch(episodes, mode=batch_mode(session.cfg), pad_token_id=pad).to(session.device)
+    except NoTrainableEpisodesError as exc:
+        raise TrainingError(str(exc)) from exc
 
 
 def filter_groups(batch: TokenBatch, settings: GRPOConfig | PPOConfig) -> tuple[TokenBatch, float, dict[str, float]]:
@@ -359,9 +364,8 @@ def report_errors(session: Session, outcome: StepOutcome) -> None:
     """Episodes that failed are counted in rollout/errors and left out of the batch: say what happened."""
     errors = [e for e in outcome.episodes if e.error is not None]
     if errors:
-        first = errors[0].error.strip().splitlines()
         session.console.print(f"step {outcome.step}: {len(errors)} episode(s) failed and were left out; first: "
-                              f"{first[0]} ... {first[-1] if len(first) > 1 else ''}")
+                              f"{error_headline(errors[0].error)}")
 
 
 #: the progress bar's fields and the metrics they show

@@ -13,7 +13,10 @@ How episodes become rows (:func:`build_token_batch`):
   (last) row and ``bootstrap_index`` points at its last token (the assistant generation prompt),
   whose value ``V(s_T)`` bootstraps the return. ``truncated`` is True on that row only.
 - Episodes with ``error`` are excluded (``n_error_episodes``), as are episodes with no turn
-  (``n_empty_episodes``: e.g. the context limit hit before the first reply).
+  (``n_empty_episodes``: e.g. the context limit hit before the first reply). When none is left,
+  :class:`NoTrainableEpisodesError` says so in one line naming the first error's own line
+  (:func:`~vagent.rollout.records.error_headline`), or, when every episode failed for a missing
+  optional dependency (an ``ImportError``), that dependency's line.
 
 Per-token tensors, for the row's token at position ``p``:
 
@@ -33,6 +36,7 @@ one segment and are never separated (docs/algorithms.md reference bug 7).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, fields
 from typing import NamedTuple, Sequence
 
@@ -41,7 +45,7 @@ from torch import Tensor
 
 from vagent.envs.base import state_key
 from vagent.rollout.policy import Conversation, Segment
-from vagent.rollout.records import Episode, Turn
+from vagent.rollout.records import Episode, Turn, error_headline
 
 BATCH_MODES = ("concat", "no_concat", "window")
 
@@ -258,9 +262,26 @@ def build_token_batch(
         raise ValueError(f"got {len(samples)} sample lists for {len(episodes)} episodes")
     rows, origins, n_error, n_empty = _rows(episodes, samples, mode != "concat", append_final_observation)
     if not rows:
-        raise ValueError(f"no trainable episodes: {n_error} with error, {n_empty} without a turn, "
-                         f"{len(episodes)} in all")
+        raise NoTrainableEpisodesError(_no_rows_line(episodes, n_error, n_empty))
     return _pad(rows, origins, pad_token_id, n_error, n_empty)
+
+
+class NoTrainableEpisodesError(ValueError):
+    """No episode of a batch can be trained on (each failed or has no turn); the message is one line."""
+
+
+#: an episode error's headline for a missing module: ``env: ImportError: ...`` (the prefix is optional)
+_MISSING_DEPENDENCY = re.compile(r"^(\w+: )?(ImportError|ModuleNotFoundError): ")
+
+
+def _no_rows_line(episodes: Sequence[Episode], n_error: int, n_empty: int) -> str:
+    """Why no episode is trainable, in one line: the missing optional dependency every episode
+    failed on, else the counts and the first error's own line."""
+    errors = [error_headline(ep.error) for ep in episodes if ep.error is not None]
+    if errors and n_error == len(episodes) and all(_MISSING_DEPENDENCY.match(e) for e in errors):
+        return f"every episode of the rollout ({n_error}) failed for a missing optional dependency: {errors[0]}"
+    first = f"; first error: {errors[0]}" if errors else ""
+    return f"no trainable episodes: {n_error} with error, {n_empty} without a turn, {len(episodes)} in all{first}"
 
 
 class _RowOrigin(NamedTuple):

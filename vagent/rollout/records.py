@@ -1,6 +1,7 @@
 """Typed records of a rollout: one :class:`Turn` per env step, one :class:`Episode` per trajectory.
 
 These are what every later stage reads (rewards, advantages, logging, evaluation).
+:func:`error_headline` is the one line of an ``Episode.error`` that every report of it shows.
 """
 
 from __future__ import annotations
@@ -95,3 +96,13 @@ class Episode:
     @property
     def format_accuracy(self) -> float:
         return sum(t.parsed.format_ok for t in self.turns) / len(self.turns) if self.turns else 0.0
+
+
+def error_headline(error: Any) -> str:
+    """The line that says what an episode's error was: its first line, or for a traceback (an env
+    error is ``env: Traceback ...``) the prefix and the exception's own line, the last one."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if not lines:
+        return ""
+    prefix, tb, _ = lines[0].partition("Traceback (most recent call last):")
+    return prefix + lines[-1] if tb and len(lines) > 1 else lines[0]
