@@ -120,6 +120,26 @@ def _make_env(spec: EnvSpec, env_factory: EnvFactory | None) -> Env:
     return make(spec.name, **dict(spec.config))
 
 
+#: (where, env, error) already warned in this process: an env that fails the same way for every
+#: episode (a missing package, a dead server) is said once, not once per episode; each episode's
+#: record keeps its own error, and the step or the eval's last line counts them
+_WARNED: set[tuple[str, str, str]] = set()
+_WARNED_MAX = 1000
+
+
+def _warn_env_failure(where: str, env: str, seed: Any, exc: BaseException) -> None:
+    """``env X seed S failed at <where>: <error>``, the first time this error is seen for this env
+    in this process; again at debug level only."""
+    key = (where, env, str(exc))
+    if key in _WARNED:
+        logger.debug("env %s seed %s failed at %s: %s", env, seed, where, exc)
+        return
+    if len(_WARNED) < _WARNED_MAX:
+        _WARNED.add(key)
+    logger.warning("env %s seed %s failed at %s: %s (said once: other episodes failing the same way are counted, "
+                   "not repeated)", env, seed, where, exc)
+
+
 def _env_error(exc: BaseException) -> str:
     return "env: " + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).strip()
 
@@ -138,7 +158,7 @@ def start_env(live: Live, env_factory: EnvFactory | None) -> None:
     except Exception as exc:  # noqa: BLE001 -- recorded as an episode error, never a reward
         live.episode.error = _env_error(exc)
         live.finished = True
-        logger.warning("env %s seed %s failed at reset: %s", spec.name, spec.seed, exc)
+        _warn_env_failure("reset", spec.name, spec.seed, exc)
 
 
 def step_env(live: Live, text: str) -> Stepped | None:
@@ -153,7 +173,7 @@ def step_env(live: Live, text: str) -> Stepped | None:
     except Exception as exc:  # noqa: BLE001 -- recorded as an episode error, never a reward
         live.episode.error = _env_error(exc)
         live.finished = True
-        logger.warning("env %s seed %s failed at step: %s", live.episode.env_name, live.episode.seed, exc)
+        _warn_env_failure("step", live.episode.env_name, live.episode.seed, exc)
         return None
 
 
