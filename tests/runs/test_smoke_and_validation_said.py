@@ -58,3 +58,11 @@ def test_validation_off_is_said_as_off(tmp_path):
     assert "validation: off (val.every=0)" in off and not any("every 0 steps" in ln for ln in off), off
     on = startup_arithmetic(load_config(None, []), tmp_path)
     assert "validation: every 10 steps on 128 frozenlake val-split episodes (greedy)" in on
+
+
+def test_the_micro_batch_budget_line_says_a_longer_row_goes_alone(tmp_path):
+    """``update.micro_batch_tokens`` below one row's length is legal (tests use it for one row per
+    micro-batch): the start-up line must not claim every micro-batch fits the budget."""
+    cfg = load_config(overrides=["update.micro_batch_tokens=16"])
+    (line,) = [x for x in startup_arithmetic(cfg, tmp_path) if "micro-batches of" in x]
+    assert "<= 16 tokens (a longer row alone)" in line
