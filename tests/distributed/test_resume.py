@@ -96,5 +96,5 @@ def test_sharded_checkpoint_has_a_manifest_and_a_damaged_shard_is_skipped(sft_pp
     said: list[str] = []
     assert select_checkpoint(ckpts, say=said.append).path.name == "step_000001"
     assert f"({shard.relative_to(ckpts / 'step_000002').as_posix()} does not match" in said[0]
-    with pytest.raises(CheckpointError, match="intact checkpoints beside it: sft_000001, step_000001"):
+    with pytest.raises(CheckpointError, match="checkpoints beside it that pass their checks: sft_000001, step_000001"):
         load_checkpoint(ckpts / "step_000002", {"policy": torch.nn.Linear(2, 2)})

@@ -88,7 +88,7 @@ def test_damaged_file_is_named_and_the_intact_checkpoint_chosen(finished, tmp_pa
     assert chosen is not None and chosen.path.name == "step_000001"
     assert said[0].startswith(f"warning: checkpoint {ckpts / 'step_000002'} is damaged ({name} ")
     model = torch.nn.Linear(2, 2)
-    with pytest.raises(CheckpointError, match=f"step_000002 is damaged: {name} .*intact checkpoints beside it: "
+    with pytest.raises(CheckpointError, match=f"step_000002 is damaged: {name} .*checkpoints beside it that pass their checks: "
                                               "step_000001"):
         load_checkpoint(ckpts / "step_000002", {"policy": model})
 

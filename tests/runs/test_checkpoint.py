@@ -107,7 +107,7 @@ def test_manifest_lists_every_file_and_a_changed_byte_is_named(tmp_path):
     said = []
     assert select_checkpoint(tmp_path, say=said.append).step == 1
     assert len(said) == 2 and "resuming from step_000001" in said[1]
-    with pytest.raises(CheckpointError, match="step_000002 is damaged: policy.pt .*beside it: step_000001"):
+    with pytest.raises(CheckpointError, match="step_000002 is damaged: policy.pt .*pass their checks: step_000001"):
         load_checkpoint(tmp_path / "step_000002", {"policy": model}, {"actor": opt}, {"actor": sched})
 
 
