@@ -430,6 +430,6 @@ def test_eval_view_and_hub_upload_of_a_planted_run_run_nothing(real_run, tmp_pat
 
     capsys.readouterr()
     code = main(["eval", str(run)])  # refused in one line (vagent.models.loading.UnsafeWeightsError), not a traceback
-    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip() and not line.startswith("[eval]")]
     assert code != 0 and not marker.exists()
     assert len(err) == 1 and "*.bin weights need code to load" in err[0], err
