@@ -26,16 +26,25 @@ EXPECTED_RELOAD_WARNINGS = ("FusedMMInputNorm", "RotaryEmbedding", "MRotaryEmbed
 _RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
 
 
-class ExpectedReloadWarnings(logging.Filter):
-    """Drops vLLM's "Failed to load weights" records of :data:`EXPECTED_RELOAD_WARNINGS` and says
-    once, through vagent's logger, that they are expected; other records pass."""
+class _CountingFilter(logging.Filter):
+    """A filter that counts the records it drops (``dropped``) and lets every record through while
+    vLLM's own logging is at DEBUG (``VLLM_LOGGING_LEVEL=DEBUG`` shows everything)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.dropped = 0
 
+    @staticmethod
+    def showing_all() -> bool:
+        return logging.getLogger("vllm").getEffectiveLevel() <= logging.DEBUG
+
+
+class ExpectedReloadWarnings(_CountingFilter):
+    """Drops vLLM's "Failed to load weights" records of :data:`EXPECTED_RELOAD_WARNINGS` and says
+    once, through vagent's logger, that they are expected; other records pass."""
+
     def filter(self, record: logging.LogRecord) -> bool:
-        if logging.getLogger("vllm").getEffectiveLevel() <= logging.DEBUG:
+        if self.showing_all():
             return True
         layer, _, rest = record.getMessage().partition(": ")
         if rest != "Failed to load weights" or layer not in EXPECTED_RELOAD_WARNINGS:
@@ -69,16 +78,12 @@ EXPECTED_STARTUP_WARNINGS: dict[str, tuple[str, ...]] = {
 }
 
 
-class ExpectedStartupWarnings(logging.Filter):
+class ExpectedStartupWarnings(_CountingFilter):
     """Drops the records of :data:`EXPECTED_STARTUP_WARNINGS` (the record's logger and the start of
     its message, both exact) and counts them in ``dropped``; every other record passes."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.dropped = 0
-
     def filter(self, record: logging.LogRecord) -> bool:
-        if logging.getLogger("vllm").getEffectiveLevel() <= logging.DEBUG:
+        if self.showing_all():
             return True
         expected = EXPECTED_STARTUP_WARNINGS.get(record.name)
         if not expected or not record.getMessage().startswith(expected):
