@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,18 @@ SMALL = [
     "log.tensorboard=false", "log.progress=false", "log.rollouts_every=1", "log.checkpoint_every=1",
     "log.plot_every=0", "log.plots=false",
 ]
+
+
+def hf_metadata_dir(tmp_path: Path, params: float = 3.75e9) -> Path:
+    """A Qwen2.5-VL-3B checkpoint's metadata as Hugging Face writes it (config.json and the
+    safetensors index), no weights: what the paper recipes' pre-flight reads, and anything that
+    tried to load it would fail."""
+    d = tmp_path / "Qwen2.5-VL-3B-Instruct"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl", "torch_dtype": "bfloat16"}))
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": int(params * 2)},
+                                                                "weight_map": {}}))
+    return d
 
 
 @pytest.fixture(scope="session")

@@ -21,6 +21,7 @@ from vagent.config import ConfigError, from_mapping
 from vagent.eval.config import load_config as load_eval_config
 from vagent.eval.config import load_yaml, resolve_seeds
 from vagent.recipes.config import load_config
+from tests.recipes.conftest import hf_metadata_dir
 from vagent.recipes.scale import (
     GIB, load_scaled, preflight, read_smoke, share_lines, smoke_overrides, state_bytes_per_gpu,
 )
@@ -186,18 +187,9 @@ def test_a_model_not_downloaded_fails_before_any_work_with_the_download_command(
     assert "torchrun" not in proc.stderr.lower() and not out.exists()  # refused before the job and the run directory
 
 
-def _model_dir(tmp_path: Path, params: float = 3.75e9) -> Path:
-    """A checkpoint's metadata as Hugging Face writes it (config.json + the safetensors index), no weights."""
-    d = tmp_path / "Qwen2.5-VL-3B-Instruct"
-    d.mkdir()
-    (d / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl", "torch_dtype": "bfloat16"}))
-    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": int(params * 2)},
-                                                                "weight_map": {}}))
-    return d
-
 
 def test_fewer_gpus_say_the_share_per_gpu_and_refuse_where_the_state_cannot_fit(tmp_path):
-    cfg = load_config(PAPER / "sokoban_vagen_full.yaml", [f"model.path={_model_dir(tmp_path)}"])
+    cfg = load_config(PAPER / "sokoban_vagen_full.yaml", [f"model.path={hf_metadata_dir(tmp_path)}"])
     said: list[str] = []
     preflight(cfg, 4, gpu_bytes=80 * GIB, say=said.append)  # as written: fits, no share line
     assert len(said) == 1 and "of 80 GiB" in said[0]

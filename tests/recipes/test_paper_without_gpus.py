@@ -3,7 +3,6 @@ refused before any work, in one line naming ``--smoke``; ``device=cpu`` forces i
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -14,24 +13,15 @@ import pytest
 import vagent.recipes.scale as scale
 from vagent.config import ConfigError
 from vagent.recipes.config import load_config
+from tests.recipes.conftest import hf_metadata_dir
 
 PAPER = Path(__file__).resolve().parents[2] / "configs" / "paper"
 
 
-def _model_dir(tmp_path: Path, params: float = 3.75e9) -> Path:
-    """A checkpoint's metadata as Hugging Face writes it (config.json + the safetensors index), no
-    weights: anything that tried to load it would fail."""
-    d = tmp_path / "Qwen2.5-VL-3B-Instruct"
-    d.mkdir()
-    (d / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl", "torch_dtype": "bfloat16"}))
-    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": int(params * 2)},
-                                                                "weight_map": {}}))
-    return d
-
 
 def test_no_cuda_refuses_a_full_run_naming_smoke_and_device_cpu_forces_it(tmp_path, monkeypatch):
     monkeypatch.setattr(scale, "_cuda_memory", lambda: None)  # this machine: no CUDA device
-    model = _model_dir(tmp_path)
+    model = hf_metadata_dir(tmp_path)
     cfg = load_config(PAPER / "sokoban_vagen_full.yaml", [f"model.path={model}"])
     said: list[str] = []
     with pytest.raises(ConfigError) as info:
@@ -54,7 +44,7 @@ def test_vagent_train_refuses_before_any_work_in_one_line(tmp_path):
     out = tmp_path / "runs"
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     proc = subprocess.run([sys.executable, "-m", "vagent", "train", "--config", str(PAPER / "sokoban_vagen_full.yaml"),
-                           f"model.path={_model_dir(tmp_path)}", f"out_dir={out}"],
+                           f"model.path={hf_metadata_dir(tmp_path)}", f"out_dir={out}"],
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()
