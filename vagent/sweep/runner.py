@@ -143,17 +143,26 @@ def _import_tune() -> Any:
 
 
 class _TrialTraceback(logging.Filter):
-    """Drops Tune's "Trial task failed" record, the failed trial's whole traceback on the console:
-    the sweep says each failed trial in one line, naming the ``error.txt`` Tune keeps it in."""
+    """Drops Tune's records of failed trials that the sweep says itself: "Trial task failed" (the
+    failed trial's whole traceback, on the console) and "Trials did not complete" (the list of
+    failed trials' reprs at the end). The sweep says each failed trial in one line, naming the
+    ``error.txt`` Tune keeps its traceback in."""
+
+    SAID_BY_THE_SWEEP = ("Trial task failed for trial", "Trials did not complete")
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("Trial task failed for trial")
+        return not record.getMessage().startswith(self.SAID_BY_THE_SWEEP)
+
+
+#: the Tune loggers that write those records (ray 2.x: the controller, and ``tune.run``'s end)
+TUNE_TRIAL_LOGGERS = ("ray.tune.execution.tune_controller", "ray.tune.tune")
 
 
 def _quiet_trial_tracebacks() -> None:
-    source = logging.getLogger("ray.tune.execution.tune_controller")
-    if not any(isinstance(f, _TrialTraceback) for f in source.filters):
-        source.addFilter(_TrialTraceback())
+    for name in TUNE_TRIAL_LOGGERS:
+        source = logging.getLogger(name)
+        if not any(isinstance(f, _TrialTraceback) for f in source.filters):
+            source.addFilter(_TrialTraceback())
 
 
 def run_sweep(sweep: Sweep, sweep_dir: Path, num_cpus: int | None = None, num_gpus: int | None = None,
