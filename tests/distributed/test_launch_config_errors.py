@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from vagent.distributed.launch import describe_failure, new_run_dirs
+from vagent.distributed.launch import describe_failure, new_run_dirs, resume_hosts
 
 VLLM_RANKS = ("rollout.engine vllm in a job of several ranks runs as Ray actor replicas that every rank shares "
               "(rank 0 pushes the gathered weights): set rollout.replicas N >= 1, or run one process (vLLM in the "
@@ -51,6 +51,13 @@ def test_the_failure_line_resumes_only_a_run_that_exists(tmp_path):
     assert "--resume" not in describe_failure(ends, None, nproc=2)
     assert describe_failure(ends, "runs/x-1", nproc=2).endswith(
         "`vagent train --nproc 2 --resume runs/x-1` continues the run.")
+    # a job of several hosts resumes with the same host arguments on every host, not as one host
+    hosts = resume_hosts(2, 1, "10.0.0.1:29400")
+    assert hosts == "--nnodes 2 --node-rank R --rdzv-endpoint 10.0.0.1:29400"
+    assert describe_failure(ends, "runs/x-1", nproc=1, hosts=hosts).endswith(
+        "`vagent train --nproc 1 --nnodes 2 --node-rank R --rdzv-endpoint 10.0.0.1:29400 --resume runs/x-1` on every "
+        "host (each with its own --node-rank) continues the run.")
+    assert resume_hosts(2, None, "h0:29400") == "--nnodes 2 --rdzv-endpoint h0:29400" and resume_hosts(1, None, None) == ""
     # the run directory a job made is found: new since the start, named after the run
     out = tmp_path / "runs"
     (out / "demo-20240101-000000").mkdir(parents=True)

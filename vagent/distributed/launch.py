@@ -88,7 +88,9 @@ def launch(nproc: int, train_args: Sequence[str], *, nnodes: int = 1, node_rank:
         if run_dir is None and out_dir is not None and run_name is not None:
             made = new_run_dirs(out_dir, run_name, started, before)
             run_dir = str(made[0]) if made else None
-        print(f"error: the torchrun job failed: {describe_failure(ends, run_dir, nproc=nproc)}", file=sys.stderr)
+        hosts = resume_hosts(nnodes, node_rank, rdzv_endpoint)
+        print(f"error: the torchrun job failed: {describe_failure(ends, run_dir, nproc=nproc, hosts=hosts)}",
+              file=sys.stderr)
         return 1
     finally:
         os.environ.pop(LAUNCHER_PID_ENV, None)
@@ -105,11 +107,12 @@ def _how(rank: int, code: int) -> str:
 
 
 def describe_failure(ends: Mapping[int, tuple[int, float]], run_dir: str | Path | None = "<run directory>",
-                     nproc: int | str = "N") -> str:
+                     nproc: int | str = "N", hosts: str = "") -> str:
     """What ended a failed job, from each failed rank's (exit code, time) in the order torchrun
     found them: the rank that failed first, what the others did, and how to go on (``--resume
-    run_dir`` with ``nproc`` processes; with ``run_dir`` None the job wrote no run directory, so
-    there is nothing to resume and no resume command is given). torchrun records
+    run_dir`` with ``nproc`` processes, and on every host of a job of several with ``hosts``, the
+    host arguments of :func:`resume_hosts`; with ``run_dir`` None the job wrote no run directory,
+    so there is nothing to resume and no resume command is given). torchrun records
     the ranks that failed on their own before it stops the others (SIGTERM; a rank with Ray's
     signal handlers then aborts), and its times are whole seconds, so the earliest time and then
     the order decide."""
@@ -127,5 +130,17 @@ def describe_failure(ends: Mapping[int, tuple[int, float]], run_dir: str | Path 
         text += "; then torchrun stopped the others (" + ", ".join(_how(r, ends[r][0]) for r in others) + ")"
     if run_dir is None:
         return text + ". No run directory was written, so there is nothing to resume."
+    if hosts:
+        return text + (f". The checkpoints written so far are kept: `vagent train --nproc {nproc} {hosts} --resume "
+                       f"{run_dir}` on every host (each with its own --node-rank) continues the run.")
     return text + (f". The checkpoints written so far are kept: `vagent train --nproc {nproc} --resume {run_dir}` "
                    "continues the run.")
+
+
+def resume_hosts(nnodes: int, node_rank: int | None, rdzv_endpoint: str | None) -> str:
+    """The host arguments a job of ``nnodes`` hosts resumes with (empty for one host): the same
+    ``--nnodes`` and ``--rdzv-endpoint``, and ``--node-rank R`` when the job used static ranks."""
+    if nnodes <= 1:
+        return ""
+    ranks = " --node-rank R" if node_rank is not None else ""
+    return f"--nnodes {nnodes}{ranks} --rdzv-endpoint {rdzv_endpoint}"
