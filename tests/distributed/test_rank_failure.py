@@ -159,3 +159,38 @@ def test_the_failure_report_names_the_rank_that_failed_first():
     assert describe_failure({1: (-15, 5.0), 0: (-6, 5.0)}).startswith(
         "rank 1 was killed by SIGTERM; then torchrun stopped the others (rank 0 was killed by SIGABRT)")
     assert describe_failure({0: (-99, 1.0)}).startswith("rank 0 was killed by signal 99.")
+
+
+def test_the_failure_report_names_the_newest_checkpoint_the_resume_starts_from(tmp_path):
+    from vagent.distributed.launch import describe_failure, newest_checkpoint
+
+    ckpts = tmp_path / "checkpoints"
+    for name in ("sft_000004", "step_000001", "step_000002", ".tmp-step_000003"):
+        (ckpts / name).mkdir(parents=True)
+        (ckpts / name / "state.pt").write_bytes(b"")
+    assert newest_checkpoint(tmp_path) == "step_000002" and newest_checkpoint(None) is None
+    assert newest_checkpoint(tmp_path / "missing") is None
+    said = describe_failure({0: (1, 5.0)}, tmp_path, nproc=2, newest=newest_checkpoint(tmp_path))
+    assert said.endswith(f"The checkpoints written so far are kept (the newest: step_000002): `vagent train --nproc 2 "
+                         f"--resume {tmp_path}` continues the run."), said
+
+
+def test_a_failed_collective_names_the_ranks_of_the_host_behind_the_address():
+    """gloo's error names the peer's address (``Connection closed by peer [10.0.0.2]:53934``); the
+    world knows each rank's address, so the message names the ranks on that host."""
+    from vagent.distributed.collectives import _lost_ranks
+    from vagent.distributed.world import World
+
+    w = World(rank=0, size=4, timeout_s=15, addresses=("10.0.0.1", "10.0.0.1", "10.0.0.2", "10.0.0.2"))
+    text = "[../third_party/gloo/gloo/transport/tcp/pair.cc:538] Connection closed by peer [10.0.0.2]:53934"
+    assert _lost_ranks(w, text) == (": ranks 2, 3 (host 10.0.0.2) closed the connection or stopped answering "
+                                    "(its process or host is gone)")
+    assert _lost_ranks(w, "Connection closed by peer [10.0.0.1]:4000") == ""  # this rank's own host names no one
+    # a silent host: gloo names no peer; the ranks on other hosts are named as the candidates
+    assert _lost_ranks(w, "Timed out waiting 15000ms for recv operation to complete") == (
+        ": no answer within dist.timeout_s=15s; a host that went silent (its network cut, or powered off) is the "
+        "usual cause; the ranks on other hosts: ranks 2, 3 (host 10.0.0.2)")
+    same_host = World(rank=0, size=2, timeout_s=15, addresses=("127.0.0.1", "127.0.0.1"))
+    assert _lost_ranks(same_host, "Timed out waiting 15000ms for recv operation to complete") == ""
+    one = World(rank=1, size=2, addresses=("10.9.8.1", "10.9.8.2"))
+    assert _lost_ranks(one, "Connection reset by peer [10.9.8.1]:1").startswith(": rank 0 (host 10.9.8.1) closed")

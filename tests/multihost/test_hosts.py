@@ -300,8 +300,11 @@ def test_host1_gone_mid_run_stops_host0_within_the_collective_timeout(cluster, t
     assert "rank 0/2: collective '" in text and f"dist.timeout_s={timeout_s}s" in text, text[-4000:]
     assert "error: the torchrun job failed: rank 0 exited with status 1" in text, text[-4000:]
     assert "--nnodes 2 --node-rank R --rdzv-endpoint" in text, text[-2000:]  # the resume of a job of 2 hosts
+    assert "(the newest: step_00000" in text, text[-2000:]
     assert waited < timeout_s + 60, f"host0 stopped {waited:.0f} s after host1 was gone (timeout {timeout_s} s)"
     if GONE[how]:
         assert waited >= timeout_s - 1, f"host0 stopped after {waited:.1f} s, before dist.timeout_s={timeout_s}"
+        assert f"the ranks on other hosts: rank 1 (host {cluster.host(1).address})" in text, text[-4000:]
     else:
         assert f"Connection closed by peer [{cluster.host(1).address}]" in text, "host0's error does not name host1"
+        assert f": rank 1 (host {cluster.host(1).address}) closed the connection" in text, text[-4000:]

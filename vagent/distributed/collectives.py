@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence, TypeVar
 
 import torch
 
-from vagent.distributed.world import world
+from vagent.distributed.world import World, world
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup
@@ -70,10 +70,28 @@ def collective(name: str, fn: Callable[[], T]) -> T:
         return fn()
     except (RuntimeError, ValueError) as exc:  # gloo/nccl errors and timeouts are RuntimeErrors
         w = world()
+        text = str(exc).strip()
         raise DistributedError(
-            f"{w.tag()}: collective '{name}' failed ({type(exc).__name__}: {str(exc).strip()[:400]}). "
+            f"{w.tag()}: collective '{name}' failed{_lost_ranks(w, text)} ({type(exc).__name__}: {text[:400]}). "
             f"Usually another rank failed first (see its error above) or is stuck; collectives wait at "
             f"most dist.timeout_s={w.timeout_s:g}s.") from exc
+
+
+def _lost_ranks(w: World, text: str) -> str:
+    """``": rank 1 (host 10.0.0.2) closed the connection"`` when the backend's error names the
+    address of another host's ranks (its processes ended, or the host is gone); else ``""``."""
+    found = w.ranks_at(text)
+    if found:
+        return f": {_ranks_by_host(found)} closed the connection or stopped answering (its process or host is gone)"
+    others = w.other_hosts()
+    if others and "timed out" in text.lower():  # a silent host: gloo names no peer
+        return (f": no answer within dist.timeout_s={w.timeout_s:g}s; a host that went silent (its network cut, or "
+                f"powered off) is the usual cause; the ranks on other hosts: {_ranks_by_host(others)}")
+    return ""
+
+
+def _ranks_by_host(found: dict[str, list[int]]) -> str:
+    return "; ".join(f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))} (host {a})" for a, r in found.items())
 
 
 def barrier(name: str) -> None:

@@ -89,8 +89,8 @@ def launch(nproc: int, train_args: Sequence[str], *, nnodes: int = 1, node_rank:
             made = new_run_dirs(out_dir, run_name, started, before)
             run_dir = str(made[0]) if made else None
         hosts = resume_hosts(nnodes, node_rank, rdzv_endpoint)
-        print(f"error: the torchrun job failed: {describe_failure(ends, run_dir, nproc=nproc, hosts=hosts)}",
-              file=sys.stderr)
+        said = describe_failure(ends, run_dir, nproc=nproc, hosts=hosts, newest=newest_checkpoint(run_dir))
+        print(f"error: the torchrun job failed: {said}", file=sys.stderr)
         return 1
     finally:
         os.environ.pop(LAUNCHER_PID_ENV, None)
@@ -107,12 +107,13 @@ def _how(rank: int, code: int) -> str:
 
 
 def describe_failure(ends: Mapping[int, tuple[int, float]], run_dir: str | Path | None = "<run directory>",
-                     nproc: int | str = "N", hosts: str = "") -> str:
+                     nproc: int | str = "N", hosts: str = "", newest: str | None = None) -> str:
     """What ended a failed job, from each failed rank's (exit code, time) in the order torchrun
     found them: the rank that failed first, what the others did, and how to go on (``--resume
     run_dir`` with ``nproc`` processes, and on every host of a job of several with ``hosts``, the
     host arguments of :func:`resume_hosts`; with ``run_dir`` None the job wrote no run directory,
-    so there is nothing to resume and no resume command is given). torchrun records
+    so there is nothing to resume and no resume command is given); ``newest``: the name of the
+    newest checkpoint there, which the resume starts from. torchrun records
     the ranks that failed on their own before it stops the others (SIGTERM; a rank with Ray's
     signal handlers then aborts), and its times are whole seconds, so the earliest time and then
     the order decide."""
@@ -130,11 +131,21 @@ def describe_failure(ends: Mapping[int, tuple[int, float]], run_dir: str | Path 
         text += "; then torchrun stopped the others (" + ", ".join(_how(r, ends[r][0]) for r in others) + ")"
     if run_dir is None:
         return text + ". No run directory was written, so there is nothing to resume."
+    kept = "The checkpoints written so far are kept" + (f" (the newest: {newest})" if newest else "")
     if hosts:
-        return text + (f". The checkpoints written so far are kept: `vagent train --nproc {nproc} {hosts} --resume "
+        return text + (f". {kept}: `vagent train --nproc {nproc} {hosts} --resume "
                        f"{run_dir}` on every host (each with its own --node-rank) continues the run.")
-    return text + (f". The checkpoints written so far are kept: `vagent train --nproc {nproc} --resume {run_dir}` "
-                   "continues the run.")
+    return text + f". {kept}: `vagent train --nproc {nproc} --resume {run_dir}` continues the run."
+
+
+def newest_checkpoint(run_dir: str | Path | None) -> str | None:
+    """The folder name of the newest checkpoint in ``run_dir/checkpoints`` (None without one)."""
+    if run_dir is None:
+        return None
+    from vagent.runs.checkpoint import list_checkpoints
+
+    found = list_checkpoints(Path(run_dir) / "checkpoints")
+    return found[-1].path.name if found else None
 
 
 def resume_hosts(nnodes: int, node_rank: int | None, rdzv_endpoint: str | None) -> str:

@@ -11,6 +11,7 @@ once when ``world().size == 1``).
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -26,6 +27,9 @@ class World:
     local_rank: int = 0
     #: seconds a collective may wait before it fails (the process group's timeout)
     timeout_s: float = 0.0
+    #: each rank's address towards the job's store (index: rank; ``own_address``), so that a failed
+    #: collective can name the rank behind an address in the backend's error; () in one process
+    addresses: tuple[str, ...] = ()
 
     @property
     def is_main(self) -> bool:
@@ -39,6 +43,26 @@ class World:
     def tag(self) -> str:
         """``"rank 1/2"`` for messages ('' in a single process)."""
         return f"rank {self.rank}/{self.size}" if self.distributed else ""
+
+    def ranks_at(self, text: str) -> dict[str, list[int]]:
+        """The other ranks whose address ``text`` names (a backend's error: ``Connection closed by
+        peer [10.0.0.2]:53934``), by address; only addresses of other hosts than this rank's (ranks
+        on this host share its address, which names none of them)."""
+        own = self.addresses[self.rank] if self.rank < len(self.addresses) else None
+        found: dict[str, list[int]] = {}
+        for r, address in enumerate(self.addresses):
+            if r != self.rank and address != own and f"[{address}]" in text:
+                found.setdefault(address, []).append(r)
+        return found
+
+    def other_hosts(self) -> dict[str, list[int]]:
+        """The ranks on other hosts than this rank's, by address (empty in a job of one host)."""
+        own = self.addresses[self.rank] if self.rank < len(self.addresses) else None
+        found: dict[str, list[int]] = {}
+        for r, address in enumerate(self.addresses):
+            if address != own:
+                found.setdefault(address, []).append(r)
+        return found
 
 
 _WORLD = World()
@@ -97,8 +121,25 @@ def init_world(device: str = "auto", timeout_s: float = 600.0) -> World:
     if not dist.is_initialized():
         dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=timeout_s),
                                 device_id=torch.device("cuda", local) if cuda else None)
-    _WORLD = World(rank=rank, size=size, local_rank=local, timeout_s=timeout_s)
+    addresses: list[str | None] = [None] * size
+    dist.all_gather_object(addresses, own_address())
+    _WORLD = World(rank=rank, size=size, local_rank=local, timeout_s=timeout_s,
+                   addresses=tuple(str(a) for a in addresses))
     return _WORLD
+
+
+def own_address() -> str:
+    """This host's address towards the job's store (``MASTER_ADDR``, which torchrun sets): the
+    local address the kernel routes to it, found without sending a packet (a UDP socket's
+    ``connect``); the hostname when that fails."""
+    master, port = os.environ.get("MASTER_ADDR", ""), int(os.environ.get("MASTER_PORT") or 29400)
+    try:
+        family = socket.getaddrinfo(master, port, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family[0], socket.SOCK_DGRAM) as probe:
+            probe.connect(family[4])
+            return str(probe.getsockname()[0])
+    except (OSError, IndexError, UnicodeError):
+        return socket.gethostname()
 
 
 def rank_device(device: str) -> str:
