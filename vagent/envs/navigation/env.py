@@ -45,19 +45,18 @@ Version:
 """
 
 from __future__ import annotations
-
 import difflib
-import json
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Mapping
 
 from vagent.config import ConfigError
 from vagent.envs.base import IMAGE_PLACEHOLDER, JudgeSpec, Observation, StepResult
-from vagent.envs.formats import DESCRIPTION_STYLES, FormatExample, format_instruction, format_reminder, format_reward
+from vagent.envs.formats import FormatExample, format_instruction, format_reminder, format_reward
 from vagent.envs.grid import (
     EpisodeClock, ParsedActions, check_common_config, feedback_line, parse_actions, resolve_rewards, step_info,
 )
+from vagent.envs.navigation.describe import describe_state, object_label, relation_phrase, view_text
 from vagent.envs.navigation.raycast import RaycastWorld
 from vagent.envs.navigation.world import ACTIONS, CATALOG, LEGEND, GenerationError, NavBackend, RoomParams, parse_layout
 from vagent.envs.registry import EnvConfig
@@ -149,78 +148,8 @@ def parse_navigation_response(text: object, fmt: str, max_actions: int = 5) -> P
     return parse_actions(text, fmt, ACTIONS, max_actions, ACTION_SEP)
 
 
-# ---------------------------------------------------------------------------------------------
-# Descriptions
-# ---------------------------------------------------------------------------------------------
-
-_PHRASES = {
-    ("ahead", "same"): "directly ahead of you", ("behind", "same"): "directly behind you",
-    ("same", "left"): "to your left", ("same", "right"): "to your right",
-    ("ahead", "left"): "ahead of you and to the left", ("ahead", "right"): "ahead of you and to the right",
-    ("behind", "left"): "behind you and to the left", ("behind", "right"): "behind you and to the right",
-    ("same", "same"): "here",
-}
-
-
-def relation_phrase(vertical: str, horizontal: str) -> str:
-    """Natural words for a relation, naming both axes as the rule judge reads them
-    (``("ahead", "right")`` -> ``"ahead of you and to the right"``; ``("same", "left")`` -> ``"to your left"``)."""
-    return _PHRASES[(vertical, horizontal)]
-
-
-def _label(entry: Mapping[str, Any]) -> str:
-    """``"red sofa"`` (just the type when there is no colour, as with AI2-THOR)."""
-    return f"{entry.get('color') or ''} {entry['object']}".strip()
-
-
-def _entries(state: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The target first, then the visible non-target objects (the objects of ``relations``)."""
-    return [state["target"]] + [o for o in state["visible_objects"] if not o.get("is_target")]
-
-
-def describe_state(state: Mapping[str, Any], style: str) -> str:
-    """A correct description of ``state`` in ``style``.
-
-    natural: ``The red sofa (the target) is ahead of you and to the right, 2.4 m away. The green
-    lamp is directly ahead of you, 3.1 m away.``; structured: JSON
-    ``{"target": "red sofa", "sofa": ["ahead", "right"], "lamp": ["ahead", "same"], "distance_m":
-    {"sofa": 2.4, "lamp": 3.1}}``; symbolic: the egocentric room map (``state["map"]``, LEGEND).
-    The rule judge scores natural and structured (its grid parser speaks above/below, not
-    ahead/behind, so it does not score the symbolic map).
-    """
-    if style not in DESCRIPTION_STYLES:
-        raise ValueError(f"Unknown description style '{style}'; valid: {', '.join(DESCRIPTION_STYLES)}.")
-    entries = _entries(state)
-    if style == "symbolic":
-        if "map" not in state:
-            raise ValueError("symbolic navigation descriptions need state['map'] (backend='raycast')")
-        return "\n".join(state["map"])
-    if style == "structured":
-        out: dict[str, Any] = {"target": _label(entries[0])}
-        for e in entries:
-            out[e["object"]] = [e["vertical"], e["horizontal"]]
-        out["distance_m"] = {e["object"]: round(float(e["distance"]), 1) for e in entries}
-        return json.dumps(out)
-    sentences = []
-    for i, e in enumerate(entries):
-        label = _label(e) + (" (the target)" if i == 0 else "")
-        sentences.append(f"The {label} is {relation_phrase(e['vertical'], e['horizontal'])}, "
-                         f"{float(e['distance']):.1f} m away.")
-    return " ".join(sentences)
-
-
-def view_text(state: Mapping[str, Any]) -> str:
-    """The text render: free distance ahead and every visible object (direction and distance)."""
-    ahead = state.get("obstacle_ahead")
-    lines = [] if ahead is None else [f"The nearest obstacle straight ahead is {ahead:.2f} m away."]
-    seen = state["visible_objects"]
-    if not seen:
-        lines.append("You see no furniture.")
-    for o in seen:
-        lines.append(f"You see the {_label(o)} {relation_phrase(o['vertical'], o['horizontal'])}, "
-                     f"{float(o['distance']):.1f} m away.")
-    return "\n".join(lines)
-
+# The descriptions (describe_state, view_text, relation_phrase) are in describe.py: the judges,
+# the solver and the demos find describe_state here, in the env's module.
 
 # ---------------------------------------------------------------------------------------------
 # The env
@@ -333,7 +262,7 @@ class NavigationEnv:
         truncated = self._clock.finish(success)
         state = self._world.observe()
         if success:
-            effect = f"You reached the {_label(state['target'])}!"
+            effect = f"You reached the {object_label(state['target'])}!"
         elif blocked:
             effect = f"{blocked} action(s) had no effect (blocked by an obstacle, or the camera limit)."
         else:
@@ -406,8 +335,7 @@ class NavigationEnv:
             images = ()
         if cfg.target_hint:
             t = state["target"]
-            parts.append(f"Hint: the {_label(t)} is {relation_phrase(t['vertical'], t['horizontal'])}, "
+            parts.append(f"Hint: the {object_label(t)} is {relation_phrase(t['vertical'], t['horizontal'])}, "
                          f"{float(t['distance']):.1f} m away.")
         parts.append(self._reminder)
         return Observation("\n".join(parts), images)
-

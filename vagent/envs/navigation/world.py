@@ -10,20 +10,14 @@ as AI2-THOR's camera horizon).
 Grid values: ``FLOOR`` 0, ``WALL`` 1, ``k + 2`` = furniture object ``k`` (an axis-aligned box
 of whole cells). Walls and furniture block movement.
 
-Egocentric relations (the judge's vocabulary): for a point ``p`` and the agent at ``a`` with
-forward unit ``f`` and right unit ``r``, ``forward = (p - a) . f``, ``lateral = (p - a) . r`` and
-the bearing ``theta = atan2(lateral, forward)`` in degrees (0 ahead, +90 right). The bearing of an
-object's centre is cut into 8 sectors of 45 degrees: ``|theta| < 22.5`` -> ``(ahead, same)``,
-``22.5 < theta < 67.5`` -> ``(ahead, right)``, ``67.5 < theta < 112.5`` -> ``(same, right)``,
-``112.5 < theta < 157.5`` -> ``(behind, right)``, ``|theta| > 157.5`` -> ``(behind, same)`` and
-mirrored for left. The 4-way ``direction`` (VAGEN's ahead/left/right/back) uses 90-degree
-sectors: ``|theta| <= 45`` ahead, ``45 < theta <= 135`` right, ``-135 <= theta < -45`` left, else
-back. An object's ``distance`` is from the agent to the closest point of its footprint (0 inside).
+The furniture types and colours are in ``catalog.py``; the egocentric relations (the judge's
+vocabulary: an object's bearing cut into 8 sectors of 45 degrees, VAGEN's 4-way direction, the
+distance to its footprint) and the success test in ``relations.py``. Their names are importable
+from here too.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Iterator, Protocol, Sequence
 
@@ -31,6 +25,13 @@ import numpy as np
 from PIL import Image
 
 from vagent.envs.grid import bfs_actions
+from vagent.envs.navigation.catalog import (  # noqa: F401 - re-exported
+    CATALOG, CATALOG_BY_NAME, COLORS, LEGEND, FurnitureType,
+)
+from vagent.envs.navigation.relations import (  # noqa: F401 - re-exported
+    bearing, box_distance, direction4, egocentric, heading, is_success, object_box, object_center, object_relation,
+    relation_words, target_distance,
+)
 
 FLOOR, WALL = 0, 1
 #: canonical action names (VAGEN's navigation names); the BFS tries moves in this order
@@ -40,46 +41,6 @@ PITCH_STEP = 30
 PITCH_MIN, PITCH_MAX = -30, 60  # AI2-THOR's camera horizon limits (up 30, down 60)
 YAWS = (0, 90, 180, 270)
 COMPASS = {0: "north", 90: "east", 180: "south", 270: "west"}
-
-
-@dataclass(frozen=True)
-class FurnitureType:
-    """A catalogue entry: name, map symbol, footprint (width x depth, metres), height (metres)."""
-
-    name: str
-    symbol: str
-    width: float
-    depth: float
-    height: float
-    synonyms: tuple[str, ...] = ()
-
-
-#: the furniture catalogue (names are the judge's object types)
-CATALOG: tuple[FurnitureType, ...] = (
-    FurnitureType("sofa", "S", 1.5, 0.75, 0.8, ("couch", "settee")),
-    FurnitureType("table", "T", 1.0, 0.75, 0.75, ("dining table", "coffee table")),
-    FurnitureType("fridge", "F", 0.75, 0.75, 1.8, ("refrigerator", "freezer")),
-    FurnitureType("lamp", "L", 0.25, 0.25, 1.6, ("floor lamp", "standing lamp")),
-    FurnitureType("plant", "P", 0.5, 0.5, 1.1, ("houseplant", "potted plant", "pot plant")),
-    FurnitureType("tv", "V", 1.0, 0.25, 1.2, ("television", "tv set", "screen")),
-    FurnitureType("chair", "C", 0.5, 0.5, 0.9, ("armchair", "stool")),
-    FurnitureType("bookshelf", "B", 1.0, 0.5, 1.9, ("bookcase", "shelf")),
-    FurnitureType("cabinet", "K", 0.75, 0.5, 1.0, ("cupboard", "dresser")),
-    FurnitureType("trash can", "R", 0.5, 0.5, 0.6, ("garbage can", "trashcan", "bin", "dustbin")),
-    FurnitureType("desk", "D", 1.0, 0.5, 0.75, ("writing desk", "workbench")),
-    FurnitureType("piano", "N", 1.25, 0.5, 1.2, ("upright piano", "grand piano")),
-)
-CATALOG_BY_NAME = {t.name: t for t in CATALOG}
-
-#: named colours of the furniture (RGB); a room uses distinct colours
-COLORS: dict[str, tuple[int, int, int]] = {
-    "red": (200, 40, 40), "green": (40, 160, 60), "blue": (40, 70, 200), "yellow": (230, 200, 30),
-    "orange": (235, 130, 30), "purple": (130, 50, 170), "pink": (240, 120, 180), "cyan": (40, 190, 200),
-    "brown": (120, 75, 35), "black": (30, 30, 30), "white": (240, 240, 240), "gray": (130, 130, 130),
-}
-
-#: legend of the egocentric symbolic map (``state["map"]``)
-LEGEND = ", ".join(["# wall", ". floor", "^ you (facing up)"] + [f"{t.symbol} {t.name}" for t in CATALOG])
 
 
 @dataclass(frozen=True)
@@ -143,91 +104,6 @@ class RoomParams:
 
 class GenerationError(RuntimeError):
     """No room satisfying the parameters was found in the allowed attempts."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Geometry
-# ---------------------------------------------------------------------------------------------
-
-def heading(yaw: int) -> tuple[tuple[int, int], tuple[int, int]]:
-    """(forward, right) unit vectors in grid steps ``(dx, dz)`` for a yaw multiple of 90."""
-    fwd = {0: (0, 1), 90: (1, 0), 180: (0, -1), 270: (-1, 0)}[yaw % 360]
-    return fwd, (fwd[1], -fwd[0])
-
-
-def egocentric(agent_xz: Sequence[float], yaw_deg: float, point_xz: Sequence[float]) -> tuple[float, float]:
-    """(forward, lateral) of ``point`` in the agent frame (metres; lateral > 0 is to the right)."""
-    dx, dz = point_xz[0] - agent_xz[0], point_xz[1] - agent_xz[1]
-    s, c = math.sin(math.radians(yaw_deg)), math.cos(math.radians(yaw_deg))
-    return dx * s + dz * c, dx * c - dz * s
-
-
-def bearing(forward: float, lateral: float) -> float:
-    """Degrees in (-180, 180]: 0 ahead, +90 right, -90 left, 180 behind."""
-    return math.degrees(math.atan2(lateral, forward))
-
-
-def relation_words(theta: float) -> tuple[str, str]:
-    """(vertical, horizontal) judge words of a bearing: 8 sectors of 45 degrees (module docstring)."""
-    a = abs(theta)
-    vertical = "ahead" if a < 67.5 else "behind" if a > 112.5 else "same"
-    horizontal = "same" if a < 22.5 or a > 157.5 else ("right" if theta > 0 else "left")
-    return vertical, horizontal
-
-
-def direction4(theta: float) -> str:
-    """VAGEN's coarse direction: ahead / right / left / back (90-degree sectors)."""
-    if abs(theta) <= 45.0:
-        return "ahead"
-    if 45.0 < theta <= 135.0:
-        return "right"
-    if -135.0 <= theta < -45.0:
-        return "left"
-    return "back"
-
-
-def box_distance(x: float, z: float, box: Sequence[float]) -> float:
-    """Distance from (x, z) to the closest point of the box ``(x0, z0, x1, z1)`` (0 inside)."""
-    x0, z0, x1, z1 = box
-    dx = max(x0 - x, 0.0, x - x1)
-    dz = max(z0 - z, 0.0, z - z1)
-    return math.hypot(dx, dz)
-
-
-def object_box(obj: Furniture, cell: float) -> tuple[float, float, float, float]:
-    return obj.x0 * cell, obj.z0 * cell, obj.x1 * cell, obj.z1 * cell
-
-
-def object_center(obj: Furniture, cell: float) -> tuple[float, float]:
-    return (obj.x0 + obj.x1) * cell / 2.0, (obj.z0 + obj.z1) * cell / 2.0
-
-
-def object_relation(room: Room, pose: Pose, obj: Furniture) -> dict[str, Any]:
-    """``{"object", "color", "direction", "vertical", "horizontal", "distance"}`` of ``obj`` from ``pose``."""
-    agent = pose.position(room.cell)
-    fwd, lat = egocentric(agent, pose.yaw, object_center(obj, room.cell))
-    theta = bearing(fwd, lat)
-    v, h = relation_words(theta)
-    return {"object": obj.name, "color": obj.color, "direction": direction4(theta), "vertical": v,
-            "horizontal": h, "distance": round(box_distance(*agent, object_box(obj, room.cell)), 2),
-            "bearing": round(theta, 1)}
-
-
-def target_distance(room: Room, pose: Pose, target: int) -> float:
-    return box_distance(*pose.position(room.cell), object_box(room.objects[target], room.cell))
-
-
-def is_success(room: Room, pose: Pose, target: int, success_distance: float, require_facing: bool,
-               fov: float) -> bool:
-    """Within ``success_distance`` metres of the target's footprint (and, if ``require_facing``,
-    the target's centre is inside the horizontal field of view: ``|bearing| <= fov / 2``)."""
-    if target_distance(room, pose, target) > success_distance + 1e-9:
-        return False
-    if not require_facing:
-        return True
-    obj = room.objects[target]
-    fwd, lat = egocentric(pose.position(room.cell), pose.yaw, object_center(obj, room.cell))
-    return abs(bearing(fwd, lat)) <= fov / 2.0 + 1e-9
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,6 +1,10 @@
-"""PrimitiveSkill (VAGEN's robot-manipulation env): the env (``env.py``), our kinematic tabletop
-simulator (``sim.py``), the four tasks with their oracle (``tasks.py``), the top-down renderer
-(``render.py``) and the ManiSkill 3 backend (``maniskill.py``, never imported here)."""
+"""PrimitiveSkill (VAGEN's robot-manipulation env): the env (``env.py``), its reply parser
+(``replies.py``), ground truth and descriptions (``describe.py``) and prompts (``prompts.py``);
+our kinematic tabletop simulator (``sim.py``, its records and geometry in ``objects.py``); the
+four tasks (``tasks.py``: initial scenes in ``scenes.py``, stage flags and success in
+``goals.py``, the oracle in ``oracle.py``); the top-down renderer (``render.py``); and the
+ManiSkill 3 backend (``maniskill.py`` with its motion planning in ``motion.py``, and the scene in
+``tabletop.py``; never imported here)."""
 
 from vagent.envs.primitive_skill.env import (
     ACTIONS, REWARD_PRESETS, KinematicBackend, ParsedSkills, PrimitiveSkillConfig, PrimitiveSkillEnv,

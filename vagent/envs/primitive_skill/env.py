@@ -49,43 +49,38 @@ Version:
 from __future__ import annotations
 
 import difflib
-import json
-import re
 from dataclasses import dataclass
-from typing import Any, Mapping, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 from PIL import Image
 
 from vagent.config import ConfigError
 from vagent.envs.base import IMAGE_PLACEHOLDER, JudgeSpec, Observation, StepResult
-from vagent.envs.formats import (
-    DESCRIPTION_STYLES, FormatExample, ParsedResponse, format_instruction, format_reminder, format_reward,
-    parse_response,
-)
+from vagent.envs.formats import format_reminder, format_reward
 from vagent.envs.grid import EpisodeClock, check_common_config, resolve_rewards
+from vagent.envs.primitive_skill.describe import describe_state, make_state
+from vagent.envs.primitive_skill.prompts import STYLE_TEXT, feedback_line, scene_lines, system_prompt_text
 from vagent.envs.primitive_skill.render import render_scene
-from vagent.envs.primitive_skill.sim import (
-    GRIPPER, SKILL_ARITY, Bounds, Scene, Skill, SkillResult, Tolerances, fmt_num, fmt_point,
+from vagent.envs.primitive_skill.replies import (
+    ACTION_SEP, ACTIONS, ParsedSkills, parse_primitive_response, parse_skill,
 )
+from vagent.envs.primitive_skill.sim import Bounds, Scene, Skill, SkillResult, Tolerances
 from vagent.envs.primitive_skill.tasks import TASKS, Task, TaskParams, get_task, progress_value, stage_of
 from vagent.envs.registry import EnvConfig
 
-ACTIONS = ("pick", "place", "push")
-ACTION_SEP = "|"
+# the reply parser (replies.py), the ground truth and its descriptions (describe.py) are
+# re-exported: vagent.rollout.scripted, vagent.recipes.demos and the judges look describe_state
+# up in the env's module
+__all__ = ["ACTIONS", "ACTION_SEP", "BACKENDS", "REWARD_PRESETS", "Backend", "KinematicBackend", "ParsedSkills",
+           "PrimitiveSkillConfig", "PrimitiveSkillEnv", "describe_state", "make_state", "parse_primitive_response",
+           "parse_skill"]
+
 BACKENDS = ("kinematic", "maniskill")
 REWARD_PRESETS = {
     "lite": {"stage": 0.2, "success": 1.0, "format": 0.1, "action_cost": 0.0},
     "paper": {"stage": 2.0, "success": 10.0, "format": 0.1, "action_cost": 0.1},
 }
-STYLE_TEXT = {
-    "natural": ("Describe states in natural language, giving each object's centre as (x, y, z) in mm, "
-                "e.g. 'The red cube is at (52, -80, 20).'"),
-    "structured": ('Describe states as a JSON object mapping each object to its centre [x, y, z] in mm, '
-                   'e.g. {"red_cube": [52, -80, 20]}.'),
-    "symbolic": "Describe states symbolically, one object per line: name (x, y, z) in mm, e.g. red_cube (52, -80, 20).",
-}
-_EXAMPLE_SEED = 20240917
 
 
 @dataclass
@@ -124,140 +119,6 @@ class PrimitiveSkillConfig(EnvConfig):
     reward_format: float | None = None
     #: cost per executed skill; None = preset (lite 0, paper 0.1 as VAGEN's compute_reward)
     reward_action_cost: float | None = None
-
-
-# ---------------------------------------------------------------------------------------------
-# Reply -> skills (pure)
-# ---------------------------------------------------------------------------------------------
-
-_CALL = re.compile(r"^\s*([A-Za-z_]+)\s*\((.*)\)\s*$", re.S)
-_NUMBER = re.compile(r"^[-+]?(?:\d+(?:\.\d*)?|\.\d+)$")
-_USAGE = "expected pick(x, y, z), place(x, y, z) or push(x1, y1, z1, x2, y2, z2) with numbers in mm"
-
-
-def parse_skill(text: str) -> Skill | str:
-    """One action string -> a :class:`Skill`, or a message saying why it is not one."""
-    shown = text.strip()[:40]
-    m = _CALL.match(text)
-    if m is None:
-        return f"'{shown}' is not a skill call ({_USAGE})"
-    name, body = m.group(1).lower(), m.group(2)
-    if name not in SKILL_ARITY:
-        close = difflib.get_close_matches(name, ACTIONS, n=1)
-        hint = f" (did you mean {close[0]}?)" if close else ""
-        return f"unknown skill '{name[:20]}'{hint}; {_USAGE}"
-    parts = [p.strip() for p in body.split(",")]
-    if len(parts) != SKILL_ARITY[name]:
-        return f"{name} takes {SKILL_ARITY[name]} coordinates, got {len(parts) if body.strip() else 0} in '{shown}'"
-    for p in parts:
-        if not _NUMBER.match(p):
-            return f"'{p[:20]}' in '{shown}' is not a number"
-    return Skill(name, tuple(float(p) for p in parts))
-
-
-@dataclass(frozen=True)
-class ParsedSkills:
-    """A reply mapped to skills: ``skills`` up to the first action that is not a skill
-    (``invalid``, with ``invalid_reason``); a failed format gives no skills."""
-
-    parsed: ParsedResponse
-    skills: tuple[Skill, ...]
-    invalid: str | None = None
-    invalid_reason: str | None = None
-
-    @property
-    def all_valid(self) -> bool:
-        return self.parsed.format_ok and self.invalid is None
-
-
-def parse_primitive_response(text: object, fmt: str, max_actions: int = 2) -> ParsedSkills:
-    """The pure reply -> skills mapping of PrimitiveSkill (actions separated by ``|``). Never raises."""
-    parsed = parse_response(text, fmt, action_sep=ACTION_SEP, max_actions=max_actions)
-    skills: list[Skill] = []
-    for raw in parsed.actions:
-        skill = parse_skill(raw)
-        if isinstance(skill, str):
-            return ParsedSkills(parsed, tuple(skills), raw, skill)
-        skills.append(skill)
-    return ParsedSkills(parsed, tuple(skills))
-
-
-# ---------------------------------------------------------------------------------------------
-# State and descriptions (pure)
-# ---------------------------------------------------------------------------------------------
-
-def _num(v: float) -> int | float:
-    r = round(float(v), 1)
-    return int(round(r)) if abs(r - round(r)) < 1e-9 else r
-
-
-def _point(p) -> list[int | float]:
-    return [_num(v) for v in p]
-
-
-def make_state(scene: Scene, task: Task, params: TaskParams) -> dict[str, Any]:
-    """The JSON-able ground truth (``PrimitiveSkillEnv.state()``): objects, targets, drawer,
-    gripper, stage and ``relations`` (one per object with its ``position``, for the rule judge)."""
-    objects = {b.name: {"position": _point(b.pos), "held": b.support == GRIPPER, "on": b.support}
-               for b in scene.bodies.values()}
-    relations = [{"object": b.name, "vertical": None, "horizontal": None, "position": _point(b.pos)}
-                 for b in scene.bodies.values()]
-    relations += [{"object": t.name, "vertical": None, "horizontal": None, "position": _point(t.pos)}
-                  for t in scene.targets.values()]
-    drawer = None
-    if scene.drawer is not None:
-        d = scene.drawer
-        drawer = {"position": _point(d.position), "handle": _point(d.handle), "open_mm": _num(d.open),
-                  "max_open_mm": _num(d.max_open)}
-        relations += [{"object": "drawer", "vertical": None, "horizontal": None, "position": drawer["position"]},
-                      {"object": "handle", "vertical": None, "horizontal": None, "position": drawer["handle"]}]
-    return {
-        "task": task.name,
-        "objects": objects,
-        "targets": {t.name: _point(t.pos) for t in scene.targets.values()},
-        "drawer": drawer,
-        "gripper": {"position": _point(scene.gripper), "holding": scene.held},
-        "stage": stage_of(scene, task, params),
-        "success": bool(task.success(scene, params)),
-        "relations": relations,
-    }
-
-
-def _coords(p) -> str:
-    return "(" + ", ".join(str(v) for v in p) + ")"
-
-
-def describe_state(state: Mapping[str, Any], style: str) -> str:
-    """A correct description of ``state`` in ``style``, one entry per judged object with its centre.
-
-    structured: ``{"red_cube": [52, -80, 20], ..., "gripper": [0, 0, 200], "holding": null}``;
-    natural: ``The red cube is at (52, -80, 20). ... The gripper is at (0, 0, 200).``;
-    symbolic: one ``name (x, y, z)`` line per object, then ``gripper (x, y, z)``.
-    A held object is marked ("in the gripper" / ``held``); the rule judge scores the positions.
-    """
-    if style not in DESCRIPTION_STYLES:
-        raise ValueError(f"Unknown description style '{style}'; valid: {', '.join(DESCRIPTION_STYLES)}.")
-    objects = state.get("objects", {})
-    gripper = state["gripper"]
-    rels = [(r["object"], r["position"]) for r in state["relations"]]
-    if style == "structured":
-        out: dict[str, Any] = {name: pos for name, pos in rels}
-        out["gripper"], out["holding"] = gripper["position"], gripper["holding"]
-        return json.dumps(out)
-    lines = []
-    for name, pos in rels:
-        held = bool(objects.get(name, {}).get("held"))
-        if style == "symbolic":
-            lines.append(f"{name} {_coords(pos)}" + (" held" if held else ""))
-        else:
-            label = "drawer handle" if name == "handle" else name.replace("_", " ")
-            where = "in the gripper at" if held else "at"
-            lines.append(f"The {label} is {where} {_coords(pos)}.")
-    if style == "symbolic":
-        lines.append(f"gripper {_coords(gripper['position'])}")
-        return "\n".join(lines)
-    lines.append(f"The gripper is at {_coords(gripper['position'])}.")
-    return " ".join(lines)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -485,30 +346,7 @@ class PrimitiveSkillEnv:
         return progress_value(self._backend.scene(), self.task, self.params, r["stage"], r["success"])
 
     def _feedback(self, ps: ParsedSkills, executed, failed, success: bool) -> str:
-        if not ps.parsed.format_ok:
-            return f"Last reply: format error ({ps.parsed.error}); no action was executed."
-        done = ", ".join(f"{s.text()} ({res.message})" for s, res in executed) or "nothing"
-        line = f"Last reply: executed {done}."
-        if failed is not None:
-            line += f" {failed[0].text()} failed: {failed[1].message}; execution stopped there."
-        elif ps.invalid is not None:
-            line += f" Invalid action: {ps.invalid_reason}; execution stopped there."
-        if success:
-            line += " The task is complete!"
-        return line
-
-    def _scene_text(self, scene: Scene) -> list[str]:
-        lines = ["Object positions (x, y, z) in mm: "
-                 + ", ".join(f"{b.name} {fmt_point(b.pos)}" for b in scene.bodies.values()) + "."]
-        if scene.targets:
-            lines.append("Targets (centre, radius 50 mm): "
-                         + ", ".join(f"{t.name} {fmt_point(t.pos)}" for t in scene.targets.values()) + ".")
-        if scene.drawer is not None:
-            d = scene.drawer
-            lines.append(f"Drawer: open {fmt_num(d.open)} of {fmt_num(d.max_open)} mm; drawer {fmt_point(d.position)}, "
-                         f"handle {fmt_point(d.handle)}.")
-        lines.append(f"Gripper: at {fmt_point(scene.gripper)}, holding {scene.held or 'nothing'}.")
-        return lines
+        return feedback_line(ps, executed, failed, success)
 
     def _observation(self, feedback: str) -> Observation:
         cfg = self.config
@@ -521,60 +359,9 @@ class PrimitiveSkillEnv:
             images = (self._backend.render(cfg.image_size),)
         else:
             parts.append("Current observation:")
-        parts += self._scene_text(scene)
+        parts += scene_lines(scene)
         parts.append(self._reminder)
         return Observation("\n".join(parts), images)
 
-    def _example(self) -> FormatExample:
-        cfg = self.config
-        scene = self.task.build(np.random.default_rng(_EXAMPLE_SEED), self.bounds, self.tol)
-        plan = self.task.plan(scene, self.params)[: cfg.max_actions_per_turn]
-        before = make_state(scene, self.task, self.params)
-        after_scene = scene.copy()
-        for s in plan:
-            after_scene.apply(s)
-        after = make_state(after_scene, self.task, self.params)
-        style = cfg.description_style
-        return FormatExample(
-            observation=describe_state(before, style),
-            reasoning=f"To make progress on the task I {' then '.join(s.text() for s in plan)}.",
-            prediction=describe_state(after, style),
-            answer=ACTION_SEP.join(s.text() for s in plan),
-        )
-
     def _build_prompt(self) -> str:
-        cfg, b, t = self.config, self.bounds, self.tol
-        lines = [
-            "You control a robot arm above a table with three primitive skills. "
-            f"Task: {self.task.instruction(self.params)}",
-            "Coordinates are millimetres in the robot's frame: x points away from the robot base, y to the "
-            "robot's left, z up; the table top is z = 0. Positions are object centres; cubes are 40 mm wide, "
-            "the apple 60 mm.",
-            f"Skills (up to {cfg.max_actions_per_turn} per answer, separated by '{ACTION_SEP}'):",
-            f"- pick(x, y, z): grasp the object whose centre is within {fmt_num(t.grasp)} mm of (x, y), with z within "
-            "its height, and lift it. The gripper must be empty and nothing may rest on the object.",
-            "- place(x, y, z): put the held object down with its centre at (x, y): on the table, onto a cube "
-            f"(within {fmt_num(t.stack)} mm of that cube's centre it snaps onto it) or into the open part of the "
-            f"drawer. z must not be more than {fmt_num(t.place_z)} mm below its resting centre height.",
-            "- push(x1, y1, z1, x2, y2, z2): move the empty gripper from the first point to the second. Starting "
-            f"within {fmt_num(t.push)} mm of an object's side, at a height within the object, and moving towards "
-            "it slides the object along. Starting at the drawer handle drags the drawer along x (towards the "
-            "robot opens it).",
-            "A skill that cannot run (out of reach, empty or full gripper, a collision, nothing to grasp) fails "
-            "and the rest of the answer is skipped.",
-            f"Workspace (the arm's reach, also the table): x in [{fmt_num(b.x[0])}, {fmt_num(b.x[1])}], "
-            f"y in [{fmt_num(b.y[0])}, {fmt_num(b.y[1])}], z in [{fmt_num(b.z[0])}, {fmt_num(b.z[1])}] mm.",
-            f"The episode ends when the task is done or after {cfg.max_steps} turns.",
-        ]
-        if cfg.render == "vision" and cfg.backend == "maniskill":
-            lines.append("Each observation has a top-down camera image of the table: the robot stands below the "
-                         "bottom edge, x points up and y to the left; targets are red and white rings; raised "
-                         "(stacked or held) objects look larger; while the arm holds an object its hand covers it.")
-        elif cfg.render == "vision":
-            lines.append("Each observation has a top-down image: the robot base is at the bottom, x points up and "
-                         "y to the left, grid lines every 50 mm; targets are red and white rings, the cabinet and "
-                         "drawer brown, the gripper grey; raised (stacked or held) objects look larger and cast a "
-                         "shadow down-right.")
-        lines.append(format_instruction(cfg.format, self._example(), cfg.description_style, ACTION_SEP,
-                                        cfg.max_actions_per_turn, style_text=STYLE_TEXT[cfg.description_style]))
-        return "\n".join(lines)
+        return system_prompt_text(self.config, self.task, self.params, self.bounds, self.tol)

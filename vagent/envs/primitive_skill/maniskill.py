@@ -23,7 +23,8 @@ what rests on what (a cube within ``stack_tolerance`` horizontally whose top is 
 bottom), the held object (ManiSkill's ``is_grasping``), the gripper (the TCP). Physics may differ
 from the kinematic prediction (a cube may slip or tip); the outcome the text reports is the
 simulated one. ``drawer`` needs ManiSkill's PartNet-Mobility cabinet and YCB apple (downloads) and
-is refused at ``make()`` with the download commands.
+is refused at ``make()`` with the download commands. The inverse kinematics and the joint paths
+are :mod:`vagent.envs.primitive_skill.motion`.
 """
 
 from __future__ import annotations
@@ -32,12 +33,15 @@ import math
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 from PIL import Image
 
 from vagent.config import ConfigError
+from vagent.envs.primitive_skill.motion import (  # noqa: F401 - re-exported: the pure geometry helpers
+    ArmModel, Leg, down_quat, grasp_yaw, plan_legs, pose_m, solve_ik, yaw_of,
+)
 from vagent.envs.primitive_skill.sim import (
     GRIPPER, TABLE, Body, Bounds, Scene, Skill, SkillResult, Target, Tolerances, dist_xy, fmt_point,
 )
@@ -54,80 +58,11 @@ FINGER_OPEN_Q = 0.04
 #: half the thickness of the closed fingers along a push (m): the leading face is this far ahead of the TCP
 FINGER_HALF_M = 0.017
 _STEP_M, _PUSH_STEP_M = 0.01, 0.005
-_MAX_JOINT_JUMP = 0.25
-
-
-# ---------------------------------------------------------------------------------------------
-# Geometry helpers (pure)
-# ---------------------------------------------------------------------------------------------
-
-def yaw_of(q: np.ndarray) -> float:
-    """Rotation about z (rad) of a wxyz quaternion."""
-    w, x, y, z = (float(v) for v in q)
-    return math.atan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z))
-
-
-def down_quat(closing_yaw: float) -> np.ndarray:
-    """wxyz quaternion of a gripper pointing down whose fingers close along the horizontal
-    direction at ``closing_yaw`` (ManiSkill's ``build_grasp_pose`` frame: z approach, y closing)."""
-    approach = np.array([0.0, 0.0, -1.0])
-    closing = np.array([math.cos(closing_yaw), math.sin(closing_yaw), 0.0])
-    ortho = np.cross(closing, approach)
-    rot = np.stack([ortho, closing, approach], axis=1)
-    # rotation matrix -> quaternion (wxyz); rot is proper (det 1)
-    t = np.trace(rot)
-    if t > 0:
-        s = math.sqrt(t + 1.0) * 2
-        q = [0.25 * s, (rot[2, 1] - rot[1, 2]) / s, (rot[0, 2] - rot[2, 0]) / s, (rot[1, 0] - rot[0, 1]) / s]
-    else:
-        i = int(np.argmax(np.diag(rot)))
-        j, k = (i + 1) % 3, (i + 2) % 3
-        s = math.sqrt(1.0 + rot[i, i] - rot[j, j] - rot[k, k]) * 2
-        q = [0.0, 0.0, 0.0, 0.0]
-        q[0] = (rot[k, j] - rot[j, k]) / s
-        q[1 + i] = 0.25 * s
-        q[1 + j] = (rot[j, i] + rot[i, j]) / s
-        q[1 + k] = (rot[k, i] + rot[i, k]) / s
-    out = np.array(q)
-    return out / np.linalg.norm(out)
-
-
-def grasp_yaw(centre: tuple[float, float], cube_yaw: float, others: list[tuple[float, float]]) -> float:
-    """The closing direction (rad) for a cube at ``centre``: one of its two horizontal axes (the
-    one nearest the world y axis on a tie), the one with the most room for the fingers, i.e. the
-    largest distance along it to another object that lies within 45 mm of the closing line."""
-    best, best_room = 0.0, -1.0
-    base = cube_yaw % (math.pi / 2)
-    for cand in sorted((base, base + math.pi / 2), key=lambda a: -abs(math.sin(a))):  # nearest to y first
-        d = np.array([math.cos(cand), math.sin(cand)])
-        room = math.inf
-        for o in others:
-            rel = np.array(o) - np.array(centre)
-            along, across = abs(float(rel @ d)), abs(float(rel[0] * d[1] - rel[1] * d[0]))
-            if across < 45.0:
-                room = min(room, along)
-        if room > best_room + 1e-6:
-            best, best_room = cand, room
-    # the Panda's wrist turns least when closing along world y (yaw pi/2 or -pi/2)
-    return best if math.cos(best - math.pi / 2) >= 0 else best + math.pi
 
 
 # ---------------------------------------------------------------------------------------------
 # The backend
 # ---------------------------------------------------------------------------------------------
-
-class Leg(NamedTuple):
-    """One straight move of the gripper's centre (TCP) in a skill's plan."""
-
-    #: where the TCP goes (world frame, metres)
-    target: tuple[float, float, float]
-    #: horizontal direction (rad) along which the fingers close, gripper pointing down
-    yaw: float
-    #: distance (m) between IK waypoints
-    step: float
-    #: gripper action once there (GRIPPER_OPEN / GRIPPER_CLOSED), None = unchanged
-    gripper: float | None = None
-
 
 class ManiSkillBackend:
     """The ``Backend`` protocol of ``env.py`` on our ManiSkill tabletop with an IK-planned Panda."""
@@ -157,6 +92,7 @@ class ManiSkillBackend:
         n = len(self.robot._objs[0].get_active_joints())
         self.arm_mask = np.array([1] * 7 + [0] * (n - 7), dtype=bool)
         self.qlimits = self.robot.get_qlimits()[0].cpu().numpy().astype(np.float64)
+        self.arm = ArmModel(self.pmodel, self.ee_index, self.root_pose, self.arm_mask, self.qlimits)
         self.gripper = GRIPPER_OPEN
         self._rest_q: np.ndarray | None = None
         self._target_q: np.ndarray | None = None
@@ -272,80 +208,17 @@ class ManiSkillBackend:
             targets[name] = Target(name, float(p[0]), float(p[1]))
         return Scene(bodies, targets, None, self.tcp_mm(), held, self.bounds, self.tol)
 
-    # -- planning -------------------------------------------------------------------------------
+    # -- planning (vagent.envs.primitive_skill.motion) ------------------------------------------
     def _pose_m(self, p: tuple[float, ...], yaw: float) -> Any:
-        import sapien
-
-        return sapien.Pose(p=[float(v) for v in p], q=down_quat(yaw))
+        return pose_m(p, yaw)
 
     def _ik(self, pose_world: Any, q_seed: np.ndarray) -> np.ndarray | None:
-        local = self.root_pose.inv() * pose_world
-        q, ok, _err = self.pmodel.compute_inverse_kinematics(
-            self.ee_index, local, initial_qpos=q_seed, active_qmask=self.arm_mask, max_iterations=200)
-        q = np.asarray(q, dtype=np.float64)
-        lo, hi = self.qlimits[:, 0], self.qlimits[:, 1]
-        if not ok or np.any(((q < lo - 1e-4) | (q > hi + 1e-4))[self.arm_mask]):
-            return None
-        return q
-
-    def _line(self, q: np.ndarray, a: tuple[float, ...], b: tuple[float, ...], yaw: float,
-              step: float) -> list[np.ndarray] | str:
-        """Joint positions along the straight segment a -> b (metres) at ``yaw``, or why none."""
-        n = max(1, math.ceil(math.dist(a, b) / step))
-        out = []
-        for k in range(1, n + 1):
-            t = k / n
-            p = tuple(a[i] + t * (b[i] - a[i]) for i in range(3))
-            sol = self._ik(self._pose_m(p, yaw), q)
-            if sol is None:
-                return f"no inverse-kinematics solution at {fmt_point([v * 1000 for v in p])}"
-            if np.max(np.abs(sol[self.arm_mask] - q[self.arm_mask])) > _MAX_JOINT_JUMP:
-                return f"the arm would have to jump near {fmt_point([v * 1000 for v in p])}"
-            out.append(sol)
-            q = sol
-        return out
+        return solve_ik(self.arm, pose_world, q_seed)
 
     def _plan(self, legs: list[Leg]) -> list[tuple[list[np.ndarray], float | None]] | str:
-        """Joint paths for ``legs`` from the current TCP, each with the gripper action to take after
-        it (or None), or why there is no plan. The gripper is symmetric, so a leg may use
-        ``yaw + pi`` instead (whichever the wrist's range allows, the nearer turn first)."""
-        q = self._qpos()
-        pos = tuple(v / 1000 for v in self.tcp_mm())
-        yaw = self._current_yaw()
-        plan: list = []
-        for target, leg_yaw, step, grip in legs:
-            why = "no plan"
-            for cand in sorted((leg_yaw, leg_yaw + math.pi), key=lambda c: abs(math.remainder(c - yaw, 2 * math.pi))):
-                turn = self._turn(q, pos, yaw, cand)
-                if isinstance(turn, str):
-                    why = turn
-                    continue
-                path = self._line(turn[-1] if turn else q, pos, target, cand, step)
-                if isinstance(path, str):
-                    why = path
-                    continue
-                if turn:
-                    plan.append((turn, None))
-                plan.append((path, grip))
-                q, pos, yaw = path[-1], target, cand
-                break
-            else:
-                return why
-        return plan
+        """Joint paths for ``legs`` from the current joints and TCP (:func:`motion.plan_legs`), or why none."""
+        return plan_legs(self.arm, self._qpos(), tuple(v / 1000 for v in self.tcp_mm()), self._current_yaw(), legs)
 
-    def _turn(self, q: np.ndarray, pos, yaw0: float, yaw1: float) -> list[np.ndarray] | str:
-        delta = math.remainder(yaw1 - yaw0, 2 * math.pi)
-        if abs(delta) < 1e-6:
-            return []
-        n = max(1, math.ceil(abs(delta) / 0.1))
-        out = []
-        for k in range(1, n + 1):
-            sol = self._ik(self._pose_m(pos, yaw0 + delta * k / n), q)
-            if sol is None:
-                return f"no inverse-kinematics solution turning the gripper at {fmt_point([v * 1000 for v in pos])}"
-            out.append(sol)
-            q = sol
-        return out
 
     # -- execution -------------------------------------------------------------------------------
     def _act(self, q: np.ndarray) -> None:

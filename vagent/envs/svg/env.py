@@ -59,13 +59,15 @@ from PIL import Image
 
 from vagent.config import ConfigError
 from vagent.envs.base import IMAGE_PLACEHOLDER, EnvError, JudgeSpec, Observation, StepResult
-from vagent.envs.formats import FormatExample, ParsedResponse, format_reward, parse_response, render_response
+from vagent.envs.formats import format_reward
 from vagent.envs.grid import EpisodeClock, check_common_config, resolve_rewards
 from vagent.envs.registry import EnvConfig
+from vagent.envs.svg.prompts import feedback_line, format_reminder, side_by_side, system_prompt_text
 from vagent.envs.svg.render import RenderLimits, RenderResult, check_svg, render_svg, resolve_renderer
+from vagent.envs.svg.replies import ParsedSVG, extract_svg, parse_svg_response  # noqa: F401 - re-exported
 from vagent.envs.svg.shapes import (
-    KINDS, LEGEND, PALETTE, Shape, Target, describe_target_state, generate_target, make_state, target_from_svg,
-    target_svg, text_description,
+    KINDS, LEGEND, PALETTE, Target, describe_target_state, generate_target, make_state, target_from_svg,
+    text_description,
 )
 from vagent.envs.svg.similarity import (
     FEATURE_PACKAGES, PreparedTarget, SimilarityConfig, check_weights, feature_encoder_available, prepare_target,
@@ -144,57 +146,14 @@ class SVGConfig(EnvConfig):
 
 
 # ---------------------------------------------------------------------------------------------
-# Pure reply -> SVG mapping
+# Ground truth for the judges (the reply parser is in vagent.envs.svg.replies, the prompts in
+# vagent.envs.svg.prompts; both are importable from here)
 # ---------------------------------------------------------------------------------------------
-
-def extract_svg(answer: str) -> str | None:
-    """The SVG document in an answer: from the first ``<svg`` to the last ``</svg>`` (or a
-    self-closing ``<svg .../>``); None if there is none."""
-    start = answer.find("<svg")
-    if start == -1:
-        return None
-    end = answer.rfind("</svg>")
-    if end > start:
-        return answer[start:end + len("</svg>")]
-    close = answer.find("/>", start)
-    if close != -1 and answer.find(">", start) == close + 1:
-        return answer[start:close + 2]
-    return None
-
-
-@dataclass(frozen=True)
-class ParsedSVG:
-    """A reply mapped to its SVG: ``svg`` (None if absent) and ``error`` (why there is none)."""
-
-    parsed: ParsedResponse
-    svg: str | None
-    error: str | None
-
-
-def parse_svg_response(text: object, fmt: str) -> ParsedSVG:
-    """Parse a reply in format ``fmt`` and extract the SVG of its answer. Pure; never raises."""
-    parsed = parse_response(text, fmt, action_sep="", max_actions=1)
-    if not parsed.format_ok:
-        return ParsedSVG(parsed, None, f"format error ({parsed.error})")
-    svg = extract_svg(parsed.answer)
-    if svg is None:
-        return ParsedSVG(parsed, None, "the answer holds no <svg>...</svg> document")
-    return ParsedSVG(parsed, svg, None)
-
 
 def describe_state(state: Mapping[str, Any], style: str) -> str:
     """A correct description of ``state`` in ``style`` (natural / structured / symbolic):
     each shape's kind, colour and position relative to the canvas centre."""
     return describe_target_state(state, style)
-
-
-def side_by_side(left: Image.Image, right: Image.Image, gap: int = 4) -> Image.Image:
-    """One RGB image: ``left``, a grey gap, ``right``."""
-    w, h = left.size
-    out = Image.new("RGB", (2 * w + gap, h), (90, 90, 90))
-    out.paste(left, (0, 0))
-    out.paste(right.resize((w, h)), (w + gap, 0))
-    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -371,33 +330,7 @@ class SVGEnv:
         return StepResult(self._observation(feedback, attempt), float(reward), terminated, truncated, info)
 
     def system_prompt(self) -> str:
-        cfg, size = self.config, self.config.canvas_size
-        lines = [
-            "You are an SVG artist. You see a target image and write SVG code that reproduces it as closely as possible.",
-            (f"The target is drawn on a {size} x {size} canvas: write <svg xmlns=\"http://www.w3.org/2000/svg\" "
-             f"width=\"{size}\" height=\"{size}\" viewBox=\"0 0 {size} {size}\"> ... </svg> (x to the right, y down). "
-             if not self._files else "Each observation gives the target's canvas size W x H: write <svg "
-             "xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 W H\"> ... </svg> (x to the right, y down). ")
-            + "Simple shapes (rect, circle, ellipse, line, polygon) with fill and stroke colours are enough.",
-            f"You have {cfg.max_turns} attempt(s). After each attempt you see the target and the rendering of your SVG, "
-            f"with its similarity score in [0, 1]; revise your SVG to raise it. The episode ends when the similarity "
-            f"reaches {cfg.success_threshold:g} or after the last attempt.",
-            f"Rules: at most {cfg.max_svg_chars} characters and {cfg.max_svg_elements} elements; external files and URLs "
-            "are never loaded; malformed SVG scores 0.",
-        ]
-        if cfg.render == "text":
-            lines.append("The target is described in words with its exact geometry instead of an image.")
-        third = "third" if cfg.grid_size == 3 else f"1/{cfg.grid_size}"
-        lines.append(f"Positions are relative to the canvas centre: a shape whose centre is in the middle {third} "
-                     "of the height is in the same row as the centre, otherwise above or below it; likewise the middle "
-                     f"{third} of the width is the same column, otherwise left or right.")
-        if cfg.description_style == "symbolic":
-            lines.append(f"Symbolic descriptions are a {cfg.grid_size} x {cfg.grid_size} grid of the canvas, one row per "
-                         f"line, with the legend: {LEGEND}.")
-        lines.append(self._reminder)
-        lines.append("Example reply:")
-        lines.append(render_response(cfg.format, self._example()))
-        return "\n".join(lines)
+        return system_prompt_text(self.config, bool(self._files), self._reminder)
 
     def state(self) -> dict:
         self._clock.require_started()
@@ -427,61 +360,11 @@ class SVGEnv:
         return target_from_svg(svg, root, path.name)  # the name in svg_dir: no server path in reset info
 
     def _make_reminder(self) -> str:
-        cfg = self.config
-        template = render_response(cfg.format, {k: "..." for k in ("think", "observation", "reasoning", "prediction", "answer")})
-        parts = [f"Answer in the format: {template}."]
-        if "<observation>" in template:
-            parts.append("<observation> describes the target: each shape, its colour and where it is relative to the canvas centre.")
-        if "<reasoning>" in template:
-            parts.append("<reasoning> explains how you will draw it.")
-        if "<prediction>" in template:
-            parts.append("<prediction> describes the shapes your SVG will draw and where, relative to the canvas centre.")
-        if "<observation>" in template or "<prediction>" in template:
-            parts.append({
-                "natural": "Describe positions in words: above/below or in the same row as the centre, left/right or in the same column.",
-                "structured": 'Describe shapes as a JSON list such as [{"object": "circle", "colour": "red", '
-                              '"vertical": "above", "horizontal": "left"}].',
-                "symbolic": "Describe shapes as the position grid, one row per line, using the legend.",
-            }[cfg.description_style])
-        parts.append("<answer> holds one complete SVG document: <svg ...>...</svg>.")
-        return " ".join(parts)
-
-    def _example(self) -> FormatExample:
-        size, style = self.config.canvas_size, self.config.description_style
-        c = size // 2
-        r = max(4, size // 8)
-        shapes = (Shape("circle", "red", PALETTE["red"], (("cx", str(size // 6)), ("cy", str(size // 6)), ("r", str(r))),
-                        (size // 6 - r, size // 6 - r, size // 6 + r, size // 6 + r)),
-                  Shape("rectangle", "blue", PALETTE["blue"],
-                        (("x", str(c - r)), ("y", str(size - 3 * r)), ("width", str(2 * r)), ("height", str(2 * r))),
-                        (c - r, size - 3 * r, c + r, size - r)))
-        example = Target(float(size), float(size), "white", "#ffffff", shapes, target_svg(size, size, "#ffffff", shapes))
-        state = make_state(example, self.config.grid_size)
-        description = describe_target_state(state, style)
-        return FormatExample(
-            observation=description,
-            reasoning="I draw the white background first, then each shape with its colour and position.",
-            prediction=description,
-            answer=example.svg,
-        )
+        return format_reminder(self.config)
 
     def _feedback(self, ps: ParsedSVG, result: RenderResult | None, scores: Mapping[str, float], best: float) -> str:
-        left = self.config.max_turns - self._clock.turn
-        tail = f" {left} attempt(s) left." if left > 0 else " No attempts left."
-        if ps.svg is None:
-            return f"Last reply: {ps.error}; nothing was rendered; similarity 0.{tail}"
-        refused = ""
-        if result is not None and result.refused_refs:
-            refused = f" External references were not loaded: {', '.join(result.refused_refs[:3])}."
-        if not scores:
-            return f"Last reply: your SVG could not be rendered: {result.error}; similarity 0.{refused}{tail}"
-        if scores["score"] >= self.config.success_threshold:
-            tail = " The episode is over."
-        names = {"pixel": "pixels", "ssim": "structure", "edge": "edges", "feature": "features"}
-        parts = ", ".join(f"{names[k]} {scores[k]:.2f}" for k in names if k in scores)
-        status = " Success!" if scores["score"] >= self.config.success_threshold else ""
-        return (f"Last reply: your SVG rendered; similarity {scores['score']:.3f} ({parts}); best so far {best:.3f}; "
-                f"success needs {self.config.success_threshold:g}.{status}{refused}{tail}")
+        return feedback_line(ps, result, scores, best, self.config.max_turns - self._clock.turn,
+                             self.config.success_threshold)
 
     def _observation(self, feedback: str, attempt: Image.Image | None) -> Observation:
         cfg = self.config

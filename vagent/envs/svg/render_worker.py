@@ -1,6 +1,6 @@
 """The SVG render worker process: ``python -m vagent.envs.svg.render_worker [--max-memory-mb N]``.
 
-Started by :mod:`vagent.envs.svg.render` (never by hand). It limits its own address space, imports
+Started by :mod:`vagent.envs.svg.cairo_worker` (never by hand). It limits its own address space, imports
 cairosvg, writes a ready frame, then answers render requests on stdin/stdout until stdin closes.
 Frames: ``>II`` (header length, payload length) + JSON header + payload. Request header
 ``{"w", "h", "timeout_s"}`` with the SVG bytes; reply header ``{"error"}`` with PNG bytes.
@@ -8,7 +8,7 @@ Frames: ``>II`` (header length, payload length) + JSON header + payload. Request
 It never outlives its parent and enforces its own time limit, whatever the parent does:
 
 - ``PR_SET_PDEATHSIG`` (Linux, via ``prctl``): the kernel SIGKILLs it when the parent thread that
-  started it exits (the parent starts workers from one long-lived thread, see render.py), even
+  started it exits (the parent starts workers from one long-lived thread, see cairo_worker.py), even
   while cairo runs in C;
 - a watchdog thread exits the process when its parent PID changes (the parent died: any POSIX)
   or when a render runs past ``timeout_s`` + :data:`GRACE_S` (the parent normally kills it at
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing but frames on the real stdout
     try:
-        from vagent.envs.svg.render import _describe_exception, cairosvg_png
+        from vagent.envs.svg.cairo_worker import _describe_exception, cairosvg_png
 
         import cairosvg  # noqa: F401 - fail now (ready frame) rather than on the first request
     except Exception as exc:  # noqa: BLE001 - OSError when libcairo is missing

@@ -25,7 +25,7 @@ import numpy as np
 from PIL import ImageColor
 
 from vagent.envs.grid import relation_phrase, relation_words
-from vagent.envs.svg.render import element_style, local_name, parse_length, parse_points, svg_canvas
+from vagent.envs.svg.attributes import element_style, local_name, parse_length, parse_points, svg_canvas
 
 KINDS = ("rectangle", "circle", "ellipse", "line", "polygon")
 SVG_TAG = {"rectangle": "rect", "circle": "circle", "ellipse": "ellipse", "line": "line", "polygon": "polygon"}
