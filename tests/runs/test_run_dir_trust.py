@@ -30,6 +30,7 @@ from vagent.runs.checkpoint import (
     _VERIFIED, CheckpointError, capture_rng, check_checkpoint, list_checkpoints, load_checkpoint, load_object,
     save_checkpoint, select_checkpoint,
 )
+from vagent.runs.dcp_state import sharded_state
 from vagent.runs.identity import RunIdentity
 from vagent.runs.manifest import MANIFEST, write_manifest
 from vagent.runs.rundir import write_atomic
@@ -97,12 +98,10 @@ def _save_sharded(ckpts: Path, step: int) -> Path:
     """A sharded checkpoint folder as a job writes it (dcp/, rng_rank0.pt, state.pt), made in one process."""
     import torch.distributed.checkpoint as dcp
 
-    from vagent.runs import checkpoint as ck
-
     modules, opts = _modules()
     p = ckpts / f"step_{step:06d}"
     p.mkdir(parents=True)
-    dcp.save(ck._sharded_state(modules, opts), checkpoint_id=p / "dcp")
+    dcp.save(sharded_state(modules, opts), checkpoint_id=p / "dcp")
     torch.save(capture_rng(), p / "rng_rank0.pt")
     torch.save({"phase": "rl", "step": step, "data_position": None, "rng": capture_rng(), "optimizers": {},
                 "schedulers": {}, "extra": {}, "world_size": 2, "format": "dcp"}, p / "state.pt")
@@ -165,12 +164,10 @@ def test_a_payload_in_a_sharded_value_never_runs(tmp_path):
     """A non-tensor value of a ``.distcp`` file (DCP reads it with torch.load(weights_only=False))."""
     import torch.distributed.checkpoint as dcp
 
-    from vagent.runs import checkpoint as ck
-
     marker = tmp_path / "RAN"
     p = _save_sharded(tmp_path / "checkpoints", 2)
     modules, opts = _modules()
-    state = ck._sharded_state(modules, opts)
+    state = sharded_state(modules, opts)
     state["optim.actor"]["param_groups"][0]["lr"] = Payload(marker)
     shutil.rmtree(p / "dcp")
     dcp.save(state, checkpoint_id=p / "dcp")

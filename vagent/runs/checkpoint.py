@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import re
 import shutil
 from contextlib import contextmanager, nullcontext
@@ -55,51 +54,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-import numpy as np
 import torch
 
 from vagent.runs.errors import DiskFullError, TrainingError, is_disk_full
+from vagent.runs.dcp_state import module_of, sharded_state
 from vagent.runs.identity import (
-    CHECKPOINT_FILE, RUN_FILES, IdentityError, RunIdentity, checkpoint_identity, read_checkpoint_identity,
-    read_run_identity,
+    CHECKPOINT_FILE, RUN_FILES, IdentityError, RunIdentity, checkpoint_identity, in_flight_problem,
+    read_checkpoint_identity, read_run_identity, run_file_problem, run_files_problem,
 )
 from vagent.runs.manifest import (
     MANIFEST, WriterLock, check_zip_files, file_sha256, fsync_dir, read_manifest, remove_stale_temporaries,
     replace_folder, verify_manifest, write_manifest,
 )
+from vagent.runs.rng import capture_rng, restore_rng
 from vagent.runs.safe_load import (
     LEGACY_RNG, RECORDS, UnsafeFileError, data_problem, load_data, load_dcp, load_pickle_data,
 )
 
 PHASES = ("sft", "rl")
 _NAME = re.compile(r"^(sft|step)_(\d{6,})$")
-
-
-def capture_rng() -> dict:
-    """The RNG states of python, numpy and torch (CPU and every CUDA device), as tensors and plain
-    numbers (numpy's Mersenne Twister as ``{"kind", "key": 624 ints, "pos", "has_gauss",
-    "cached_gaussian"}``), so that reading them back needs no global (vagent.runs.safe_load)."""
-    kind, key, pos, has_gauss, cached = np.random.get_state(legacy=True)
-    numpy_state = {"kind": str(kind), "key": [int(k) for k in key], "pos": int(pos), "has_gauss": int(has_gauss),
-                   "cached_gaussian": float(cached)}
-    state = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def restore_rng(state: Mapping[str, Any]) -> None:
-    """Set the RNG states :func:`capture_rng` returned (or an older vagent's, whose numpy state is
-    numpy's own tuple)."""
-    random.setstate(state["python"])
-    saved = state["numpy"]
-    if isinstance(saved, Mapping):
-        saved = (saved["kind"], np.asarray(saved["key"], dtype=np.uint32), saved["pos"], saved["has_gauss"],
-                 saved["cached_gaussian"])
-    np.random.set_state(saved)
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 class CheckpointError(TrainingError):
@@ -543,48 +516,6 @@ def _in_flight_problem(c: CheckpointInfo, run_id: str | None) -> str | None:
     return None if problem is None else f"its {problem}"
 
 
-def in_flight_problem(saved: Any, step: int, run_id: str | None) -> str | None:
-    """None when ``saved`` (an ``inflight.pt`` record, ``vagent.rollout.driver.InFlight``) is the
-    rollout of the resume's first step: ``step`` updates done (its RL step ``step + 1``), sampled
-    with weights no newer, by run ``run_id`` (checked when both name a run: an older vagent's
-    record names none); else why not, starting ``inflight.pt ...``."""
-    held, version, owner = (getattr(saved, k, None) for k in ("step", "version", "run_id"))
-    if type(held) is not int or type(version) is not int:
-        return f"inflight.pt holds a {type(saved).__name__}, not the in-flight rollout vagent saves"
-    if held != step or version > held:
-        return (f"inflight.pt holds the rollout of RL step {held + 1} sampled with weights {version}, not the one a "
-                f"resume from step {step} starts with (RL step {step + 1}): copied in from another checkpoint")
-    if run_id is not None and owner is not None and owner != run_id:
-        return (f"inflight.pt belongs to another run (run id {str(owner)[:12]}, this run's is {run_id[:12]}): copied "
-                "in from another run directory")
-    return None
-
-
-def run_files_problem(path: str | Path) -> str | None:
-    """None when every run-level file that checkpoint ``path``'s identity recorded (``run_files``:
-    the canary's probe) is at the run's root with the recorded SHA-256; else one line naming the
-    file, the checkpoint and the fix."""
-    p = Path(path)
-    ident, _ = read_checkpoint_identity(p)
-    for name, digest in ((ident or {}).get("run_files") or {}).items():
-        problem = run_file_problem(p.parent.parent / name, digest, p.name)
-        if problem is not None:
-            return problem
-    return None
-
-
-def run_file_problem(f: Path, digest: str, recorded_by: str) -> str | None:
-    """None when run-level file ``f`` has SHA-256 ``digest`` (as checkpoint ``recorded_by``
-    recorded it); else one line naming the file and the fix."""
-    if not f.is_file():
-        return (f"{f} is missing, but checkpoint {recorded_by} recorded it (SHA-256 {digest[:16]}...) and the resume "
-                "reads it: restore it from a copy of the run directory")
-    if file_sha256(f) != digest:
-        return (f"{f} is not the file checkpoint {recorded_by} recorded (SHA-256 {digest[:16]}...): it was changed "
-                "after the run wrote it; restore it from a copy of the run directory")
-    return None
-
-
 def recorded_run_file(ckpt_dir: str | Path, name: str) -> tuple[str, str] | None:
     """(checkpoint name, SHA-256) of run-level file ``name`` as the newest checkpoint in
     ``ckpt_dir`` of the run in ``ckpt_dir/../run.json`` recorded it; None when none did (no
@@ -641,28 +572,6 @@ def trained_from(path: str | Path) -> Path | None:
 # ----------------------------------------------------------------------------------------------
 
 
-def _module_of(opt: torch.optim.Optimizer, modules: Mapping[str, torch.nn.Module]) -> torch.nn.Module:
-    """The first module (in order) that holds ``opt``'s parameters (DCP keys optimizer state by
-    the module's parameter names)."""
-    first = opt.param_groups[0]["params"][0]
-    for m in modules.values():
-        if any(q is first for q in m.parameters()):
-            return m
-    raise KeyError("an optimizer's parameters belong to none of the checkpoint's modules")
-
-
-def _sharded_state(modules: Mapping[str, torch.nn.Module], optimizers: Mapping[str, torch.optim.Optimizer]) -> dict:
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
-
-    from vagent.distributed import reshard_all
-
-    for m in modules.values():  # the sharded parameters, which the optimizers hold
-        reshard_all(m)
-    out: dict[str, Any] = {f"model.{k}": get_model_state_dict(m) for k, m in modules.items()}
-    out.update({f"optim.{k}": get_optimizer_state_dict(_module_of(o, modules), o) for k, o in optimizers.items()})
-    return out
-
-
 def _save_sharded(d: Path, phase: str, step: int, modules: Mapping[str, torch.nn.Module],
                   optimizers: Mapping[str, torch.optim.Optimizer], schedulers: Mapping[str, Any],
                   data_position: Any, extra: Mapping[str, Any] | None, export: Callable[[Path], None] | None,
@@ -678,7 +587,7 @@ def _save_sharded(d: Path, phase: str, step: int, modules: Mapping[str, torch.nn
     tmp = d / f".tmp-{final.name}-dcp"
     with _writing(tmp, final) if w.is_main else nullcontext() as lock:  # rank 0 holds the folder's lock
         barrier("checkpoint folder made")
-        state_dicts = _sharded_state(modules, optimizers)
+        state_dicts = sharded_state(modules, optimizers)
         collective("checkpoint save (dcp)", lambda: dcp.save(state_dicts, checkpoint_id=tmp / "dcp"))
         _save(capture_rng(), tmp / f"rng_rank{w.rank}.pt")
         if export is not None:
@@ -710,7 +619,7 @@ def _load_sharded(p: Path, state: dict, modules: Mapping[str, torch.nn.Module],
 
     from vagent.distributed import collective, world
 
-    state_dicts = _sharded_state(modules, optimizers)
+    state_dicts = sharded_state(modules, optimizers)
     try:
         collective("checkpoint load (dcp)", lambda: load_dcp(state_dicts, p / "dcp"))
     except RuntimeError as exc:  # a file of dcp/ that needs code (collective wraps it in a DistributedError)
@@ -721,7 +630,7 @@ def _load_sharded(p: Path, state: dict, modules: Mapping[str, torch.nn.Module],
     for k, m in modules.items():
         set_model_state_dict(m, state_dicts[f"model.{k}"])
     for k, o in optimizers.items():
-        set_optimizer_state_dict(_module_of(o, modules), o, state_dicts[f"optim.{k}"])
+        set_optimizer_state_dict(module_of(o, modules), o, state_dicts[f"optim.{k}"])
     for k, s in schedulers.items():
         if k in state["schedulers"]:
             s.load_state_dict(state["schedulers"][k])

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from vagent.runs.manifest import file_sha256
+
 RUN_FILE = "run.json"
 CHECKPOINT_FILE = "identity.json"
 #: files at a run directory's root that a resume reads and each checkpoint's identity records the
@@ -44,7 +46,8 @@ RUN_FILES = ("canary_probe.pt",)
 
 #: config fields that may change on ``--resume`` when the user names them (``key=value``):
 #: how long the run goes on, what it logs, where it uploads, how many threads; never what shapes the state
-CHANGEABLE = ("steps", "threads", "log.", "val.", "hub.", "dist.timeout_s")
+CHANGEABLE = ("steps", "threads", "log.", "val.", "hub.", "dist.timeout_s", "rollout.push_timeout_s",
+              "rollout.generate_timeout_s")
 #: fields that do not shape the trained state (excluded from the state hash)
 _NOT_STATE = CHANGEABLE + ("name", "out_dir", "device", "imports", "dist.", "model.cache_dir", "rollout.replicas",
                            "rollout.replica_threads", "rollout.engine", "rollout.vllm_gpu_memory")
@@ -182,3 +185,45 @@ def read_checkpoint_identity(folder: Path) -> tuple[dict | None, str | None]:
     if not (isinstance(rf, dict) and all(k in RUN_FILES and isinstance(v, str) for k, v in rf.items())):
         return None, f'{CHECKPOINT_FILE}: "run_files" is not {{name in {list(RUN_FILES)}: sha256}}'
     return d, None
+
+
+def in_flight_problem(saved: Any, step: int, run_id: str | None) -> str | None:
+    """None when ``saved`` (an ``inflight.pt`` record, ``vagent.rollout.driver.InFlight``) is the
+    rollout of the resume's first step: ``step`` updates done (its RL step ``step + 1``), sampled
+    with weights no newer, by run ``run_id`` (checked when both name a run: an older vagent's
+    record names none); else why not, starting ``inflight.pt ...``."""
+    held, version, owner = (getattr(saved, k, None) for k in ("step", "version", "run_id"))
+    if type(held) is not int or type(version) is not int:
+        return f"inflight.pt holds a {type(saved).__name__}, not the in-flight rollout vagent saves"
+    if held != step or version > held:
+        return (f"inflight.pt holds the rollout of RL step {held + 1} sampled with weights {version}, not the one a "
+                f"resume from step {step} starts with (RL step {step + 1}): copied in from another checkpoint")
+    if run_id is not None and owner is not None and owner != run_id:
+        return (f"inflight.pt belongs to another run (run id {str(owner)[:12]}, this run's is {run_id[:12]}): copied "
+                "in from another run directory")
+    return None
+
+
+def run_files_problem(path: str | Path) -> str | None:
+    """None when every run-level file that checkpoint ``path``'s identity recorded (``run_files``:
+    the canary's probe) is at the run's root with the recorded SHA-256; else one line naming the
+    file, the checkpoint and the fix."""
+    p = Path(path)
+    ident, _ = read_checkpoint_identity(p)
+    for name, digest in ((ident or {}).get("run_files") or {}).items():
+        problem = run_file_problem(p.parent.parent / name, digest, p.name)
+        if problem is not None:
+            return problem
+    return None
+
+
+def run_file_problem(f: Path, digest: str, recorded_by: str) -> str | None:
+    """None when run-level file ``f`` has SHA-256 ``digest`` (as checkpoint ``recorded_by``
+    recorded it); else one line naming the file and the fix."""
+    if not f.is_file():
+        return (f"{f} is missing, but checkpoint {recorded_by} recorded it (SHA-256 {digest[:16]}...) and the resume "
+                "reads it: restore it from a copy of the run directory")
+    if file_sha256(f) != digest:
+        return (f"{f} is not the file checkpoint {recorded_by} recorded (SHA-256 {digest[:16]}...): it was changed "
+                "after the run wrote it; restore it from a copy of the run directory")
+    return None
