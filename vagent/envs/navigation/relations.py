@@ -18,10 +18,9 @@ faces north, 90 east). Pure functions.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
-if TYPE_CHECKING:
-    from vagent.envs.navigation.world import Furniture, Pose, Room
+from vagent.envs.navigation.layout import Furniture, Pose, Room
 
 
 def heading(yaw: int) -> tuple[tuple[int, int], tuple[int, int]]:

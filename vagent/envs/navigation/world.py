@@ -12,8 +12,8 @@ of whole cells). Walls and furniture block movement.
 
 The furniture types and colours are in ``catalog.py``; the egocentric relations (the judge's
 vocabulary: an object's bearing cut into 8 sectors of 45 degrees, VAGEN's 4-way direction, the
-distance to its footprint) and the success test in ``relations.py``. Their names are importable
-from here too.
+distance to its footprint) and the success test in ``relations.py``; the records ``Furniture``,
+``Room`` and ``Pose`` in ``layout.py``. Their names are importable from here too.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from vagent.envs.grid import bfs_actions
 from vagent.envs.navigation.catalog import (  # noqa: F401 - re-exported
     CATALOG, CATALOG_BY_NAME, COLORS, LEGEND, FurnitureType,
 )
+from vagent.envs.navigation.layout import Furniture, Pose, Room  # noqa: F401 - re-exported
 from vagent.envs.navigation.relations import (  # noqa: F401 - re-exported
     bearing, box_distance, direction4, egocentric, heading, is_success, object_box, object_center, object_relation,
     relation_words, target_distance,
@@ -41,51 +42,6 @@ PITCH_STEP = 30
 PITCH_MIN, PITCH_MAX = -30, 60  # AI2-THOR's camera horizon limits (up 30, down 60)
 YAWS = (0, 90, 180, 270)
 COMPASS = {0: "north", 90: "east", 180: "south", 270: "west"}
-
-
-@dataclass(frozen=True)
-class Furniture:
-    """A placed object: catalogue type name, colour name, footprint ``[x0, x1) x [z0, z1)`` in cells."""
-
-    name: str
-    color: str
-    x0: int
-    z0: int
-    x1: int
-    z1: int
-    height: float
-
-    @property
-    def label(self) -> str:
-        """``"red sofa"``."""
-        return f"{self.color} {self.name}"
-
-
-@dataclass(frozen=True)
-class Room:
-    """A floor plan: ``grid`` [nz, nx] of FLOOR / WALL / object index + 2, the objects, the cell size."""
-
-    grid: np.ndarray
-    objects: tuple[Furniture, ...]
-    cell: float
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return int(self.grid.shape[0]), int(self.grid.shape[1])
-
-
-@dataclass(frozen=True)
-class Pose:
-    """Agent pose: cell ``(ix, iz)``, yaw in {0, 90, 180, 270}, camera pitch in degrees (down > 0)."""
-
-    ix: int
-    iz: int
-    yaw: int
-    pitch: int = 0
-
-    def position(self, cell: float) -> tuple[float, float]:
-        """(x, z) of the agent in metres (the cell centre)."""
-        return (self.ix + 0.5) * cell, (self.iz + 0.5) * cell
 
 
 @dataclass(frozen=True)

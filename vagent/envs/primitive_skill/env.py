@@ -49,7 +49,6 @@ Version:
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -59,6 +58,7 @@ from vagent.config import ConfigError
 from vagent.envs.base import IMAGE_PLACEHOLDER, JudgeSpec, Observation, StepResult
 from vagent.envs.formats import format_reminder, format_reward
 from vagent.envs.grid import EpisodeClock, check_common_config, resolve_rewards
+from vagent.envs.primitive_skill.config import PrimitiveSkillConfig  # noqa: F401 - re-exported
 from vagent.envs.primitive_skill.describe import describe_state, make_state
 from vagent.envs.primitive_skill.prompts import STYLE_TEXT, feedback_line, scene_lines, system_prompt_text
 from vagent.envs.primitive_skill.render import render_scene
@@ -67,7 +67,6 @@ from vagent.envs.primitive_skill.replies import (
 )
 from vagent.envs.primitive_skill.sim import Bounds, Scene, Skill, SkillResult, Tolerances
 from vagent.envs.primitive_skill.tasks import TASKS, Task, TaskParams, get_task, progress_value, stage_of
-from vagent.envs.registry import EnvConfig
 
 # the reply parser (replies.py), the ground truth and its descriptions (describe.py) are
 # re-exported: vagent.rollout.scripted, vagent.recipes.demos and the judges look describe_state
@@ -81,44 +80,6 @@ REWARD_PRESETS = {
     "lite": {"stage": 0.2, "success": 1.0, "format": 0.1, "action_cost": 0.0},
     "paper": {"stage": 2.0, "success": 10.0, "format": 0.1, "action_cost": 0.1},
 }
-
-
-@dataclass
-class PrimitiveSkillConfig(EnvConfig):
-    """PrimitiveSkill options (the shared EnvConfig fields come first)."""
-
-    #: how state descriptions are written; structured (JSON with coordinates) is the paper's best here
-    description_style: str = "structured"
-    #: the most skills executed from one reply; extra ones are dropped
-    max_actions_per_turn: int = 2
-    #: the task: align, place, stack or drawer (VAGEN's AlignTwoCube, PlaceTwoCube, StackThreeCube, PutAppleInDrawer)
-    task: str = "align"
-    #: simulator: "kinematic" (ours, deterministic) or "maniskill" (ManiSkill 3 physics and camera; scripts/maniskill-env)
-    backend: str = "kinematic"
-    #: drawer task: the drawer must be closed again at the end (VAGEN's PutAppleInDrawer success)
-    drawer_close: bool = False
-    #: turns (step calls) before the episode is truncated
-    max_steps: int = 10
-    #: side of the rendered top-down image in pixels (render="vision")
-    image_size: int = 128
-    #: pick: largest horizontal distance (mm) from the target point to the object's centre
-    grasp_tolerance: float = 15.0
-    #: push: largest distance (mm) from the start point to the pushed object's side or the drawer handle
-    push_tolerance: float = 25.0
-    #: place: largest distance (mm) from a cube's centre at which a placed object snaps onto it
-    stack_tolerance: float = 20.0
-    #: place: how far (mm) z may be below the resting centre height before it counts as a collision
-    place_z_tolerance: float = 15.0
-    #: align task: largest |x| (mm) of an aligned cube (VAGEN: 10)
-    align_tolerance: float = 10.0
-    #: reward per stage of progress; None = from the `rewards` preset (lite 0.2, paper 2)
-    reward_stage: float | None = None
-    #: progress value of a solved task; None = preset (lite 1.0, paper 10)
-    reward_success: float | None = None
-    #: format bonus per turn (correct format and >= 1 executed skill); None = preset (0.1)
-    reward_format: float | None = None
-    #: cost per executed skill; None = preset (lite 0, paper 0.1 as VAGEN's compute_reward)
-    reward_action_cost: float | None = None
 
 
 # ---------------------------------------------------------------------------------------------

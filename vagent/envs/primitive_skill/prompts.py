@@ -4,18 +4,16 @@ feedback line about the last reply. Pure functions of the config, the task and t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from vagent.envs.formats import FormatExample, format_instruction
+from vagent.envs.primitive_skill.config import PrimitiveSkillConfig
 from vagent.envs.primitive_skill.describe import describe_state, make_state
 from vagent.envs.primitive_skill.replies import ACTION_SEP, ParsedSkills
 from vagent.envs.primitive_skill.sim import Bounds, Scene, Skill, SkillResult, Tolerances, fmt_num, fmt_point
 from vagent.envs.primitive_skill.tasks import Task, TaskParams
-
-if TYPE_CHECKING:
-    from vagent.envs.primitive_skill.env import PrimitiveSkillConfig
 
 STYLE_TEXT = {
     "natural": ("Describe states in natural language, giving each object's centre as (x, y, z) in mm, "

@@ -6,17 +6,15 @@ Pure functions of the config and the turn's results (see :mod:`vagent.envs.svg.e
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping
+from typing import Mapping
 
 from PIL import Image
 
 from vagent.envs.formats import FormatExample, render_response
+from vagent.envs.svg.config import SVGConfig
 from vagent.envs.svg.render import RenderResult
 from vagent.envs.svg.replies import ParsedSVG
 from vagent.envs.svg.shapes import LEGEND, PALETTE, Shape, Target, describe_target_state, make_state, target_svg
-
-if TYPE_CHECKING:
-    from vagent.envs.svg.env import SVGConfig
 
 
 def system_prompt_text(cfg: SVGConfig, from_files: bool, reminder: str) -> str:
