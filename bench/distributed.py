@@ -129,7 +129,7 @@ def gpu(args: argparse.Namespace) -> None:
         adv = torch.randn(B, L, generator=g).to(device) * loss.to(device)
         ctx = UpdateContext(device, True, 0, 0, None)
         records = (Scores(old_logprobs=old, ref_logprobs=None), Advantages(advantages=adv, kl_ref=None),
-                   OffPolicy(anchor=old, weights=None, loss_mask=batch.loss_mask, metrics={}))
+                   OffPolicy(anchor=old, is_weights=None, loss_mask=batch.loss_mask, metrics={}))
         times = []
         torch.cuda.reset_peak_memory_stats(device)
         for i in range(args.steps + 1):

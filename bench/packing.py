@@ -158,10 +158,10 @@ def ragged_batch(model_dir: Path, rows: int = 32):
 def _passes(model, batch, budget: int, temperature: float, packed: bool) -> tuple[float, float]:
     """Seconds of one scoring pass and one update pass (forward + backward over the micro-batches)."""
     from vagent.distributed import micro_batch_rows
-    from vagent.recipes.scoring import policy_forward, score_logprobs
+    from vagent.recipes.scoring import ScoringPass, policy_forward, score_logprobs
 
     t0 = time.perf_counter()
-    score_logprobs(model, None, batch, budget, 1024, temperature, packed)
+    score_logprobs(model, None, batch, ScoringPass(budget, 1024, temperature, packed))
     score_s = time.perf_counter() - t0
     model.train()
     t0 = time.perf_counter()

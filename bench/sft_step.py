@@ -45,7 +45,7 @@ def main() -> int:
     from vagent.recipes.tiny_cache import prepare_model
     from vagent.recipes.config import load_config
     from vagent.recipes.demos import write_demos
-    from vagent.recipes.sft import batch_rows, demo_settings, encode_chat, read_chats, sft_batch, sft_loss
+    from vagent.recipes.sft import SFTForward, batch_rows, demo_settings, encode_chat, read_chats, sft_batch, sft_loss
 
     torch.set_num_threads(args.threads)
     cfg = load_config()
@@ -70,7 +70,7 @@ def main() -> int:
             rows, _ = batch_rows(len(convs), s.batch_size, step, 0)
             batch = sft_batch([convs[r] for r in rows], enc.pad_token_id)
             opt.zero_grad(set_to_none=True)
-            sft_loss(model, batch, micro, cfg.update.logprob_chunk, False, device, shared=shared)
+            sft_loss(model, batch, SFTForward(micro, cfg.update.logprob_chunk, False, device, shared))
             opt.step()
         return (time.perf_counter() - t0) / args.steps
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from vagent.recipes.config import load_config
-from vagent.recipes.step import filter_groups
+from vagent.recipes.stages import filter_groups
 from vagent.recipes.grpo import trajectory_advantages
 
 GRPO = ["recipe=grpo", "rollout.group_size=2", "grpo.estimator=gigpo", "grpo.gigpo_gamma=0.5",
@@ -112,5 +112,5 @@ def test_ppo_filter_keeps_whole_groups():
     batch.group_ids = torch.tensor([0, 1])
     batch.episode_returns = torch.tensor([1.0, 0.0])
     batch.select = lambda rows: rows
-    rows, scale, metrics = filter_groups(batch, cfg.ppo)
-    assert scale == 1.0 and metrics["filter/kept_groups"] == 1.0 and len(rows) == 1
+    kept = filter_groups(batch, cfg.ppo)
+    assert kept.scale == 1.0 and kept.metrics["filter/kept_groups"] == 1.0 and len(kept.batch) == 1

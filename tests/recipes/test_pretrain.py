@@ -12,7 +12,7 @@ from vagent.envs import make
 from vagent.envs.frozenlake import describe_state
 from vagent.recipes.tiny_cache import tiny_model_dir
 from vagent.recipes.config import EnvEntry, ModelConfig
-from vagent.recipes.pretrain import caption_records, pretrain_captions
+from vagent.recipes.pretrain import CaptionStage, caption_records, pretrain_captions
 
 
 def test_captions_are_the_env_observation_and_its_grid(tmp_path):
@@ -40,8 +40,8 @@ def test_pretraining_updates_and_saves_the_model(tmp_path, tiny_vlm):
     shutil.copytree(tiny_vlm, model_dir)
     before = {k: v.clone() for k, v in load_policy(model_dir).model.state_dict().items()}
     said: list[str] = []
-    summary = pretrain_captions(model_dir, [EnvEntry("frozenlake", {"image_size": 64})], steps=3,
-                                batch_size=2, n_per_env=4, say=said.append)
+    summary = pretrain_captions(model_dir, [EnvEntry("frozenlake", {"image_size": 64})],
+                                CaptionStage(steps=3, batch_size=2, n_per_env=4), say=said.append)
     # one progress line per step here (3 steps), each with elapsed time and ETA
     assert [s.split(" [")[0] for s in said] == [f"caption pretraining (grid) {k}/3" for k in (1, 2, 3)]
     assert all(", ETA " in s and "loss=" in s for s in said) and "ETA 0s]" in said[-1]

@@ -104,7 +104,7 @@ def test_answer_weight_puts_weight_on_the_answer_tokens_only(tmp_path, tiny_vlm)
     """answer_weights: 1 on reply tokens before <answer>, w from <answer> to </answer>, 0 on prompts;
     sft_loss with those weights is sum(w * nll) / sum(w) however the rows are micro-batched."""
     from vagent.models import load_policy
-    from vagent.recipes.sft import answer_weights, sft_batch, sft_loss
+    from vagent.recipes.sft import SFTForward, answer_weights, sft_batch, sft_loss
 
     settings = DemoSettings("frozenlake", {"format": "grounding_worldmodeling", "image_size": 64}, n=2,
                             random_action_frac=0.5, actions_per_turn=2, max_turns=3)
@@ -129,14 +129,14 @@ def test_answer_weight_puts_weight_on_the_answer_tokens_only(tmp_path, tiny_vlm)
             pos += n
     model = loaded.model.eval()
     with torch.no_grad():
-        one = sft_loss(model, batch, 10**6, 1024, False, torch.device("cpu"), backward=False, weights=w)
-        split = sft_loss(model, batch, 1, 1024, False, torch.device("cpu"), backward=False, weights=w)
-        plain = sft_loss(model, batch, 10**6, 1024, False, torch.device("cpu"), backward=False)
+        one = sft_loss(model, batch, SFTForward(10**6), backward=False, weights=w)
+        split = sft_loss(model, batch, SFTForward(1), backward=False, weights=w)
+        plain = sft_loss(model, batch, SFTForward(10**6), backward=False)
         from vagent.recipes.scoring import policy_forward
         lp, _ = policy_forward(model, batch, 1024)
         uneven = w.clone()
         uneven[0] *= 10  # rows weigh very differently: the micro-batch shares must follow the weights
-        uneven_split = sft_loss(model, batch, 1, 1024, False, torch.device("cpu"), backward=False, weights=uneven)
+        uneven_split = sft_loss(model, batch, SFTForward(1), backward=False, weights=uneven)
     expected = float(-(lp * w).sum() / w.sum())
     assert one["loss"] == pytest.approx(expected, rel=1e-5)
     assert split["loss"] == pytest.approx(expected, rel=2e-5)  # one row per micro-batch
@@ -154,7 +154,7 @@ def test_shared_prefix_gives_the_full_forward_loss_and_stops_the_gradient_into_t
     from vagent.models import load_policy
     from vagent.models.forward import mrope_image_token_id
     from vagent.recipes.scoring import common_prefix_length, hidden_after_prefix, policy_forward, shared_prefix
-    from vagent.recipes.sft import sft_batch, sft_loss
+    from vagent.recipes.sft import SFTForward, sft_batch, sft_loss
 
     settings = DemoSettings("frozenlake", {"format": "grounding_worldmodeling", "image_size": 64}, n=3,
                             random_action_frac=0.5, actions_per_turn=2, max_turns=3)
@@ -172,9 +172,9 @@ def test_shared_prefix_gives_the_full_forward_loss_and_stops_the_gradient_into_t
     with torch.no_grad():
         full_lp, _ = policy_forward(model, batch, 1024)
         shared_lp, _ = policy_forward(model, batch, 1024, hidden=hidden_after_prefix(model, batch, prefix))
-        full = sft_loss(model, batch, 10**6, 1024, False, torch.device("cpu"), backward=False)
+        full = sft_loss(model, batch, SFTForward(10**6), backward=False)
         for micro in (10**6, 1):
-            shared = sft_loss(model, batch, micro, 1024, False, torch.device("cpu"), backward=False, shared=True)
+            shared = sft_loss(model, batch, SFTForward(micro, shared=True), backward=False)
             assert shared["loss"] == pytest.approx(full["loss"], rel=1e-5)
             assert shared["token_accuracy"] == full["token_accuracy"]
     assert torch.allclose(shared_lp, full_lp, atol=1e-5)
@@ -182,7 +182,7 @@ def test_shared_prefix_gives_the_full_forward_loss_and_stops_the_gradient_into_t
 
     def grads(shared: bool) -> torch.Tensor:
         model.zero_grad()
-        sft_loss(model, batch, 1, 1024, False, torch.device("cpu"), shared=shared)
+        sft_loss(model, batch, SFTForward(1, shared=shared))
         return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
 
     def grads_detached_prefix() -> torch.Tensor:

@@ -11,7 +11,7 @@ import torch
 from vagent.models.loading import load_policy
 from vagent.models.value import build_critic
 from vagent.recipes.batching import per_row
-from vagent.recipes.scoring import critic_forward, score_logprobs, score_shared, shift_right
+from vagent.recipes.scoring import ScoringPass, critic_forward, score_logprobs, score_shared, shift_right
 from vagent.recipes.config import UpdateConfig
 from vagent.recipes.stages import PPOAdvantages, PPOScores
 from vagent.recipes.update import Learner, UpdateContext, critic_update
@@ -35,8 +35,8 @@ def test_one_pass_scores_equal_two_passes(setup):
     critic = build_critic(loaded, share_backbone=True)
     with torch.no_grad():
         critic.value_head.weight.normal_(0, 0.1)  # values far from 0, so a mismatch would show
-    old, values, features = score_shared(loaded.model, critic, batch, 300, 64, 0.7)
-    old_ref, _ = score_logprobs(loaded.model, None, batch, 300, 64, 0.7)
+    old, values, features = score_shared(loaded.model, critic, batch, ScoringPass(300, 64, 0.7))
+    old_ref, _ = score_logprobs(loaded.model, None, batch, ScoringPass(300, 64, 0.7))
     values_ref = per_row(batch, 300, lambda mb: critic_forward(critic, mb), split=False)
     M = batch.loss_mask
     torch.testing.assert_close(old[M], old_ref[M], atol=1e-5, rtol=1e-5)
@@ -45,7 +45,7 @@ def test_one_pass_scores_equal_two_passes(setup):
     assert features.shape == (*batch.input_ids.shape, critic.value_head.in_features)
     assert values[real].abs().max() > 1e-3
     # features too large to keep: the same scores, no features (the critic update runs the backbone)
-    old2, values2, none = score_shared(loaded.model, critic, batch, 300, 64, 0.7, max_feature_bytes=0)
+    old2, values2, none = score_shared(loaded.model, critic, batch, ScoringPass(300, 64, 0.7), max_feature_bytes=0)
     assert none is None and torch.equal(old2, old) and torch.equal(values2, values)
 
 
@@ -53,7 +53,7 @@ def test_one_pass_scores_equal_two_passes(setup):
 def test_critic_update_on_features_equals_the_backbone_pass(setup, mini_batches):
     loaded, batch = setup
     critic = build_critic(loaded, share_backbone=True)
-    _, raw, features = score_shared(loaded.model, critic, batch, 300, 64, 1.0)
+    _, raw, features = score_shared(loaded.model, critic, batch, ScoringPass(300, 64, 1.0))
     values = shift_right(raw) * batch.loss_mask
     returns = torch.randn_like(values) * batch.loss_mask
     u = UpdateConfig(epochs=2, mini_batches=mini_batches, micro_batch_tokens=300)
@@ -69,7 +69,7 @@ def test_critic_update_on_features_equals_the_backbone_pass(setup, mini_batches)
         targets = PPOAdvantages(advantages=returns, kl_ref=None, raw=returns, returns=returns,
                                 critic_mask=batch.loss_mask)
         stats = critic_update(Learner(c, params, opt), batch, scores, targets, u, ctx, value_clip=0.5)
-        assert stats.loss > 0 and stats.metrics["loss/value"] == stats.loss
+        assert stats.metrics["loss/value"] > 0 and stats.metrics["critic/grad_norm"] > 0
         heads.append(c.value_head.weight.detach().clone())
     assert not torch.equal(heads[0], start["weight"])  # the head trained
     torch.testing.assert_close(heads[0], heads[1], atol=1e-5, rtol=1e-4)

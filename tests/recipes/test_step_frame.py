@@ -1,7 +1,7 @@
 """What frames an RL step and outlives it: the rollout set-up starts on entering ``StepLoop`` and
 is closed when the set-up fails after it; the remote envs' connection pools are closed with the
-loop; a sharded module's FSDP root goes with the module; the critic's explained variance is the
-whole batch's (no micro-batch computes one)."""
+loop; the loop takes every configuration's episodes from the one rollout object (the driver's
+``get``, on the default path too); a sharded module's FSDP root goes with the module."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import vagent.recipes.step as step_module
 import vagent.rollout.driver as driver_module
 from vagent.distributed.fsdp import ShardedRoot, attach_root, root_of
 from vagent.recipes.config import load_config
-from vagent.rl.losses import value_loss
 from vagent.rollout.driver import RolloutDriver, close_env_factories
+from vagent.rollout.finish import RolloutResult
 from vagent.service.client import Transport
 
 
@@ -34,7 +34,7 @@ class _ClosingDriver(RolloutDriver):
 def test_step_loop_starts_rollouts_on_entry_and_closes_them_when_the_setup_fails(monkeypatch):
     started = []
 
-    def start_rollouts(session, reasoning):
+    def start_rollouts(session, reasoning, last_checkpoint):
         started.append(session)
         return None, _ClosingDriver(lambda policy, step, unshard: [], policy=None)
 
@@ -46,7 +46,7 @@ def test_step_loop_starts_rollouts_on_entry_and_closes_them_when_the_setup_fails
     monkeypatch.setattr(step_module, "start_rollouts", start_rollouts)
     monkeypatch.setattr(step_module, "StepProgress", no_bar)
     _ClosingDriver.closed = 0
-    session = SimpleNamespace(cfg=load_config(None, []), console=None, reasoning_reward=lambda: None)
+    session = _session(load_config(None, []))
     loop = step_module.StepLoop(session, 0)
     assert started == []  # building the frame starts nothing: a failure before `with` leaks nothing
     with pytest.raises(OSError, match="terminal"):
@@ -62,13 +62,40 @@ def test_step_loop_exit_closes_the_driver_and_the_env_pools(monkeypatch):
     pool = Transport("http://127.0.0.1:9")
     monkeypatch.setitem(driver_module._FACTORIES, ("http://127.0.0.1:9",), SimpleNamespace(transport=pool))
     monkeypatch.setattr(step_module, "start_rollouts",
-                        lambda session, reasoning: (None, _ClosingDriver(lambda policy, step, unshard: [], policy=None)))
+                        lambda session, reasoning, last: (None, _ClosingDriver(lambda policy, step, unshard: [],
+                                                                               policy=None)))
     _ClosingDriver.closed = 0
-    session = SimpleNamespace(cfg=load_config(None, ["log.progress=false"]), console=None,
-                              reasoning_reward=lambda: None)
-    with step_module.StepLoop(session, 0) as loop:
+    with step_module.StepLoop(_session(load_config(None, ["log.progress=false"])), 0) as loop:
         assert isinstance(loop.driver, _ClosingDriver)
     assert _ClosingDriver.closed == 1 and pool.http.closed and not driver_module._FACTORIES
+
+
+def _session(cfg):
+    """The parts of a Session that the loop's frame reads."""
+    encoder = SimpleNamespace(pad_token_id=0, image_token_id=None)
+    return SimpleNamespace(cfg=cfg, console=None, reasoning_reward=lambda: None, loaded=SimpleNamespace(encoder=encoder),
+                           device=torch.device("cpu"))
+
+
+def test_the_default_rollout_runs_through_the_driver_and_adds_no_metric():
+    """The default configuration (in process, lockstep, no overlap) builds the one rollout object
+    too, and ``StepLoop.rollout`` is its ``get``: the recipe's rollout runs with the loop's own
+    policy and the trainer's model (``unshard``), and its episodes come back as they were made."""
+    cfg = load_config(None, ["log.progress=false"])
+    calls = []
+
+    def run(policy, step, unshard):
+        calls.append((policy, step, unshard))
+        return RolloutResult([], {"rollout/success_rate": 0.5})
+
+    policy = SimpleNamespace()
+    driver = driver_module.make_driver(cfg, SimpleNamespace(model=None), policy, run)
+    loop = step_module.StepLoop(_session(cfg), 3)
+    loop.driver = driver
+    got = loop.rollout(3)
+    assert calls == [(policy, 3, True)] and got.metrics == {"rollout/success_rate": 0.5}
+    assert driver.in_flight() is None
+    driver.close()
 
 
 def test_a_sharded_module_is_not_kept_alive_by_its_root():
@@ -86,14 +113,3 @@ def test_a_sharded_module_is_not_kept_alive_by_its_root():
     del head
     gc.collect()
     assert gone[0]() is None and gone[1]() is None  # nothing else kept them
-
-
-def test_the_value_loss_of_a_micro_batch_leaves_explained_variance_to_the_batch():
-    g = torch.Generator().manual_seed(0)
-    values, old, returns = (torch.randn(3, 5, generator=g) for _ in range(3))
-    mask = torch.ones(3, 5, dtype=torch.bool)
-    full = value_loss(values, old, returns, mask)
-    part = value_loss(values, old, returns, mask, with_explained_variance=False)
-    assert part.explained_variance is None and "loss/explained_variance" not in part.metrics()
-    assert torch.equal(part.loss, full.loss)
-    assert {k: v for k, v in full.metrics().items() if k != "loss/explained_variance"} == part.metrics()

@@ -9,6 +9,7 @@ import torch
 
 from tests.rl.tensors import T, close
 from vagent.rl import AGG_MODES, aggregate, entropy_from_logits, kl_penalty, logprobs_from_logits, ppo_policy_loss, value_loss
+from vagent.rl.losses import explained_variance
 
 
 # six tokens, old log-prob 0, ratio r = exp(logp):
@@ -113,12 +114,13 @@ def test_value_loss_by_hand():
 def test_explained_variance_by_hand():
     # R = [1, 2, 3, 4], V = [1, 2, 3, 5]: Var(R) = 1.25; R - V = [0, 0, 0, -1], Var = 0.1875
     # EV = 1 - 0.1875 / 1.25 = 0.85
-    v, R = T([[1.0, 2, 3, 5]]), T([[1.0, 2, 3, 4]])
-    out = value_loss(v, v, R, torch.ones(1, 4))
-    close(out.explained_variance, 0.85)
-    out = value_loss(T([[1.0, 2]]), T([[1.0, 2]]), T([[3.0, 3.0]]), torch.ones(1, 2))
-    assert math.isnan(float(out.explained_variance))  # Var(R) = 0
-    assert "loss/explained_variance" in out.metrics()
+    v, R = T([[1.0, 2, 3, 5, 9]]), T([[1.0, 2, 3, 4, -7]])
+    mask = T([[1, 1, 1, 1, 0]]).bool()  # the last position is off the mask: not counted
+    close(explained_variance(v, R, mask), 0.85)
+    assert math.isnan(explained_variance(T([[1.0, 2]]), T([[3.0, 3.0]]), torch.ones(1, 2)))  # Var(R) = 0
+    assert math.isnan(explained_variance(T([[1.0]]), T([[3.0]]), torch.ones(1, 1)))  # one position
+    # a micro-batch's value loss has no ratio of variances: explained variance is the batch's, once
+    assert "loss/explained_variance" not in value_loss(v, v, R, mask).metrics()
 
 
 def test_kl_estimators_by_hand():

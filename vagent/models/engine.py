@@ -27,205 +27,32 @@ the same batched call. The cache is dropped when the model's weights change (an 
 models. Positions are the full sequence's (mRoPE via the model's ``get_rope_index``), so logits
 equal a fresh prefill's up to float rounding (tested). ``prefix_cache=False`` uses HF ``generate``.
 
-The vLLM backend lives in ``vagent.models.vllm_engine`` (lazy import; vLLM's CUDA build, or its CPU
-build in .venv-vllm: scripts/vllm-env).
+The records and the protocol are :mod:`vagent.models.generation`, HF's sampling pieces
+:mod:`vagent.models.hf_sampling` (both re-exported here). The vLLM backend lives in
+``vagent.models.vllm_engine`` (lazy import; vLLM's CUDA build, or its CPU build in .venv-vllm:
+scripts/vllm-env).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Sequence
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 import torch
-from transformers import (GenerationConfig, LogitsProcessor, LogitsProcessorList, StoppingCriteria,
-                          StoppingCriteriaList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
+from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
 from vagent.models.forward import explicit_position_ids, mrope_image_token_id, unwrap
+# the records and the protocol, and the HF sampling pieces, live beside this module; importable from here
+from vagent.models.generation import (  # noqa: F401
+    FINISH_REASONS, Engine, GenerationOutput, GenerationRequest, SamplingParams,
+)
+from vagent.models.hf_sampling import (  # noqa: F401
+    LogprobRecorder, StopOnStrings, SuppressTokens, placeholder_token_ids, request_seeds, row_generators,
+    sampling_warpers, seeded_rng,
+)
 from vagent.models.processor import ChatEncoder
 from vagent.models.stops import cut_reply, stop_window
-
-FINISH_REASONS = ("stop", "eos", "length")
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How to sample a reply.
-
-    Attributes:
-        temperature: softmax temperature (> 0) when sampling.
-        top_p: nucleus sampling mass in (0, 1]; 1.0 = off.
-        top_k: keep the k most likely tokens; 0 = off.
-        max_new_tokens: reply length limit (tokens).
-        stop_strings: end the reply right after the first of these appears (e.g. ``("</answer>",)``).
-        do_sample: False = greedy decoding (temperature / top-p / top-k ignored).
-        seed: when set, sampling is reproducible for the same batch of requests: the engine seeds
-            torch inside a forked RNG and restores the caller's RNG state afterwards. None = use
-            (and advance) the global torch RNG. Requests with their own ``GenerationRequest.seed``
-            draw from per-request generators instead (independent of the batch).
-    """
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_new_tokens: int = 256
-    stop_strings: tuple[str, ...] = ()
-    do_sample: bool = True
-    seed: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.do_sample and self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0 when sampling (got {self.temperature}); "
-                             "use do_sample=False for greedy decoding")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0 or self.max_new_tokens < 1:
-            raise ValueError(f"need top_k >= 0 and max_new_tokens >= 1 (got {self.top_k}, {self.max_new_tokens})")
-        if isinstance(self.stop_strings, str) or any(not s for s in self.stop_strings):
-            raise ValueError(f"stop_strings must be a tuple of non-empty strings, got {self.stop_strings!r}")
-
-
-@dataclass
-class GenerationRequest:
-    """One prompt. ``pixel_values`` [n_patches, patch_dim] and ``image_grid_thw`` [n_images, 3]
-    are the prompt's images (as ``ChatEncoder`` built them), None for a text-only prompt.
-    ``images`` optionally carries the raw PIL images, for backends that preprocess themselves
-    (vLLM); ``HFEngine`` ignores it."""
-
-    input_ids: list[int]
-    pixel_values: torch.Tensor | None = None
-    image_grid_thw: torch.Tensor | None = None
-    images: tuple = field(default=())
-    #: per-request sampling seed: this request's draws depend only on it (not on the batch it is
-    #: in), so replies are the same however requests are batched or routed. All requests of a
-    #: call carry one or none; None = the batch is seeded by ``SamplingParams.seed``
-    seed: int | None = None
-    #: routing key (e.g. the trajectory id): engines with replicas send equal keys to one replica
-    #: (its prefix cache); engines without replicas ignore it
-    key: Any = None
-
-
-@dataclass
-class GenerationOutput:
-    """One reply: the sampled ids, their log-probs (see the module docstring), why it ended, its text,
-    and (engines whose weights are pushed to them) the weights version that produced it."""
-
-    token_ids: list[int]
-    logprobs: list[float]
-    finish_reason: str
-    text: str
-    weights_version: int | None = None
-
-
-class Engine(Protocol):
-    """Anything that samples replies for a batch of requests."""
-
-    def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[GenerationOutput]: ...
-
-
-# --------------------------------------------------------------------------- HF backend
-class _LogprobRecorder(LogitsProcessor):
-    """Logits processor placed FIRST: keeps the raw log-softmax of the last step only and, at the
-    next step, reads off the log-prob of the token that was sampled (O(B * V) memory, unlike
-    ``output_logits`` which keeps every step)."""
-
-    def __init__(self, temperature: float = 1.0) -> None:
-        self.temperature = float(temperature)  # the sampling temperature: log pi is of logits / T
-        self.prev: torch.Tensor | None = None  # [B, V] float32 log-softmax of the last step
-        self.steps: list[torch.Tensor] = []  # each [B]
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        if self.prev is not None:
-            self.steps.append(self.prev.gather(-1, input_ids[:, -1:]).squeeze(-1))
-        self.prev = torch.log_softmax(scores.float() / self.temperature, dim=-1)
-        return scores
-
-    def finish(self, sequences: torch.Tensor) -> torch.Tensor:
-        """Log-probs of all generated tokens, [B, T] float32."""
-        if self.prev is not None:
-            self.steps.append(self.prev.gather(-1, sequences[:, -1:]).squeeze(-1))
-            self.prev = None
-        return torch.stack(self.steps, dim=1)
-
-
-class _Suppress(LogitsProcessor):
-    """Sets the logits of ``token_ids`` to -inf (never sampled, greedy or not)."""
-
-    def __init__(self, token_ids: Sequence[int]):
-        self.token_ids = list(token_ids)
-
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        scores[:, self.token_ids] = float("-inf")
-        return scores
-
-
-class _StopOnStrings(StoppingCriteria):
-    """Per-row stopping criterion: the decoded tail of the row's generated ids contains a stop string."""
-
-    def __init__(self, prompt_len: int, stop_strings: Sequence[str], decode: Callable[[list[int]], str]):
-        self.prompt_len = prompt_len
-        self.stop_strings = tuple(stop_strings)
-        self.window = stop_window(stop_strings)
-        self.decode = decode
-
-    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
-        tails = input_ids[:, max(self.prompt_len, input_ids.shape[1] - self.window):].tolist()
-        done = [any(s in self.decode(row) for s in self.stop_strings) for row in tails]
-        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
-
-
-def sampling_warpers(params: SamplingParams) -> list[LogitsProcessor]:
-    """HF's temperature / top-k / top-p warpers for ``params`` (none when greedy)."""
-    if not params.do_sample:
-        return []
-    warpers: list[LogitsProcessor] = []
-    if params.temperature != 1.0:
-        warpers.append(TemperatureLogitsWarper(params.temperature))
-    if params.top_k > 0:
-        warpers.append(TopKLogitsWarper(params.top_k))
-    if params.top_p < 1.0:
-        warpers.append(TopPLogitsWarper(params.top_p))
-    return warpers
-
-
-def placeholder_token_ids(encoder: ChatEncoder, config: Any) -> list[int]:
-    """Ids of the image / video placeholder tokens a reply must never contain."""
-    ids = {encoder.image_token_id, getattr(config, "image_token_id", None), getattr(config, "video_token_id", None)}
-    vocab = encoder.tokenizer.get_vocab()
-    ids |= {vocab.get("<|image_pad|>"), vocab.get("<|video_pad|>")}
-    return sorted(i for i in ids if i is not None)
-
-
-def request_seeds(requests: Sequence[GenerationRequest]) -> list[int] | None:
-    """The requests' own seeds (all set), None (none set); a mix is an error."""
-    seeds = [r.seed for r in requests]
-    if all(s is None for s in seeds):
-        return None
-    if any(s is None for s in seeds):
-        raise ValueError("either every request of a generate() call carries a seed or none does "
-                         f"(got seeds {seeds}); set GenerationRequest.seed on all of them")
-    return [int(s) for s in seeds]  # type: ignore[arg-type]
-
-
-def _row_generators(seeds: list[int] | None, device: torch.device) -> list[torch.Generator] | None:
-    """One generator per request seed (its draws depend on nothing else), or None."""
-    if seeds is None:
-        return None
-    return [torch.Generator(device=device).manual_seed(s % (2**63)) for s in seeds]
-
-
-@contextmanager
-def _seeded(seed: int | None, device: torch.device):
-    if seed is None:
-        yield
-        return
-    devices = []
-    if device.type == "cuda":
-        devices = [device.index if device.index is not None else torch.cuda.current_device()]
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(seed)
-        yield
 
 
 @dataclass
@@ -316,12 +143,12 @@ class HFEngine:
         device = next(self.model.parameters()).device
         batch = self._batch(requests, device)
         prompt_len = batch["input_ids"].shape[1]
-        recorder = _LogprobRecorder(params.temperature if params.do_sample else 1.0)
+        recorder = LogprobRecorder(params.temperature if params.do_sample else 1.0)
         processors = [recorder]  # sees the raw logits: HF's own warpers are all switched off below
         if self.suppress_token_ids:
-            processors.append(_Suppress(self.suppress_token_ids))
+            processors.append(SuppressTokens(self.suppress_token_ids))
         processors += sampling_warpers(params)
-        stopping = [_StopOnStrings(prompt_len, params.stop_strings, self.decode)] if params.stop_strings else []
+        stopping = [StopOnStrings(prompt_len, params.stop_strings, self.decode)] if params.stop_strings else []
         # Explicit values override the checkpoint's generation_config (None would inherit it).
         # HF's own warpers are set to no-ops: ours above run after the recorder saw raw logits.
         warpers_off = dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, typical_p=1.0,
@@ -334,7 +161,7 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            with torch.no_grad(), _seeded(params.seed, device):
+            with torch.no_grad(), seeded_rng(params.seed, device):
                 out = self.model.generate(
                     **batch, generation_config=config,
                     logits_processor=LogitsProcessorList(processors),
@@ -469,7 +296,7 @@ class HFEngine:
         self.stats["reused_tokens"] += sum(n_prefix)
 
         tau = params.temperature if params.do_sample else 1.0
-        rows_rng = _row_generators(request_seeds(requests), device) if params.do_sample else None
+        rows_rng = row_generators(request_seeds(requests), device) if params.do_sample else None
         warpers = sampling_warpers(params)
         eos = set(self.encoder.eos_token_ids)
         window = stop_window(params.stop_strings) if params.stop_strings else 0
@@ -480,7 +307,7 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            with torch.no_grad(), _seeded(params.seed, device):
+            with torch.no_grad(), seeded_rng(params.seed, device):
                 out = self.model(**inputs, past_key_values=cache, use_cache=True, logits_to_keep=1)
                 for step in range(params.max_new_tokens):
                     logits = out.logits[:, -1].float()

@@ -17,6 +17,15 @@ Routing (``generate``):
   ``stats["retried_requests"]`` / ``stats["dead_replicas"]`` count it (the rollout reports them as
   ``rollout/engine_retries``). Only when every replica is dead does ``generate`` raise.
 
+Deadlines: no call to a replica waits forever. A replica that is alive but stuck (a blocked
+``load_weights`` or ``generate``, a cut link) is one that has not answered a weight push within
+``push_timeout_s`` (``rollout.push_timeout_s``, 600 s by default; also the wait for the replicas to
+start) or a generate, canary or stats call within ``generate_timeout_s``
+(``rollout.generate_timeout_s``, 1800 s): it is marked dead and killed (by any process that sees
+it stuck, so that it frees its resources and, after a missed push, never answers with stale
+weights), and its requests go to the other replicas as a dead one's do. With no replica left, the
+call raises one line naming each replica's fate and the setting to raise.
+
 Weights: ``update_weights(model)`` sends the trainer's ``state_dict`` (once, through the object
 store) to every live replica and waits for all of them; each replica loads it between batches and
 stamps every later output with the new ``weights_version`` (``GenerationOutput.weights_version``,
@@ -44,6 +53,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from typing import Any, Sequence
 
 from vagent.models.engine import GenerationOutput, GenerationRequest, SamplingParams
@@ -53,6 +63,10 @@ logger = logging.getLogger(__name__)
 RAY_HINT = "pip install 'vagent[ray]'"
 #: Ray namespace of named replicas (shared by the ranks of a job)
 NAMESPACE = "vagent"
+#: default seconds a weight push (and the replicas' start) may take: ``rollout.push_timeout_s``
+PUSH_TIMEOUT_S = 600.0
+#: default seconds a replica may take to answer a generate call: ``rollout.generate_timeout_s``
+GENERATE_TIMEOUT_S = 1800.0
 
 
 def import_ray() -> Any:
@@ -324,6 +338,12 @@ def token_logprobs(model: Any, input_ids: Sequence[int], n_prompt: int, temperat
         model.train(was_training)
 
 
+def _left(deadline: float) -> float:
+    """Seconds from now to ``deadline`` (``time.monotonic``), at least 0 (``ray.get(timeout=0)``
+    still returns a result that is ready)."""
+    return max(0.0, deadline - time.monotonic())
+
+
 def _dead_errors(ray: Any) -> tuple[type, ...]:
     errs = [ray.exceptions.RayActorError]
     if hasattr(ray.exceptions, "ActorUnavailableError"):
@@ -344,6 +364,11 @@ class RemoteEngine:
         max_concurrency: calls one replica accepts at once (its batching front merges them).
         dtype: the replicas' parameter dtype (e.g. ``torch.bfloat16``); None = the model's. Pushed
             weights are cast into it as they load.
+        push_timeout_s: seconds a weight push (and the replicas' start) may take; a replica slower
+            than that is stuck: killed, marked dead (``rollout.push_timeout_s``).
+        generate_timeout_s: seconds a replica may take to answer a generate (or canary, or stats)
+            call; a replica slower than that is stuck: killed, marked dead, its requests sent to the
+            others (``rollout.generate_timeout_s``).
     """
 
     #: ``generate`` may be called from many threads at once
@@ -351,20 +376,23 @@ class RemoteEngine:
 
     def __init__(self, model: Any, encoder: Any, *, replicas: int = 2, prefix_cache: bool = True,
                  threads: int = 1, num_cpus: float = 0, max_concurrency: int = 64,
-                 names: Sequence[str] | None = None, dtype: Any = None):
+                 names: Sequence[str] | None = None, dtype: Any = None, push_timeout_s: float = PUSH_TIMEOUT_S,
+                 generate_timeout_s: float = GENERATE_TIMEOUT_S):
         named = _replica_options(replicas, names)
         ray = _running_ray()
         actor = ray.remote(EngineReplica)
         model_ref = ray.put(_cpu_copy(model, dtype))
         handles = [actor.options(num_cpus=num_cpus, max_concurrency=max_concurrency, **kw).remote(
             model_ref, encoder, prefix_cache, threads) for kw in named]
-        self._setup(ray, encoder, handles, owner=True)
+        self._setup(ray, encoder, handles, owner=True, timeouts=(push_timeout_s, generate_timeout_s))
 
     @classmethod
-    def attach(cls, names: Sequence[str], encoder: Any) -> "RemoteEngine":
+    def attach(cls, names: Sequence[str], encoder: Any, *, push_timeout_s: float = PUSH_TIMEOUT_S,
+               generate_timeout_s: float = GENERATE_TIMEOUT_S) -> "RemoteEngine":
         """A ``RemoteEngine`` over replicas another process created with ``names`` (the other ranks
-        of a job use rank 0's replicas). It routes and retries like the owner; ``close()`` leaves
-        the replicas to their owner."""
+        of a job use rank 0's replicas). It routes and retries like the owner (and kills a replica
+        it finds stuck, so that every process sees it dead); ``close()`` leaves the replicas to
+        their owner."""
         ray = _running_ray()
         try:
             handles = [ray.get_actor(n, namespace=NAMESPACE) for n in names]
@@ -372,12 +400,13 @@ class RemoteEngine:
             raise RuntimeError(f"engine replicas {list(names)} not found in the Ray cluster (the process that "
                                f"created them has exited, or this process joined another cluster): {exc}") from exc
         engine = cls.__new__(cls)
-        engine._setup(ray, encoder, handles, owner=False)
+        engine._setup(ray, encoder, handles, owner=False, timeouts=(push_timeout_s, generate_timeout_s))
         return engine
 
     @classmethod
     def vllm(cls, model_dir: Any, encoder: Any, *, replicas: int = 2, num_cpus: float = 0, num_gpus: float = 0,
-             max_concurrency: int = 64, names: Sequence[str] | None = None, **engine_kwargs: Any) -> "RemoteEngine":
+             max_concurrency: int = 64, names: Sequence[str] | None = None, push_timeout_s: float = PUSH_TIMEOUT_S,
+             generate_timeout_s: float = GENERATE_TIMEOUT_S, **engine_kwargs: Any) -> "RemoteEngine":
         """A ``RemoteEngine`` over ``replicas`` vLLM actors (``VLLMReplica``), each loading
         ``model_dir`` with ``VLLMEngine(**engine_kwargs)``; they start at the same time. ``num_gpus``:
         GPUs Ray gives each replica (1 on a GPU cluster: one vLLM per GPU; 0 for vLLM's CPU build)."""
@@ -387,14 +416,16 @@ class RemoteEngine:
         handles = [actor.options(num_cpus=num_cpus, num_gpus=num_gpus, max_concurrency=max_concurrency, **kw).remote(
             str(model_dir), encoder, dict(engine_kwargs)) for kw in named]
         engine = cls.__new__(cls)
-        engine._setup(ray, encoder, handles, owner=True)
+        engine._setup(ray, encoder, handles, owner=True, timeouts=(push_timeout_s, generate_timeout_s))
         engine.takes_adapters = int(engine_kwargs.get("lora_rank", 0) or 0) > 0
         return engine
 
-    def _setup(self, ray: Any, encoder: Any, handles: list, owner: bool) -> None:
+    def _setup(self, ray: Any, encoder: Any, handles: list, owner: bool, timeouts: tuple[float, float]) -> None:
         self._ray, self.encoder, self.replicas, self.owner = ray, encoder, handles, owner
+        #: (seconds a push or the start may take, seconds a generate call may take)
+        self.push_timeout_s, self.generate_timeout_s = (float(t) for t in timeouts)
         replicas = len(handles)
-        ready = ray.get([r.ready.remote() for r in self.replicas])
+        ready = self._wait_ready()
         self.pids = [pid for pid, _ in ready]
         #: the replicas' engines take the raw images (vLLM runs its own image processor)
         self.needs_images = any(images for _, images in ready)
@@ -404,6 +435,8 @@ class RemoteEngine:
         self.takes_adapters = False
         self._lock = threading.Lock()
         self._alive = [True] * replicas
+        #: why each dead replica is dead (one clause each, for the error when none is left)
+        self._fate: list[str | None] = [None] * replicas
         self._outstanding = [0] * replicas
         self._home: dict[Any, int] = {}
         #: trainer-side weights version: the number of ``update_weights`` pushes
@@ -411,13 +444,34 @@ class RemoteEngine:
         #: counters since construction (``retried_requests``: sent again after their replica died)
         self.stats = {"requests": 0, "retried_requests": 0, "dead_replicas": 0}
 
+    def _wait_ready(self) -> list[tuple[int, bool]]:
+        """Each replica's ``ready()``, all within ``push_timeout_s``; else (a replica still starting,
+        or waiting for CPUs / GPUs the cluster lacks) one error, after killing the replicas this
+        engine created."""
+        ray = self._ray
+        refs = [r.ready.remote() for r in self.replicas]
+        deadline = time.monotonic() + self.push_timeout_s
+        out = []
+        for i, ref in enumerate(refs):
+            try:
+                out.append(ray.get(ref, timeout=_left(deadline)))
+            except ray.exceptions.GetTimeoutError:
+                if self.owner:
+                    for r in self.replicas:
+                        ray.kill(r, no_restart=True)
+                raise TimeoutError(
+                    f"engine replica {i} was not ready within rollout.push_timeout_s={self.push_timeout_s:g} s (still "
+                    "loading, or waiting for CPUs / GPUs the Ray cluster lacks: see `ray status`); if its start is "
+                    "only slow, raise rollout.push_timeout_s") from None
+        return out
+
     # ------------------------------------------------------------------ routing
     def _route(self, requests: Sequence[GenerationRequest]) -> list[int]:
         """A live replica per request (key affinity, else fewest outstanding); counts them outstanding."""
         with self._lock:
             live = [i for i, ok in enumerate(self._alive) if ok]
             if not live:
-                raise RuntimeError("every engine replica is dead; the rollout cannot continue")
+                raise RuntimeError(self._none_left("the rollout cannot continue"))
             chosen = []
             for r in requests:
                 home = self._home.get(r.key) if r.key is not None else None
@@ -433,14 +487,38 @@ class RemoteEngine:
         with self._lock:
             self._outstanding[replica] -= n
 
-    def _mark_dead(self, replica: int, exc: BaseException, n_requests: int) -> None:
+    def _mark_dead(self, replica: int, fate: str, n_requests: int) -> None:
+        """Route nothing more to ``replica``; ``fate``: what happened to it (a clause, logged)."""
         with self._lock:
             if self._alive[replica]:
                 self._alive[replica] = False
+                self._fate[replica] = fate
                 self.stats["dead_replicas"] += 1
             self.stats["retried_requests"] += n_requests
-        logger.warning("engine replica %d (pid %s) died (%s); sending its %d request(s) to the other replicas",
-                       replica, self.pids[replica], type(exc).__name__, n_requests)
+        logger.warning("engine replica %d (pid %s) %s; sending its %d request(s) to the other replicas",
+                       replica, self.pids[replica], fate, n_requests)
+
+    def _drop_stuck(self, replica: int, call: str, setting: str, timeout_s: float, n_requests: int) -> str:
+        """Mark ``replica`` dead for not answering ``call`` within ``timeout_s`` (``setting``), then
+        kill its actor: a stuck replica frees its resources and never answers later (with stale
+        weights, after a missed push); returns the clause that says so."""
+        fate = f"did not answer {call} within {setting}={timeout_s:g} s (stuck; killed)"
+        self._mark_dead(replica, fate, n_requests)
+        try:
+            self._ray.kill(self.replicas[replica], no_restart=True)
+        except Exception as exc:  # noqa: BLE001 -- already gone (its host lost): dead either way; logged
+            logger.warning("killing stuck engine replica %d failed: %s", replica, exc)
+        return f"engine replica {replica} (pid {self.pids[replica]}) {fate}"
+
+    def _none_left(self, what: str) -> str:
+        """The one-line error when no replica is left: each replica's fate and the timeouts to raise."""
+        fates = "; ".join(f"replica {i} {f or 'died'}" for i, f in enumerate(self._fate))
+        slow = sorted({s for s in ("rollout.push_timeout_s", "rollout.generate_timeout_s")
+                       if any(s in (f or "") for f in self._fate)})
+        hint = (f" If the replicas were only slow (a large push on a slow link, a long generate on a slow "
+                f"machine), raise {' / '.join(slow)} (seconds; docs/distributed.md, 'Timeouts of remote calls')."
+                if slow else "")
+        return f"every engine replica is dead ({fates}); {what}.{hint}"
 
     def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[GenerationOutput]:
         """Route, run on the replicas in parallel, retry a dead replica's requests elsewhere."""
@@ -455,12 +533,18 @@ class RemoteEngine:
                 groups.setdefault(h, []).append(i)
             calls = {h: self.replicas[h].generate.remote([requests[i] for i in idx], params)
                      for h, idx in groups.items()}
+            deadline = time.monotonic() + self.generate_timeout_s  # the calls run at once: one deadline
             todo = []
             for h, ref in calls.items():
                 try:
-                    outs = ray.get(ref)
+                    outs = ray.get(ref, timeout=_left(deadline))
                 except _dead_errors(ray) as exc:
-                    self._mark_dead(h, exc, len(groups[h]))
+                    self._mark_dead(h, f"died ({type(exc).__name__})", len(groups[h]))
+                    todo += groups[h]
+                    continue
+                except ray.exceptions.GetTimeoutError:
+                    self._drop_stuck(h, "generate", "rollout.generate_timeout_s", self.generate_timeout_s,
+                                     len(groups[h]))
                     todo += groups[h]
                     continue
                 finally:
@@ -496,39 +580,56 @@ class RemoteEngine:
 
     def _broadcast(self, method: str, version: int | None, ray_args: tuple) -> int:
         """Call ``method(*ray_args, version)`` on every live replica (the arguments put in the object
-        store once), wait, mark the dead; returns the new version."""
+        store once), wait up to ``push_timeout_s`` in all, mark the dead and kill the stuck (a replica
+        with stale weights must not generate again); returns the new version."""
         ray = self._ray
         version = self.weights_version + 1 if version is None else int(version)
         refs_in = [ray.put(a) for a in ray_args]
         live = [i for i, ok in enumerate(self._alive) if ok]
         refs = {i: getattr(self.replicas[i], method).remote(*refs_in, version) for i in live}
+        deadline = time.monotonic() + self.push_timeout_s  # the pushes run at once: one deadline
         for i, ref in refs.items():
             try:
-                ray.get(ref)
+                ray.get(ref, timeout=_left(deadline))
             except _dead_errors(ray) as exc:
-                self._mark_dead(i, exc, 0)
+                self._mark_dead(i, f"died ({type(exc).__name__}) during the weight push", 0)
+            except ray.exceptions.GetTimeoutError:
+                self._drop_stuck(i, f"the weight push ({method})", "rollout.push_timeout_s", self.push_timeout_s, 0)
         if not any(self._alive):
-            raise RuntimeError("every engine replica died during the weight update")
+            raise RuntimeError(self._none_left(f"the weight push of version {version} reached none"))
         self.weights_version = version
         return version
 
     def generate_on(self, replica: int, requests: Sequence[GenerationRequest],
                     params: SamplingParams) -> list[GenerationOutput]:
         """``generate`` on replica ``replica`` only, without routing or retries (the weight canary
-        checks every replica after a push)."""
-        return self._ray.get(self.replicas[replica].generate.remote(list(requests), params))
+        checks every replica after a push). A replica silent for ``generate_timeout_s`` is killed and
+        the call raises TimeoutError."""
+        return self._answer(replica, self.replicas[replica].generate.remote(list(requests), params), "generate")
 
     def replica_logprobs(self, replica: int, input_ids: list[int], n_prompt: int,
                          temperature: float = 1.0) -> list[float]:
-        """A replica's log-probs of ``input_ids[n_prompt:]`` given the rest (weight checks)."""
-        return self._ray.get(self.replicas[replica].logprobs.remote(list(input_ids), n_prompt, temperature))
+        """A replica's log-probs of ``input_ids[n_prompt:]`` given the rest (weight checks); within
+        ``generate_timeout_s`` or a TimeoutError, as ``generate_on``."""
+        ref = self.replicas[replica].logprobs.remote(list(input_ids), n_prompt, temperature)
+        return self._answer(replica, ref, "logprobs")
 
     def replica_stats(self) -> list[dict | None]:
-        """Each replica's counters (None for a dead one)."""
-        out = []
-        for i, r in enumerate(self.replicas):
-            out.append(self._ray.get(r.stats.remote()) if self._alive[i] else None)
-        return out
+        """Each replica's counters (None for a dead one); within ``generate_timeout_s`` each, or a
+        TimeoutError, as ``generate_on``."""
+        refs = {i: r.stats.remote() for i, r in enumerate(self.replicas) if self._alive[i]}
+        return [self._answer(i, refs[i], "stats") if i in refs else None for i in range(len(self.replicas))]
+
+    def _answer(self, replica: int, ref: Any, call: str) -> Any:
+        """``ray.get(ref)`` of one replica's ``call``, within ``generate_timeout_s``; else the replica
+        is killed and marked dead, and one TimeoutError line says so (no other replica answers in its
+        place: these calls ask that replica)."""
+        try:
+            return self._ray.get(ref, timeout=self.generate_timeout_s)
+        except self._ray.exceptions.GetTimeoutError:
+            why = self._drop_stuck(replica, call, "rollout.generate_timeout_s", self.generate_timeout_s, 0)
+            raise TimeoutError(f"{why}; if it is only slow, raise rollout.generate_timeout_s (seconds; "
+                               "docs/distributed.md, 'Timeouts of remote calls')") from None
 
     @property
     def alive(self) -> list[bool]:
@@ -590,4 +691,4 @@ def _cpu_copy(model: Any, dtype: Any = None) -> Any:
 
 
 __all__ = ["RemoteEngine", "EngineReplica", "VLLMReplica", "start_ray", "join_ray", "import_ray", "token_logprobs", "RAY_HINT",
-           "adapter_names", "check_adapter_push", "pushed_state"]
+           "adapter_names", "check_adapter_push", "pushed_state", "PUSH_TIMEOUT_S", "GENERATE_TIMEOUT_S"]

@@ -2,8 +2,10 @@
 
 - :mod:`vagent.recipes.ppo`    PPO with a critic (masked / bi-level / turn / no-concat GAE)
 - :mod:`vagent.recipes.grpo`   GRPO, RLOO, REINFORCE++ (no critic), optional variance filter
-- :mod:`vagent.recipes.stages` the typed records a step hands from stage to stage (``Scores`` ...)
-- :mod:`vagent.recipes.step`   what PPO and GRPO share around a step: the training rollout, batch and filter, saving
+- :mod:`vagent.recipes.stages` the typed records a step hands from stage to stage (``Scores`` ...) and the stages
+  both recipes run alike on them (token batch, variance filter, KL to the reference, engine/trainer gap)
+- :mod:`vagent.recipes.step`   what PPO and GRPO share around a step: their set-up (``rl_models``), the loop's frame
+  (``StepLoop``: the rollout driver, progress, the step's tail), the training rollout (``TrainRollout``), the step's metrics
 - :mod:`vagent.recipes.sft`    SFT on JSONL chat data with images (the warm start before RL)
 - :mod:`vagent.recipes.demos`  solver demonstrations in the SFT chat format (``vagent demos``)
 - :mod:`vagent.recipes.update` the PPO-clip actor update and the critic update they share

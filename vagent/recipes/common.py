@@ -15,7 +15,7 @@ import copy
 import json
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Callable, Protocol, TypeGuard
 
 import torch
 
@@ -23,7 +23,7 @@ from vagent.config import ConfigError
 from vagent.envs import make
 from vagent.envs.registry import IMPORT_HINT, env_class, list_envs
 from vagent.models.forward import unwrap
-from vagent.models.loading import LoraSettings, load_policy
+from vagent.models.loading import LoadedModel, LoraSettings, load_policy
 from vagent.recipes.config import EnvEntry, RunConfig
 from vagent.recipes.optim import derive_seed
 from vagent.rollout.driver import env_factory_for
@@ -67,7 +67,7 @@ def stop_strings(cfg: RunConfig) -> tuple[str, ...]:
     return tuple(out)
 
 
-def check_remote_envs(cfg: RunConfig, say: Any) -> None:
+def check_remote_envs(cfg: RunConfig, say: Callable[[str], None]) -> None:
     """Before the model build: every server of every ``envs.N.urls`` answers, accepts the entry's
     token and serves its env (``say`` gets one line per server; a failure raises ConfigError with
     one line per failed server, :mod:`vagent.service.preflight`). SFT demonstrations are played in
@@ -175,12 +175,13 @@ def check_lora_rank(rank: int, path: Path) -> None:
                           f"{hidden} (8 to 64 is usual), or 0 to train every weight.")
 
 
-def check_compatible(loaded: Any, cfg: RunConfig) -> None:
+def check_compatible(loaded: LoadedModel, cfg: RunConfig) -> None:
     """A text-only model cannot play an env that shows images: say so before training."""
     if loaded.is_vision:
         return
     for i, e in enumerate(cfg.envs):
-        env = env_factory_for(e)() if e.urls else make(e.name, **e.config)  # a remote env: its server's
+        remote = env_factory_for(e)  # a remote env (envs.N.urls): its server's
+        env = remote() if remote is not None else make(e.name, **e.config)
         try:
             obs, _ = env.reset(0)
         finally:
@@ -198,12 +199,31 @@ def export_policy(model: torch.nn.Module, source_dir: Path, out: Path) -> None:
     ``save_pretrained`` weights/config plus the tokenizer, chat template and image processor files
     of the source directory. A LoRA policy is saved merged into a copy of the base weights."""
     out.mkdir(parents=True, exist_ok=True)
-    if getattr(model, "merge_and_unload", None) is not None:
-        copy.deepcopy(model).merge_and_unload().save_pretrained(out)
+    if _has_lora(model):
+        save_pretrained(copy.deepcopy(model).merge_and_unload(), out)
     else:
-        unwrap(model).save_pretrained(out)
+        save_pretrained(unwrap(model), out)
     for f in Path(source_dir).iterdir():
         if f.is_file() and not f.name.endswith((".safetensors", ".bin")) and f.name not in ("config.json",
                                                                                              "generation_config.json"):
             if not (out / f.name).exists():
                 shutil.copy2(f, out / f.name)
+
+
+class LoraModel(Protocol):
+    """A PEFT model with LoRA adapters: ``merge_and_unload()`` is the base model with them merged in."""
+
+    def merge_and_unload(self) -> torch.nn.Module: ...
+
+
+def _has_lora(model: torch.nn.Module) -> TypeGuard[LoraModel]:
+    return getattr(model, "merge_and_unload", None) is not None
+
+
+def save_pretrained(model: torch.nn.Module, out: Path) -> None:
+    """``model.save_pretrained(out)`` (a Hugging Face model's weights and config)."""
+    save = getattr(model, "save_pretrained", None)
+    if save is None:
+        raise TypeError(f"{type(model).__name__} has no save_pretrained: the policy must be a Hugging Face model "
+                        "(vagent.models.load_policy loads one)")
+    save(out)

@@ -11,13 +11,14 @@ A group is ``rollout.group_size`` episodes of the same env, seed and config. Eac
                    computed per TRAJECTORY and broadcast to all its sampled tokens (and rows);
                    gigpo: grpo's plus omega x a step-level one, per TURN, over the turns of the
                    group that saw the same env state (key: sha256 of env.state() before the turn);
-                   the engine/trainer gap (mismatch/*) and the rollout correction (step.off_policy)
+                   the engine/trainer gap (mismatch/*) and the rollout correction (stages.off_policy)
     5. update      PPO-clip with clip-higher / dual-clip, entropy bonus, KL to the reference in
                    the loss (k3), epochs x mini-batches x micro-batches
     6. log         rollout/ reward/ filter/ loss/ actor/ optim/ perf/; validation every val.every
-                   steps (and at step 0); samples, checkpoint, plots (``step.after_step``)
+                   steps (and at step 0); samples, checkpoint, plots (``StepLoop.finish``)
 
-Steps count updates done: the k-th update is RL step k (1..steps), as in ``ppo.py``.
+The loop counts ``updates_done`` (0..steps-1, what seeds the step); the update it makes is RL step
+``updates_done + 1`` (1..steps, what its metrics, rollouts and checkpoint carry), as in ``ppo.py``.
 
 How it departs from GRPO (DeepSeekMath) / ViGoRL:
 
@@ -42,76 +43,64 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from vagent.models.value import reference_model
 from vagent.recipes.config import GRPOConfig, GRPOEstimator, RunConfig
-from vagent.recipes.optim import make_optimizer, make_scheduler
 from vagent.recipes.scoring import rl_temperature, score_batch
 from vagent.recipes.session import Session
-from vagent.recipes.sharding import policy_to_copy, shard_for_training
-from vagent.recipes.stages import Advantages, Scores, StepClock, StepOutcome, TrainState
-from vagent.recipes.step import StepLoop, filter_groups, off_policy, reference_kl, step_metrics, token_batch, update_context
-from vagent.recipes.update import Learner, actor_update
+from vagent.recipes.stages import (
+    Advantages, Scores, StepClock, StepOutcome, filter_groups, off_policy, reference_kl, token_batch,
+    trajectory_rows,
+)
+from vagent.recipes.step import StepLoop, rl_models
+from vagent.recipes.update import actor_update
 from vagent.rl.advantages import masked_mean
 from vagent.rl.group_advantages import gigpo_advantages, grpo_advantages, reinforce_pp_advantages, rloo_advantages
 from vagent.rollout.batch import TokenBatch
-from vagent.rollout.finish import RolloutResult
 
 
-def train_grpo(session: Session, start_step: int = 0, resume_from: str | None = None) -> dict[str, float]:
+def train_grpo(session: Session, start_step: int = 0, resume_from: str | None = None,
+               last_checkpoint: str | None = None) -> dict[str, float]:
     """Run GRPO steps ``start_step + 1 .. steps`` (``start_step`` updates were done before: a
-    resume); returns the last validation metrics run by this call."""
+    resume from ``resume_from``); ``last_checkpoint`` as in ``train_ppo``. Returns the last
+    validation metrics run by this call."""
     cfg, update_cfg = session.cfg, session.cfg.update
     model = session.loaded.model
     temperature = rl_temperature(cfg)  # log-probs at the rollout's sampling temperature
 
     # --- set-up: reference model (only with a KL term), sharding (several processes), optimizer, schedule
-    ref = reference_model(policy_to_copy(session)) if update_cfg.kl_coef > 0 else None
-    shard_for_training(session, ref=ref)
-    params = [q for q in model.parameters() if q.requires_grad]
-    opt = make_optimizer(params, update_cfg.actor_lr, update_cfg.weight_decay)
-    sched = make_scheduler(opt, update_cfg.warmup_steps, cfg.steps, update_cfg.lr_schedule)
-    state = TrainState({"policy": model}, {"actor": opt}, {"actor": sched})
+    nets = rl_models(session)
     if resume_from is not None:
-        state.load(resume_from)
-    with StepLoop(session, start_step, resume_from) as loop:
-        for step in loop.steps():
+        nets.state.load(resume_from)
+    with StepLoop(session, start_step, resume_from, last_checkpoint) as loop:
+        for updates_done in loop.steps():  # this step is RL step updates_done + 1
             clock = StepClock()
 
             # 1-2. rollout (each episode's return is the sum of its turn rewards); the reward-variance
             #      filter keeps the groups whose returns vary most
-            episodes = loop.rollout(step)
-            batch, filter_scale, filter_metrics = filter_groups(token_batch(session, episodes), cfg.grpo)
+            episodes = loop.rollout(updates_done)
+            kept = filter_groups(token_batch(episodes, loop.layout), cfg.grpo)
+            batch = kept.batch
             clock.update_starts()
 
             # 3. scoring passes (no grad): log pi_old, log pi_ref
-            scores = score_batch(model, None, ref, batch, update_cfg, temperature)
+            scores = score_batch(model, None, nets.ref, batch, update_cfg, temperature)
 
             # 4. group-relative advantages per trajectory, broadcast over its sampled tokens;
             #    the engine/trainer gap: mismatch metrics, and the rollout correction when configured
-            estimate = group_advantages(cfg, batch, scores, filter_scale)
-            off = off_policy(cfg, batch, scores, session.loaded.encoder.image_token_id)
+            estimate = group_advantages(cfg, batch, scores, kept.scale)
+            off = off_policy(cfg, batch, scores, loop.image_token_id)
 
             # 5. update
-            ctx = update_context(session, step, temperature)
-            actor_stats = actor_update(Learner(model, params, opt), batch, scores, estimate, off, update_cfg, ctx)
-            lrs = {"optim/actor_lr": opt.param_groups[0]["lr"]}
-            sched.step()
+            ctx = loop.update_context(updates_done, temperature)
+            actor_stats = actor_update(nets.learners["actor"], batch, scores, estimate, off, update_cfg, ctx)
+            lrs = nets.step_schedules()
             clock.stop()
 
             # 6. log, validate, save samples and checkpoint
-            metrics = grpo_metrics(cfg, episodes, batch, scores, estimate,
-                                   filter_metrics | off.metrics | actor_stats.metrics | lrs, clock)
-            loop.finish(StepOutcome(step=step + 1, metrics=metrics, episodes=episodes, batch=batch, scores=scores,
-                                    advantages=estimate), state)
+            own = {"actor/advantage_abs_mean": float(masked_mean(estimate.advantages.abs(), batch.loss_mask))}
+            loop.finish(StepOutcome(ctx.rl_step, episodes, batch, scores, estimate, clock,
+                                    stage_metrics=(kept.metrics, off.metrics, actor_stats.metrics, lrs),
+                                    own=own, backbones=1), nets.state)
     return loop.last_val
-
-
-def grpo_metrics(cfg: RunConfig, episodes: RolloutResult, batch: TokenBatch, scores: Scores, estimate: Advantages,
-                 stats: dict[str, float], clock: StepClock) -> dict[str, float]:
-    """A GRPO step's record (docs/metrics.md): rollout, reward, filter, loss/optim stats, then the
-    batch's and the timings."""
-    own = {"actor/advantage_abs_mean": float(masked_mean(estimate.advantages.abs(), batch.loss_mask))}
-    return step_metrics(cfg, episodes, batch, scores, estimate, stats, clock, own, backbones=1)
 
 
 def group_advantages(cfg: RunConfig, batch: TokenBatch, scores: Scores, filter_scale: float) -> Advantages:
@@ -127,9 +116,7 @@ def trajectory_advantages(cfg: RunConfig, batch: TokenBatch) -> Tensor:
     """Advantages [B, L] of the configured ``grpo.estimator``, from the trajectory returns
     (``batch.episode_returns``): one value per trajectory (or per trajectory and turn, gigpo) on its rows'
     M=1 tokens."""
-    trajs, row_traj = torch.unique(batch.traj_ids, return_inverse=True)  # [T], [B] -> trajectory slot
-    first = torch.full((trajs.numel(),), batch.batch_size, dtype=torch.long, device=row_traj.device)
-    first = first.scatter_reduce(0, row_traj, torch.arange(batch.batch_size, device=row_traj.device), "amin")
+    row_traj, first = trajectory_rows(batch)  # [B] -> trajectory slot, [T] -> its first row
     returns, groups = batch.episode_returns[first], batch.group_ids[first]  # [T]
     return GRPO_ESTIMATORS[cfg.grpo.estimator](cfg.grpo, batch, row_traj, returns, groups)
 

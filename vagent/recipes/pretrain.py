@@ -28,8 +28,9 @@ from __future__ import annotations
 import importlib
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -37,18 +38,21 @@ from PIL import Image
 
 from vagent.distributed import barrier, full_state_dict, root_of, shard_model, world
 from vagent.envs import make
+from vagent.envs.base import Env, Observation
 from vagent.envs.formats import render_response
 from vagent.models.loading import load_policy
 from vagent.models.processor import ChatEncoder
+from vagent.recipes.common import save_pretrained
+from vagent.recipes.config import EnvEntry
 from vagent.recipes.optim import derive_seed, make_optimizer, make_scheduler
-from vagent.recipes.sft import reply_token_ids, sft_batch, sft_loss
+from vagent.recipes.sft import SFTForward, reply_token_ids, sft_batch, sft_loss
 from vagent.rollout.encoding import append_reply, encode_pending
 from vagent.rollout.policy import Conversation, Message
 from vagent.runs.progress import StepProgress
 from vagent.seeds import split_seeds
 
 
-def caption_records(env_entries: Sequence[Any], n_per_env: int, seed: int, image_dir: Path,
+def caption_records(env_entries: Sequence[EnvEntry], n_per_env: int, seed: int, image_dir: Path,
                     relations: Sequence[str] = (), first_board: int = 0) -> list[dict]:
     """SFT chat records (no system message) pairing an observation with its symbolic description
     (and, with ``relations``, the natural-language relation of those object types to the agent).
@@ -65,7 +69,7 @@ def caption_records(env_entries: Sequence[Any], n_per_env: int, seed: int, image
         if first_board + n_per_env > 50_000:
             raise ValueError(f"caption boards {first_board}..{first_board + n_per_env} exceed the 50000 reserved per env")
         for board in split_seeds("train", n_per_env, offset=500_000 + 50_000 * i + first_board):
-            obs = _after_random_moves(env, board, rng, names)
+            obs = _after_random_moves(env, board, rng, names, env.config.format)
             paths = []
             for j, im in enumerate(obs.images):
                 name = f"{e.name}_{board}_{j}.png"
@@ -82,12 +86,13 @@ def caption_records(env_entries: Sequence[Any], n_per_env: int, seed: int, image
     return records
 
 
-def _after_random_moves(env: Any, board: int, rng: np.random.Generator, names: Sequence[str]) -> Any:
-    """The observation of board ``board`` after 0-2 random moves (more player positions); the
-    board as reset when a move ends the episode."""
+def _after_random_moves(env: Env, board: int, rng: np.random.Generator, names: Sequence[str],
+                        fmt: str) -> Observation:
+    """The observation of board ``board`` after 0-2 random moves (more player positions), the moves
+    written in the env's reply format ``fmt``; the board as reset when a move ends the episode."""
     obs, _ = env.reset(board)
     for _ in range(int(rng.integers(0, 3))):
-        move = render_response(env.config.format, {"think": "x", "observation": "x", "reasoning": "x",
+        move = render_response(fmt, {"think": "x", "observation": "x", "reasoning": "x",
                                                    "prediction": "x", "answer": names[int(rng.integers(len(names)))]})
         result = env.step(move)
         if result.terminated or result.truncated:
@@ -127,21 +132,44 @@ class Pace(NamedTuple):
 PACE_STEPS = 5
 
 
-def pretrain_captions(model_dir: Path, env_entries: Sequence[Any], steps: int, *, batch_size: int = 16,
-                      lr: float = 1e-3, n_per_env: int = 2048, seed: int = 0, micro_batch_tokens: int = 4096,
-                      relations: Sequence[str] = (), stage: str = "grid", first_board: int = 0,
-                      say: Callable[[str], None] = print, on_pace: Callable[[Pace], None] | None = None) -> dict:
-    """Train the model in ``model_dir`` on captions for ``steps`` steps and save it back in place.
+@dataclass(frozen=True)
+class CaptionStage:
+    """One caption-pretraining pass (:func:`pretrain_captions`): its captions and its optimization."""
 
-    ``stage`` names the pass (its captions go to ``pretrain/<stage>/``, its summary under that key
-    in ``vagent_pretrain.json``); ``first_board`` is the first caption board used (see
-    :func:`caption_records`), so a later stage can start after an earlier one's boards. ``say``
+    #: optimizer steps of the pass
+    steps: int
+    #: the pass's name: its captions go to ``pretrain/<stage>/``, its summary under that key in
+    #: ``vagent_pretrain.json``; ``"grid"`` keeps the seeds of the one-stage build
+    stage: str = "grid"
+    #: object types whose relation to the agent the captions add (empty: the grid only)
+    relations: tuple[str, ...] = ()
+    #: caption boards rendered per env kind
+    n_per_env: int = 2048
+    #: the first caption board used (see :func:`caption_records`): a later stage starts after an
+    #: earlier one's boards
+    first_board: int = 0
+    #: chats per step
+    batch_size: int = 16
+    #: learning rate (constant after 10 warm-up steps)
+    lr: float = 1e-3
+    #: the most tokens of one micro-batch
+    micro_batch_tokens: int = 4096
+    #: seed of the captions, of the pass's torch RNG and of the order the chats are drawn in
+    seed: int = 0
+
+
+def pretrain_captions(model_dir: Path, env_entries: Sequence[EnvEntry], plan: CaptionStage, *,
+                      say: Callable[[str], None] = print, on_pace: Callable[[Pace], None] | None = None) -> dict:
+    """Train the model in ``model_dir`` on captions for ``plan.steps`` steps and save it back in place.
+
+    ``plan`` (:class:`CaptionStage`) names the pass, its captions and its optimization. ``say``
     gets the progress lines (with ETA); a :class:`vagent.runs.Console` shows a bar on a terminal.
     ``on_pace`` is called once, after step ``1 + PACE_STEPS`` (or the last), with the stage's :class:`Pace`."""
     t_stage = time.perf_counter()
+    steps, stage, seed, batch_size = plan.steps, plan.stage, plan.seed, plan.batch_size
     work = Path(model_dir) / "pretrain" / stage
     (work / "images").mkdir(parents=True, exist_ok=True)
-    records = caption_records(env_entries, n_per_env, seed, work / "images", relations, first_board)
+    records = caption_records(env_entries, plan.n_per_env, seed, work / "images", plan.relations, plan.first_board)
     (work / "captions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     barrier("model and captions written")  # several processes: nobody reads a file another still writes
     tag = () if stage == "grid" else (stage,)  # the grid stage keeps the one-stage seeds
@@ -152,9 +180,10 @@ def pretrain_captions(model_dir: Path, env_entries: Sequence[Any], steps: int, *
         model = shard_model(loaded.model)  # several processes: FSDP2; one: the model itself
         model.train()
         params = [p for p in model.parameters() if p.requires_grad]
-        opt = make_optimizer(params, lr, 0.0)
+        opt = make_optimizer(params, plan.lr, 0.0)
         sched = make_scheduler(opt, 10, steps, "constant")
         rng = np.random.default_rng(derive_seed(seed, "pretrain-order", *tag))
+        forward = SFTForward(micro_tokens=plan.micro_batch_tokens, chunk=1024, bf16=False, device=torch.device("cpu"))
         t0, stats = time.perf_counter(), {}
         ended: list[float] = []  # the end time of each step, up to the pace's measurement
         bar = StepProgress(steps, f"caption pretraining ({stage})", say)
@@ -163,7 +192,7 @@ def pretrain_captions(model_dir: Path, env_entries: Sequence[Any], steps: int, *
                 rows = rng.choice(len(records), size=min(batch_size, len(records)), replace=False)
                 batch = sft_batch(_encoded(rows, records, convs, work, loaded.encoder), loaded.encoder.pad_token_id)
                 opt.zero_grad(set_to_none=True)
-                stats = sft_loss(model, batch, micro_batch_tokens, 1024, False, torch.device("cpu"))
+                stats = sft_loss(model, batch, forward)
                 torch.nn.utils.clip_grad_norm_(params, 1.0)
                 opt.step()
                 sched.step()
@@ -209,11 +238,11 @@ def save_in_place(model: torch.nn.Module, model_dir: Path) -> None:
     """``save_pretrained`` into ``model_dir``; a sharded model's full weights are gathered on rank
     0, which loads them into a fresh copy and saves that."""
     if root_of(model) is None:
-        model.save_pretrained(model_dir)
+        save_pretrained(model, model_dir)
         return
     full = full_state_dict(model, to_all_ranks=False)
     if world().is_main:
         copy = load_policy(model_dir).model
         copy.load_state_dict(full)
-        copy.save_pretrained(model_dir)
+        save_pretrained(copy, model_dir)
     barrier("pretrained model saved")

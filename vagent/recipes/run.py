@@ -156,8 +156,7 @@ def _train(cfg: RunConfig, run: RunDir | None, plan: Resume | None, console: Con
     console.print(*startup_arithmetic(cfg, run.root, count_parameters(loaded.model),
                                       count_parameters(loaded.model, trainable_only=True), world.size,
                                       int(os.environ.get("GROUP_WORLD_SIZE", "1")) if world.distributed else 1), "")
-    session = Session(cfg, run, console, logger, device, bf16, loaded, model_dir,
-                      last_checkpoint=str(latest.path) if latest else None)
+    session = Session(cfg, run, console, logger, device, bf16, loaded, model_dir)
     hub = start_hub_upload(cfg.hub, run.checkpoints, say=console.print) if world.is_main else None  # hub.repo_id
     try:
         _sft_then_rl(session, latest)
@@ -273,19 +272,22 @@ def _sft_then_rl(session: Session, latest: CheckpointInfo | None) -> None:
     phase; errors are said once, by the command (``train`` logs them to train.log)."""
     cfg = session.cfg
     phase = "setup"
+    last = str(latest.path) if latest is not None else None  # the newest checkpoint, until SFT or RL writes one
     try:
         sft_done = latest is not None and (latest.phase == "rl" or latest.step >= cfg.sft.steps)
         if cfg.sft.steps > 0 and not sft_done:
             phase = "sft"
             start = latest.step if latest is not None else 0
-            train_sft(session, start, resume_from=str(latest.path) if latest is not None else None)
+            last = train_sft(session, start, resume_from=str(latest.path) if latest is not None else None)
         else:
             _restore_sft_result(session, latest)
         if cfg.recipe != "sft":
             phase = "rl"
             resumed = latest is not None and latest.phase == "rl"
             train_rl = train_ppo if cfg.recipe == "ppo" else train_grpo
-            train_rl(session, latest.step if resumed else 0, str(latest.path) if resumed else None)
+            # the newest checkpoint before RL (the resumed one, or SFT's last) until RL writes its own
+            train_rl(session, latest.step if resumed else 0, str(latest.path) if resumed else None,
+                     last_checkpoint=last)
     except (RuntimeError, MemoryError) as exc:
         if is_oom(exc):
             raise TrainingError(oom_message(phase, cfg)) from exc

@@ -16,6 +16,7 @@ process ``on_root(model, fn, ...)`` is just ``fn(...)``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, overload
 
 import torch
@@ -178,34 +179,42 @@ def head_only_logits(model: torch.nn.Module, mb: TokenBatch, want: Tensor,
     return head(hidden[:, :-1][want])
 
 
-def score_logprobs(model: torch.nn.Module, ref: ReferenceModel | None, batch: TokenBatch, max_tokens: int,
-                   chunk: int, temperature: float, packed: bool = False, *,
-                   split: bool = False) -> tuple[Tensor, Tensor | None]:
+@dataclass(frozen=True)
+class ScoringPass:
+    """How the no-grad scoring passes run (``update.*`` and the rollout's temperature)."""
+
+    max_tokens: int  # rows x padded length of a micro-batch (update.micro_batch_tokens)
+    chunk: int  # positions log-softmaxed at once (update.logprob_chunk)
+    temperature: float  # log-probs of logits / temperature: the rollout's sampling temperature
+    packed: bool = False  # forwards without padding (update.packing)
+    split: bool = False  # the rows are divided over the ranks of a job (vagent.recipes.batching.per_row)
+
+
+def pass_logprobs(model: torch.nn.Module, how: ScoringPass, mb: TokenBatch) -> Tensor:
+    """log pi [b, l] of micro-batch ``mb`` under ``model`` at the pass's temperature."""
+    return policy_forward(model, mb, how.chunk, temperature=how.temperature, packed=how.packed)[0]
+
+
+def score_logprobs(model: torch.nn.Module, ref: ReferenceModel | None, batch: TokenBatch,
+                   how: ScoringPass) -> tuple[Tensor, Tensor | None]:
     """The scoring passes shared by PPO and GRPO (no grad): (log pi_old, log pi_ref or None) [B, L]
-    at the rollout temperature; ``ref`` is a reference model handle or None (no KL); ``packed``:
-    forwards without padding (update.packing); ``split``: the rows are divided over the ranks of a
-    job (:func:`vagent.recipes.batching.per_row`)."""
+    at the rollout temperature; ``ref`` is a reference model handle or None (no KL)."""
     model.eval()
-    old = per_row(batch, max_tokens,
-                  lambda mb: policy_forward(model, mb, chunk, temperature=temperature, packed=packed)[0], split=split)
-    return old, score_reference(ref, batch, max_tokens, chunk, temperature, packed, split=split)
+    old = per_row(batch, how.max_tokens, partial(pass_logprobs, model, how), split=how.split)
+    return old, score_reference(ref, batch, how)
 
 
-def score_reference(ref: ReferenceModel | None, batch: TokenBatch, max_tokens: int, chunk: int,
-                    temperature: float, packed: bool = False, *, split: bool = False) -> Tensor | None:
+def score_reference(ref: ReferenceModel | None, batch: TokenBatch, how: ScoringPass) -> Tensor | None:
     """log pi_ref [B, L] at the rollout temperature (no grad), or None when there is no reference."""
     if ref is None:
         return None
     with ref.active() as ref_model:
-        return per_row(batch, max_tokens,
-                       lambda mb: policy_forward(ref_model, mb, chunk, temperature=temperature, packed=packed)[0],
-                       split=split)
+        return per_row(batch, how.max_tokens, partial(pass_logprobs, ref_model, how), split=how.split)
 
 
 @torch.no_grad()
-def score_shared(model: torch.nn.Module, critic: ValueModel, batch: TokenBatch, max_tokens: int, chunk: int,
-                 temperature: float, max_feature_bytes: int = 2**31,
-                 packed: bool = False, *, split: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
+def score_shared(model: torch.nn.Module, critic: ValueModel, batch: TokenBatch, how: ScoringPass,
+                 max_feature_bytes: int = 2**31) -> tuple[Tensor, Tensor, Tensor | None]:
     """The scoring pass of a critic that shares the policy's backbone: ONE backbone forward per
     micro-batch gives (log pi_old [B, L], raw critic outputs [B, L], features [B, L, H] or None).
 
@@ -219,15 +228,23 @@ def score_shared(model: torch.nn.Module, critic: ValueModel, batch: TokenBatch, 
     model.eval()
     B, L = batch.input_ids.shape
     keep = B * L * critic.value_head.in_features * 4 <= max_feature_bytes
-
-    def one_pass(mb):
-        hidden = forward_hidden(model, mb.input_ids, mb.attention_mask, mb.pixel_values, mb.image_grid_thw,
-                                packed=packed)
-        lp, _ = policy_forward(model, mb, chunk, temperature=temperature, hidden=hidden)
-        return (lp, critic.values_from_hidden(hidden)) + ((hidden,) if keep else ())
-
-    out = per_row(batch, max_tokens, lambda mb: on_root(model, one_pass, mb), split=split)
+    out = per_row(batch, how.max_tokens, partial(_shared_pass, model, critic, how, keep), split=how.split)
     return out[0], out[1], out[2] if keep else None
+
+
+def _shared_pass(model: torch.nn.Module, critic: ValueModel, how: ScoringPass, keep: bool,
+                 mb: TokenBatch) -> tuple[Tensor, ...]:
+    """One micro-batch of :func:`score_shared`, through the model's FSDP2 root when sharded."""
+    return on_root(model, _shared_forward, model, critic, how, keep, mb)
+
+
+def _shared_forward(model: torch.nn.Module, critic: ValueModel, how: ScoringPass, keep: bool,
+                    mb: TokenBatch) -> tuple[Tensor, ...]:
+    """(log pi_old [b, l], raw values [b, l], features [b, l, H] if ``keep``) of one backbone pass."""
+    hidden = forward_hidden(model, mb.input_ids, mb.attention_mask, mb.pixel_values, mb.image_grid_thw,
+                            packed=how.packed)
+    lp, _ = policy_forward(model, mb, how.chunk, temperature=how.temperature, hidden=hidden)
+    return (lp, critic.values_from_hidden(hidden)) + ((hidden,) if keep else ())
 
 
 def critic_forward(critic: torch.nn.Module, mb: TokenBatch, packed: bool = False) -> Tensor:
@@ -250,20 +267,20 @@ def score_batch(model: torch.nn.Module, critic: ValueModel | None, ref: Referenc
     and V(final observation) of truncated rows. A critic that shares the policy's backbone reads
     its values off the policy's pass and keeps that pass's features for its head's update (with a
     critic: a ``PPOScores``)."""
-    max_tokens, chunk, packed = update_cfg.micro_batch_tokens, update_cfg.logprob_chunk, update_cfg.packing
-    split = world().distributed  # a job: each rank scores its share of the rows, all get the whole result
+    # a job: each rank scores its share of the rows, all get the whole result
+    how = ScoringPass(update_cfg.micro_batch_tokens, update_cfg.logprob_chunk, temperature, update_cfg.packing,
+                      split=world().distributed)
     if critic is None:
-        old, ref_logprobs = score_logprobs(model, ref, batch, max_tokens, chunk, temperature, packed, split=split)
+        old, ref_logprobs = score_logprobs(model, ref, batch, how)
         return Scores(old_logprobs=old, ref_logprobs=ref_logprobs)
     critic.eval()
     features = None
     if critic.shares_backbone:
-        old, raw_values, features = score_shared(model, critic, batch, max_tokens, chunk, temperature, packed=packed,
-                                                 split=split)
-        ref_logprobs = score_reference(ref, batch, max_tokens, chunk, temperature, packed, split=split)
+        old, raw_values, features = score_shared(model, critic, batch, how)
+        ref_logprobs = score_reference(ref, batch, how)
     else:
-        old, ref_logprobs = score_logprobs(model, ref, batch, max_tokens, chunk, temperature, packed, split=split)
-        raw_values = per_row(batch, max_tokens, lambda mb: critic_forward(critic, mb, packed), split=split)
+        old, ref_logprobs = score_logprobs(model, ref, batch, how)
+        raw_values = per_row(batch, how.max_tokens, partial(critic_forward, critic, packed=how.packed), split=how.split)
     values = shift_right(raw_values) * batch.loss_mask  # V before each sampled token
     final = raw_values.gather(1, batch.bootstrap_index.clamp(min=0)[:, None])[:, 0]  # [B]
     final = torch.where(batch.truncated, final, torch.zeros_like(final))

@@ -37,9 +37,10 @@ class SilentLogger:
         pass
 
 
-@dataclass
+@dataclass(frozen=True)
 class Session:
-    """What the recipes share within one run (a record, not a trainer)."""
+    """What the recipes share within one run (a frozen record, not a trainer: what changes during
+    the run, such as the newest checkpoint, is kept by the loop that changes it)."""
 
     cfg: RunConfig
     run: RunDir
@@ -49,8 +50,6 @@ class Session:
     bf16: bool
     loaded: LoadedModel  # the policy: model, encoder, name, is_vision
     model_dir: Path
-    #: the newest checkpoint written or resumed from (for error messages)
-    last_checkpoint: str | None = None
 
     def reasoning_reward(self):
         """The configured reasoning reward (``vagent.rewards.ReasoningReward``) for ``rollout``, or None."""

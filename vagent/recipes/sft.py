@@ -35,7 +35,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -88,7 +88,7 @@ def read_chats(path: str | Path, limit: int | None = None) -> list[Chat]:
     return chats
 
 
-def chat_of_record(rec: Any, where: str, root: Path) -> Chat:
+def chat_of_record(rec: object, where: str, root: Path) -> Chat:
     """One line of a chat file, checked: known keys, the images (relative to ``root``) one per
     placeholder of the user messages, a system message first and an assistant message to learn from."""
     if not isinstance(rec, dict) or not isinstance(rec.get("messages"), list):
@@ -115,7 +115,7 @@ def chat_of_record(rec: Any, where: str, root: Path) -> Chat:
     return Chat(messages, where)
 
 
-def _load_images(image_paths: Any, where: str, root: Path) -> list[Image.Image]:
+def _load_images(image_paths: object, where: str, root: Path) -> list[Image.Image]:
     """The images of a chat record (paths relative to the chat file's folder ``root``), as RGB."""
     if not isinstance(image_paths, list):
         raise DataError(f'{where}: "images" must be a list of paths relative to the file.')
@@ -169,7 +169,7 @@ def sft_batch(convs: Sequence[Conversation], pad_token_id: int) -> TokenBatch:
             loss[b, pos:pos + n] = bool(s.sampled)
             pos += n
         pv, grid = flat_pixels(c.segments)
-        if pv is not None:
+        if pv is not None and grid is not None:  # both or neither
             pixels.append(pv)
             grids.append(grid)
         n_images.append(sum(s.n_images for s in c.segments))
@@ -209,24 +209,40 @@ def answer_weights(batch: TokenBatch, answer_token_id: int, weight: float) -> to
     return torch.tensor(rows, dtype=torch.float32, device=batch.loss_mask.device)
 
 
-def sft_loss(model: torch.nn.Module, batch: TokenBatch, micro_tokens: int, chunk: int, bf16: bool,
-             device: torch.device, backward: bool = True, weights: torch.Tensor | None = None,
-             shared: bool = False) -> dict[str, float]:
+@dataclass(frozen=True)
+class SFTForward:
+    """How :func:`sft_loss` runs its forward passes: micro-batches, chunks, precision, device."""
+
+    #: the most tokens of one micro-batch (``update.micro_batch_tokens``)
+    micro_tokens: int
+    #: positions per log-prob chunk (``update.logprob_chunk``)
+    chunk: int = 1024
+    #: autocast to bfloat16 (``Session.bf16``)
+    bf16: bool = False
+    #: the device of the model and the batch
+    device: torch.device = torch.device("cpu")
+    #: the tokens every row starts with (the system prompt) run once, without a graph
+    #: (``sft.shared_prefix``; :func:`vagent.recipes.scoring.shared_prefix`)
+    shared: bool = False
+
+
+def sft_loss(model: torch.nn.Module, batch: TokenBatch, forward: SFTForward, *, weights: torch.Tensor | None = None,
+             backward: bool = True) -> dict[str, float]:
     """Token-mean NLL over the loss mask (weighted by ``weights`` [B, L] when given: sum(w * nll) /
-    sum(w)), accumulated over micro-batches; returns the loss and the (unweighted) accuracy.
-    ``shared``: the tokens every row starts with (the system prompt) run once, without a graph
-    (``sft.shared_prefix``; :func:`vagent.recipes.scoring.shared_prefix`)."""
+    sum(w)), accumulated over micro-batches (``forward``: how the passes run); returns the loss and
+    the (unweighted) accuracy. ``backward``: accumulate the gradients of the loss."""
+    device, bf16 = forward.device, forward.bf16
     total_mask = batch.loss_mask
     weights = total_mask.float() if weights is None else weights
     total_loss = 0.0
     correct = 0.0
     with autocast(device, bf16):
-        prefix = shared_prefix(model, batch) if shared else None
-    for rows in rank_micro_batches(batch, micro_tokens):  # several processes: this rank's share
+        prefix = shared_prefix(model, batch) if forward.shared else None
+    for rows in rank_micro_batches(batch, forward.micro_tokens):  # several processes: this rank's share
         mb = batch.select(rows)
         with autocast(device, bf16):
             hidden = hidden_after_prefix(model, mb, prefix) if prefix is not None else None
-            logprobs, _ = policy_forward(model, mb, chunk, hidden=hidden)
+            logprobs, _ = policy_forward(model, mb, forward.chunk, hidden=hidden)
         mb_weights = weights[list(rows)][:, :mb.loss_mask.shape[1]]  # select() trims the rows to their longest
         nll = -(logprobs * mb_weights).sum() / mb_weights.sum().clamp(min=1e-8)
         share = accumulation_weight(mb_weights, weights, "token-mean")  # this micro-batch's share of the weight
@@ -282,9 +298,11 @@ def demo_chats_path(session: Session) -> Path:
     return out
 
 
-def train_sft(session: Session, start_step: int = 0, resume_from: str | None = None) -> None:
+def train_sft(session: Session, start_step: int = 0, resume_from: str | None = None) -> str | None:
     """Run SFT steps ``start_step + 1 .. sft.steps`` on the session's policy (``start_step`` updates
-    were done before: a resume; see the module docstring)."""
+    were done before: a resume from checkpoint ``resume_from``; see the module docstring). Returns
+    the newest checkpoint (the last one SFT wrote, else ``resume_from``), which errors name as the
+    last good one until RL writes its own."""
     cfg, sft_cfg = session.cfg, session.cfg.sft
     model = session.loaded.model
     # 1. data: the JSONL file, or solver demonstrations written into the run dir
@@ -297,24 +315,27 @@ def train_sft(session: Session, start_step: int = 0, resume_from: str | None = N
     if resume_from is not None:
         load_checkpoint(resume_from, {"policy": model}, {"sft": opt}, {"sft": sched})
     model.train()
+    forward = SFTForward(micro_tokens=cfg.update.micro_batch_tokens, chunk=cfg.update.logprob_chunk, bf16=session.bf16,
+                         device=session.device, shared=sft_cfg.shared_prefix)
     bar = StepProgress(sft_cfg.steps, "SFT", session.console, cfg.log.progress, start=start_step)
+    last = resume_from  # the newest checkpoint: named by an error as the last good one
     try:
         for step in range(start_step, sft_cfg.steps):
             # 3. one update: batch -> loss, gradients -> clip -> AdamW and lr steps -> log -> checkpoint
             t0 = time.perf_counter()
             rows, epoch = batch_rows(len(convs), sft_cfg.batch_size, step, cfg.seed)
             batch = sft_batch([convs[r] for r in rows], session.loaded.encoder.pad_token_id).to(session.device)
-            weights = None if sft_cfg.answer_weight == 1.0 else answer_weights(batch, answer_id, sft_cfg.answer_weight)
+            weights = (None if sft_cfg.answer_weight == 1.0 or answer_id is None  # sft_data: not None when weighted
+                       else answer_weights(batch, answer_id, sft_cfg.answer_weight))
             opt.zero_grad(set_to_none=True)
-            stats = sft_loss(model, batch, cfg.update.micro_batch_tokens, cfg.update.logprob_chunk,
-                             session.bf16, session.device, weights=weights, shared=sft_cfg.shared_prefix)
+            stats = sft_loss(model, batch, forward, weights=weights)
             grad_norm = clip_grads(params, cfg.update.grad_clip)
             completed = step + 1  # SFT step `completed`: after that many updates
             check_finite({"sft/loss": stats["loss"], "sft/grad_norm": grad_norm}, "sft", completed,
-                         session.last_checkpoint)
+                         last)
             lr = opt.param_groups[0]["lr"]
             opt.step()
-            check_module_finite(model, "policy weights after the update", "sft", completed, session.last_checkpoint)
+            check_module_finite(model, "policy weights after the update", "sft", completed, last)
             sched.step()
             dt = time.perf_counter() - t0
             session.logger.log(completed, {
@@ -323,9 +344,10 @@ def train_sft(session: Session, start_step: int = 0, resume_from: str | None = N
                 "perf/sft_tokens_per_s": batch.num_tokens / dt}, phase="sft")
             bar.update(completed, {"loss": stats["loss"], "acc": stats["token_accuracy"]})
             if completed == sft_cfg.steps or (cfg.log.checkpoint_every and completed % cfg.log.checkpoint_every == 0):
-                save_sft_checkpoint(session, model, opt, sched, completed)
+                last = save_sft_checkpoint(session, model, opt, sched, completed)
     finally:
         bar.close()
+    return last
 
 
 def sft_data(session: Session) -> tuple[list[Conversation], int | None]:
@@ -344,12 +366,12 @@ def sft_data(session: Session) -> tuple[list[Conversation], int | None]:
     return convs, answer_id
 
 
-def save_sft_checkpoint(session: Session, model: torch.nn.Module, opt: torch.optim.Optimizer, sched: Any,
-                        completed: int) -> None:
+def save_sft_checkpoint(session: Session, model: torch.nn.Module, opt: torch.optim.Optimizer,
+                        sched: torch.optim.lr_scheduler.LRScheduler, completed: int) -> str:
     """The checkpoint after SFT step ``completed`` (policy, optimizer, schedule, the data position,
-    the policy exported as a model directory); it becomes the session's last checkpoint."""
+    the policy exported as a model directory); returns its path."""
     log = session.cfg.log
     ck = save_checkpoint(session.run.checkpoints, "sft", completed, {"policy": model}, {"sft": opt},
                          {"sft": sched}, data_position={"sft_step": completed}, keep_last=log.keep_last,
                          export=policy_export(session, model))
-    session.last_checkpoint = str(ck)
+    return str(ck)

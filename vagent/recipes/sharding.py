@@ -16,14 +16,20 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from torch import nn
 
 from vagent.distributed import full_state_dict, root_of, shard_model, unsharded_copy, world
 from vagent.recipes.common import export_policy
 from vagent.recipes.session import Session
 
+if TYPE_CHECKING:
+    from vagent.models.loading import LoadedModel
+    from vagent.models.value import ReferenceModel, ValueModel
 
-def policy_to_copy(session: Session) -> Any:
+
+def policy_to_copy(session: Session) -> LoadedModel:
     """A LoadedModel whose model is unsharded (for deep copies): the session's own when the policy
     is not sharded (one process, or before the first recipe shards it), else a fresh load holding
     the sharded policy's current weights (every rank calls this)."""
@@ -31,23 +37,26 @@ def policy_to_copy(session: Session) -> Any:
     return session.loaded if model is session.loaded.model else dataclasses.replace(session.loaded, model=model)
 
 
-def shard_for_training(session: Session, critic: Any = None, ref: Any = None) -> None:
+def shard_for_training(session: Session, critic: ValueModel | None = None, ref: ReferenceModel | None = None) -> None:
     """FSDP2 on the policy (once per run), a separate critic and a reference model that is not the
     policy itself (see the module docstring). Build optimizers after this."""
     if not world().distributed:
         return
     dist_cfg, device = session.cfg.dist, session.device
-    kw = dict(bf16=session.bf16 and device.type == "cuda", cpu_offload=dist_cfg.cpu_offload,
-              reshard_after_forward=dist_cfg.reshard_after_forward)
+
+    def shard(model: nn.Module, also: Sequence[nn.Module] = ()) -> None:
+        shard_model(model, bf16=session.bf16 and device.type == "cuda", cpu_offload=dist_cfg.cpu_offload,
+                    reshard_after_forward=dist_cfg.reshard_after_forward, also=also)
+
     shares = critic is not None and critic.shares_backbone
-    shard_model(session.loaded.model, also=[critic] if shares else [], **kw)
+    shard(session.loaded.model, also=[critic] if critic is not None and shares else [])
     if critic is not None and not shares:
-        shard_model(critic, **kw)
+        shard(critic)
     if ref is not None and ref.model is not session.loaded.model:
-        shard_model(ref.model, **kw)
+        shard(ref.model)
 
 
-def policy_export(session: Session, model: Any) -> Callable[[Path], None]:
+def policy_export(session: Session, model: nn.Module) -> Callable[[Path], None]:
     """``export(out)`` for ``save_checkpoint``: the policy as a ``from_pretrained`` directory. A
     sharded policy's full weights are gathered (every rank calls ``export``) and rank 0 writes."""
     if root_of(model) is None:

@@ -1,48 +1,49 @@
-"""What PPO and GRPO share around their step: the rollout set-up (``StepLoop``), the training
-rollout (``train_rollout``), the token batch and its reward-variance filter (``filter_groups``), the KL to the reference (``reference_kl``), the engine/trainer gap (``off_policy``: ratio anchor,
-rollout correction, mismatch metrics), the update's context, the step's metrics record
-(``step_metrics``), validation, and the step's tail (log, validate, save samples, checkpoint, plot).
+"""What PPO and GRPO share around their step: the set-up (``rl_models``: reference model, critic,
+sharding, optimizers, schedules), the frame of the loop (``StepLoop``: the rollout driver, the
+progress bar, the step's tail), the training rollout the driver runs (``TrainRollout``) and the
+step's metrics record (``step_metrics``); the stages both run alike on the step's records are in
+``stages.py``. ``ppo.py`` and ``grpo.py`` differ in their models, advantages, update and own
+metrics (PPO's critic).
 
-``ppo.py`` and ``grpo.py`` differ in their models, advantages, update and own metrics (PPO's
-critic); what both do is here, once.
+Two counts, never mixed: ``updates_done`` (0..steps-1, what seeds a step's rollout and mini-batch
+order) and ``rl_step = updates_done + 1`` (1..steps, what metrics, rollouts, checkpoints and update
+errors carry).
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import asdict, replace
-from typing import TYPE_CHECKING, Any, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Collection, Iterator, Literal
 
 import torch
-from torch import Tensor
 
 from vagent.distributed import generation_mode
+from vagent.models.value import ReferenceModel, ValueModel, build_critic, reference_model
 from vagent.recipes.common import sampling_for, train_env_specs
+from vagent.recipes.optim import make_optimizer, make_scheduler
 from vagent.recipes.session import Session
-from vagent.recipes.sharding import policy_export
-from vagent.recipes.stages import (
-    Advantages, OffPolicy, PPOAdvantages, PPOScores, Scores, StepClock, StepOutcome, TrainState,
-)
-from vagent.recipes.update import UpdateContext
+from vagent.recipes.sharding import policy_export, policy_to_copy, shard_for_training
+from vagent.recipes.stages import BatchLayout, StepOutcome, TrainState
+from vagent.recipes.update import Learner, UpdateContext
 from vagent.recipes.validation import reward_metrics, validation_rollout, validation_turns
 from vagent.rl.advantages import masked_mean
-from vagent.rl.correction import CorrectionSettings, correct, k3_kl, mismatch_metrics
-from vagent.rl.filters import variance_filter
-from vagent.rl.losses import kl_penalty
-from vagent.rollout.batch import NoTrainableEpisodesError, TokenBatch, build_token_batch
 from vagent.rollout.canary import WeightCanary, default_tolerance, probe_for_run
-from vagent.rollout.driver import InFlight, RolloutDriver, close_env_factories, is_default, make_driver
+from vagent.rollout.driver import InFlight, RolloutDriver, close_env_factories, make_driver
 from vagent.rollout.hf_policy import HFPolicy
 from vagent.rollout.loop import RolloutResult, rollout_on_ranks
+from vagent.rollout.policy import Policy
 from vagent.rollout.records import error_headline
 from vagent.runs import StepProgress, load_object, plot_run, save_checkpoint, save_rollouts, save_token_rows
-from vagent.runs.errors import NonFiniteError, TrainingError, check_module_finite
+from vagent.runs.errors import NonFiniteError, check_module_finite
 from vagent.runs.rundir import due
 from vagent.runs.samples import save_validation
 
 if TYPE_CHECKING:
-    from vagent.recipes.config import GRPOConfig, PPOConfig, RunConfig, UpdateConfig
+    from vagent.recipes.config import RunConfig
     from vagent.rewards import ReasoningReward
+    from vagent.runs import Console
 
 
 def batch_mode(cfg: RunConfig) -> str:
@@ -52,24 +53,122 @@ def batch_mode(cfg: RunConfig) -> str:
     return "window" if cfg.rollout.window is not None else "concat"
 
 
-def start_rollouts(session: Session, reasoning: ReasoningReward | None) -> tuple[HFPolicy, RolloutDriver]:
-    """(the in-process policy validation (and the default rollout) uses, the driver of the
-    training rollouts).
+# --- set-up ------------------------------------------------------------------------------------
 
-    Where training rollouts are generated follows ``rollout.engine / replicas / schedule /
-    overlap``; on the default path ``StepLoop.rollout`` calls ``train_rollout`` with this policy
-    itself, and the driver only closes it. ``reasoning``: the run's reasoning reward (judges), or
-    None."""
+
+@dataclass(frozen=True)
+class RLModels:
+    """What PPO and GRPO set up alike before their first step: the reference model (with a KL
+    term), the critic (PPO), each role's trainer (``learners``: "actor", and PPO's "critic") and
+    ``state`` (modules, optimizers and schedules by name: what a checkpoint holds)."""
+
+    ref: ReferenceModel | None
+    critic: ValueModel | None
+    learners: dict[str, Learner]
+    state: TrainState
+
+    def step_schedules(self, held: Collection[str] = ()) -> dict[str, float]:
+        """The learning rates this step used (``optim/<role>_lr``), then one schedule step of every
+        role not ``held`` (PPO holds the actor's during the critic's warm-up: its schedule starts
+        with its first update)."""
+        lrs = {f"optim/{role}_lr": opt.param_groups[0]["lr"] for role, opt in self.state.optimizers.items()}
+        for role, schedule in self.state.schedulers.items():
+            if role not in held:
+                schedule.step()
+        return lrs
+
+
+def rl_models(session: Session, critic_backbone: Literal["shared", "separate"] | None = None) -> RLModels:
+    """Build the critic (``critic_backbone``; None: no critic, GRPO) from the policy's backbone and
+    the reference model (``update.kl_coef > 0``) from the policy, shard them with the policy in a
+    job of several ranks, and make each role's optimizer and schedule (the actor at
+    ``update.actor_lr``, the critic at ``ppo.critic_lr``; a shared critic trains its head only)."""
+    cfg, settings, model = session.cfg, session.cfg.update, session.loaded.model
+    source = policy_to_copy(session) if critic_backbone or settings.kl_coef > 0 else None  # one process: `loaded`
+    critic = (build_critic(source, share_backbone=critic_backbone == "shared", device=session.device)
+              if critic_backbone and source is not None else None)
+    ref = reference_model(source) if settings.kl_coef > 0 and source is not None else None
+    del source
+    shard_for_training(session, critic, ref)
+    modules: dict[str, torch.nn.Module] = {"policy": model}
+    params = {"actor": [q for q in model.parameters() if q.requires_grad]}
+    lrs = {"actor": settings.actor_lr}
+    if critic is not None:
+        modules["critic"] = critic
+        params["critic"] = (list(critic.value_head.parameters()) if critic.shares_backbone
+                            else [q for q in critic.parameters() if q.requires_grad])
+        lrs["critic"] = cfg.ppo.critic_lr
+    opts = {role: make_optimizer(params[role], lrs[role], settings.weight_decay) for role in params}
+    schedules = {role: make_scheduler(opt, settings.warmup_steps, cfg.steps, settings.lr_schedule)
+                 for role, opt in opts.items()}
+    learners = {role: Learner(modules["policy" if role == "actor" else role], params[role], opts[role])
+                for role in params}
+    return RLModels(ref, critic, learners, TrainState(modules, dict(opts), dict(schedules)))
+
+
+# --- the loop's frame ------------------------------------------------------------------------------
+
+
+@dataclass
+class LastCheckpoint:
+    """The run's newest checkpoint (the one the loop started after, then each one it writes), named
+    by a NonFiniteError or a failed weight push as the last good one; calling it gives the path."""
+
+    path: str | None = None
+
+    def __call__(self) -> str | None:
+        return self.path
+
+
+@dataclass(frozen=True)
+class TrainRollout:
+    """The training rollout of an RL step, as the rollout driver calls it
+    (``vagent.rollout.driver.RolloutRun``): the step's train-split env seeds and sampling, the
+    reasoning judges (``judge``, or None), the envs split over the ranks of a job.
+
+    ``run(policy, updates_done, unshard)``: the episodes of RL step ``updates_done + 1``;
+    ``unshard``: the policy generates with the trainer's ``model``, gathered once for the rollout
+    when sharded (False for a separate generator: engine replicas or vLLM, which leave the
+    trainer's parameters alone). If generation fails because the weights hold NaN/inf, it says so
+    (NonFiniteError, naming ``last_checkpoint``) instead of a sampler error."""
+
+    cfg: RunConfig
+    model: torch.nn.Module
+    judge: ReasoningReward | None
+    last_checkpoint: LastCheckpoint
+
+    def __call__(self, policy: Policy, step: int, unshard: bool) -> RolloutResult:
+        cfg, updates_done = self.cfg, step
+        try:
+            with generation_mode(self.model) if unshard else contextlib.nullcontext():
+                return rollout_on_ranks(train_env_specs(cfg, updates_done), policy, sampling_for(cfg, updates_done),
+                                        group_size=cfg.rollout.group_size, max_turns=cfg.rollout.max_turns,
+                                        mode=cfg.rollout.mode, window=cfg.rollout.window, judge=self.judge,
+                                        schedule=cfg.rollout.schedule)
+        except RuntimeError as exc:
+            # named by the weights' age: after `updates_done` updates ("rl step 0": the policy before RL)
+            check_module_finite(self.model, "policy weights", "rl", updates_done, self.last_checkpoint.path)
+            if "inf" in str(exc).lower() or "nan" in str(exc).lower():
+                raise NonFiniteError("the policy's next-token probabilities during the rollout (the weights are "
+                                     "finite but the forward pass overflowed)", float("nan"), "rl", updates_done,
+                                     self.last_checkpoint.path) from exc
+            raise
+
+
+def start_rollouts(session: Session, judge: ReasoningReward | None,
+                   last_checkpoint: LastCheckpoint) -> tuple[HFPolicy, RolloutDriver]:
+    """(the in-process policy validation uses, the driver of the training rollouts: ``make_driver``
+    decides once, from ``rollout.engine / replicas / schedule / overlap``, where they are generated;
+    on the default path with that same policy)."""
     cfg, loaded = session.cfg, session.loaded
     policy = HFPolicy(loaded, prefix_cache=cfg.rollout.prefix_cache, max_context_tokens=cfg.model.max_context_tokens)
-    driver = make_driver(cfg, loaded, policy,
-                         lambda pol, k, unshard: train_rollout(session, pol, k, reasoning, unshard=unshard),
+    driver = make_driver(cfg, loaded, policy, TrainRollout(cfg, loaded.model, judge, last_checkpoint),
                          model_dir=session.model_dir, fresh_model=session.load_fresh_model,
-                         canary=weight_canary(session))
+                         canary=weight_canary(session, last_checkpoint))
     return policy, driver
 
 
-def weight_canary(session: Session) -> WeightCanary | None:
+def weight_canary(session: Session, last_checkpoint: LastCheckpoint) -> WeightCanary | None:
     """The weight-push canary of a run whose generator has weights of its own (engine replicas or
     vLLM; ``rollout.canary``), on the run's probe (``<run>/canary_probe.pt``), with the tolerance
     of ``rollout.canary_tolerance`` or the engine's and trainer's dtypes; None otherwise."""
@@ -83,7 +182,7 @@ def weight_canary(session: Session) -> WeightCanary | None:
     tolerance = settings.canary_tolerance or default_tolerance(engine, trainer)
     session.console.print(f"weight canary: after every push the engine ({engine}) and the trainer ({trainer}) score "
                           f"{note}; a log-prob gap over {tolerance:g} stops the run")
-    return WeightCanary(prompts, session.loaded.model, tolerance, lambda: session.last_checkpoint)
+    return WeightCanary(prompts, session.loaded.model, tolerance, last_checkpoint)
 
 
 class StepLoop:
@@ -91,29 +190,35 @@ class StepLoop:
     progress bar on entry; on exit the bar, the driver and the remote envs' connection pools
     (``close_env_factories``) closed, also when the set-up itself fails after the driver started
     (no Ray cluster or engine is left running); a resume (``resume_from``) of an overlapped run
-    hands the checkpoint's in-flight rollout back to the driver (``resume_in_flight``);
-    ``steps()`` validates at step 0 (the policy after SFT) on a fresh run, then yields the number
-    of updates done before each step; ``finish(outcome, state)`` runs the step's tail and keeps the
-    last validation's metrics."""
+    hands the checkpoint's in-flight rollout back to the driver (``resume_in_flight``).
+
+    ``steps()`` validates at RL step 0 (the policy after SFT) on a fresh run, then yields
+    ``updates_done`` before each step; ``rollout`` is the driver's ``get`` on every configuration;
+    ``finish`` runs the step's tail. The loop keeps the run's newest checkpoint
+    (``last_checkpoint``) and hands the stages what they need of the session (``layout``,
+    ``image_token_id``, ``update_context``)."""
 
     policy: HFPolicy
     driver: RolloutDriver
     bar: StepProgress
 
-    def __init__(self, session: Session, start_step: int, resume_from: str | None = None) -> None:
-        self.session, self.start_step, self.resume_from = session, start_step, resume_from
+    def __init__(self, session: Session, updates_done: int, resume_from: str | None = None,
+                 last_checkpoint: str | None = None) -> None:
+        self.session, self.start, self.resume_from = session, updates_done, resume_from
+        self.last_checkpoint = LastCheckpoint(last_checkpoint if last_checkpoint is not None else resume_from)
         self.last_val: dict[str, float] = {}
-        self.reasoning: ReasoningReward | None = None
+        encoder = session.loaded.encoder
+        self.layout = BatchLayout(batch_mode(session.cfg), encoder.pad_token_id, session.device)
+        self.image_token_id: int | None = encoder.image_token_id
 
     def __enter__(self) -> StepLoop:
         cfg = self.session.cfg
-        self.reasoning = self.session.reasoning_reward()
-        self.policy, self.driver = start_rollouts(self.session, self.reasoning)
+        self.policy, self.driver = start_rollouts(self.session, self.session.reasoning_reward(), self.last_checkpoint)
         try:
             if self.resume_from is not None and cfg.rollout.overlap:
-                resume_in_flight(self.session, self.driver, self.resume_from, self.start_step)
+                resume_in_flight(self.session, self.driver, self.resume_from, self.start)
             self.bar = StepProgress(cfg.steps, cfg.recipe.upper(), self.session.console, cfg.log.progress,
-                                    start=self.start_step)
+                                    start=self.start)
         except BaseException:
             self.driver.close()
             raise
@@ -129,31 +234,96 @@ class StepLoop:
                 close_env_factories()  # the remote env entries' connection pools
 
     def steps(self) -> Iterator[int]:
+        """``updates_done`` before each RL step: this one makes RL step ``updates_done + 1``."""
         cfg = self.session.cfg
-        if cfg.val.every and self.start_step == 0:  # step 0: the policy before RL (after SFT)
-            self.last_val = log_validation(self.session, self.policy, 0)
-        yield from range(self.start_step, cfg.steps)  # `step` updates done; this one makes RL step step + 1
+        if cfg.val.every and self.start == 0:  # RL step 0: the policy before RL (after SFT)
+            self.last_val = self.validate(0)
+        yield from range(self.start, cfg.steps)
 
-    def rollout(self, step: int) -> RolloutResult:
-        """The training episodes of RL step ``step + 1``: on the default path (in process,
-        lockstep, no overlap) ``train_rollout`` with the loop's policy, called here; otherwise the
-        driver's (engine replicas, vLLM, the async schedule, overlap: ``vagent.rollout.driver``)."""
-        if is_default(self.session.cfg.rollout):
-            return train_rollout(self.session, self.policy, step, self.reasoning)
-        return self.driver.get(step)
+    def rollout(self, updates_done: int) -> RolloutResult:
+        """The episodes of RL step ``updates_done + 1``, from the driver on every configuration."""
+        return self.driver.get(updates_done)
+
+    def update_context(self, updates_done: int, temperature: float) -> UpdateContext:
+        """Where and how the update of RL step ``updates_done + 1`` runs."""
+        session = self.session
+        return UpdateContext(session.device, session.bf16, session.cfg.seed, updates_done, self.last_checkpoint.path,
+                             temperature)
 
     def finish(self, outcome: StepOutcome, state: TrainState) -> None:
-        self.last_val = after_step(self.session, outcome, self.policy, state, self.bar, self.driver) or self.last_val
+        """After RL step ``outcome.rl_step`` (1..steps): log its metrics (``step_metrics``),
+        validate on the ``val.every`` schedule, save its rollouts and token rows, then checkpoint
+        and redraw plots on their schedules. Everything labelled with the step is written before
+        that step's checkpoint (a resume keeps it), and so is the driver's rollout in flight
+        (``rollout.overlap: 1``: the next step's episodes, ``inflight.pt``)."""
+        session, cfg, rl_step = self.session, self.session.cfg, outcome.rl_step
+        metrics = step_metrics(outcome, cfg.update.epochs)
+        session.logger.log(rl_step, metrics, phase="rl")
+        report_errors(session.console, outcome)
+        self.bar.update(rl_step, shown_values(metrics, outcome.shown))
+        if due(cfg.val.every, rl_step, cfg.steps):
+            self.last_val = self.validate(rl_step)
+        if due(cfg.log.rollouts_every, rl_step, cfg.steps):  # the episodes the update trained on, for `vagent view`
+            self.save_samples(outcome)
+        if rl_step == cfg.steps or due(cfg.log.checkpoint_every, rl_step, cfg.steps):  # the last step always
+            self.checkpoint(rl_step, state)
+        if cfg.log.plots and due(cfg.log.plot_every, rl_step, cfg.steps):
+            plot_run(session.run.metrics, session.run.plots)
+
+    def validate(self, rl_step: int) -> dict[str, float]:
+        """Validate (greedy, val split), log ``val/*`` at ``rl_step`` (= RL steps completed) and, when
+        ``log.rollouts_every`` is on, save every validation episode as ``rollouts/val_<6-digit step>.jsonl``
+        (``vagent.runs.samples.save_validation``; docs/viewer.md)."""
+        session = self.session
+        # plain lines (the RL bar may be live): every 20 s of a long validation, with ETA, and at its end
+        turns = validation_turns(session.cfg)
+        progress = StepProgress(turns, f"validation @ step {rl_step}", session.console, enabled=False, every=turns,
+                                interval_s=20.0)
+        with generation_mode(session.loaded.model):
+            result = validation_rollout(self.policy, session.cfg, progress)
+        metrics = result.metrics
+        session.logger.log(rl_step, metrics, phase="rl")
+        if session.cfg.log.rollouts_every:
+            save_validation(session.run.rollouts, rl_step, result.episodes, session.cfg.log.rollouts_max_mb)
+        session.console.print(
+            f"validation @ step {rl_step}: success {metrics.get('val/success_rate', 0):.3f}, "
+            f"return {metrics.get('val/return', 0):.3f}, format {metrics.get('val/format_accuracy', 0):.3f} "
+            f"({metrics['val/time_s']:.1f}s)"
+        )
+        return metrics
+
+    def save_samples(self, outcome: StepOutcome) -> None:
+        """The step's episodes (``rollouts/``) and token rows with their log-probs, advantages and,
+        where the recipe has them, values and returns (PPO)."""
+        session, log = self.session, self.session.cfg.log
+        save_rollouts(session.run.rollouts, outcome.rl_step, outcome.episodes, log.rollouts_n, log.rollouts_max_mb)
+        save_token_rows(session.run.rollouts, outcome.rl_step, log, outcome.batch, session.loaded.encoder,
+                        logprobs=outcome.scores.old_logprobs, advantages=outcome.advantages.advantages,
+                        values=outcome.values, returns=outcome.returns)
+
+    def checkpoint(self, rl_step: int, state: TrainState) -> None:
+        """The checkpoint after RL step ``rl_step``, with the driver's rollout in flight; it becomes
+        the loop's ``last_checkpoint``."""
+        session = self.session
+        in_flight = self.driver.in_flight()
+        if in_flight is not None:  # the run that sampled it: a resume refuses another run's
+            in_flight = replace(in_flight, run_id=_run_id(session.run.root))
+        ck = save_checkpoint(
+            session.run.checkpoints, "rl", rl_step, state.modules, state.optimizers, state.schedulers,
+            data_position={"rl_step": rl_step}, keep_last=session.cfg.log.keep_last,
+            export=policy_export(session, state.modules["policy"]), objects={"inflight": in_flight},
+        )
+        self.last_checkpoint.path = str(ck)
 
 
 def resume_in_flight(session: Session, driver: RolloutDriver, checkpoint: str, step: int) -> None:
     """Give an overlapped run's driver the rollout its checkpoint had in flight (``inflight.pt``,
-    read as data), so step ``step + 1`` trains on the episodes the uninterrupted run trained on,
-    sampled with the same (one update older) weights. A checkpoint without one (the last step of a
-    run whose ``steps`` the resume raised, or an older vagent's) resumes with fresh episodes, and
-    the console says so; a record of another step or another run (``InFlight.run_id`` against
-    run.json's) is a one-line CheckpointError (the checkpoint choice skips such a checkpoint
-    already: ``vagent.runs.checkpoint.identity_problem``)."""
+    read as data), so RL step ``step + 1`` (``step`` updates done) trains on the episodes the
+    uninterrupted run trained on, sampled with the same (one update older) weights. A checkpoint
+    without one (the last step of a run whose ``steps`` the resume raised, or an older vagent's)
+    resumes with fresh episodes, and the console says so; a record of another step or another run
+    (``InFlight.run_id`` against run.json's) is a one-line CheckpointError (the checkpoint choice
+    skips such a checkpoint already: ``vagent.runs.checkpoint.identity_problem``)."""
     from vagent.runs.checkpoint import CheckpointError, in_flight_problem
 
     saved = load_object(checkpoint, "inflight")
@@ -164,7 +334,7 @@ def resume_in_flight(session: Session, driver: RolloutDriver, checkpoint: str, s
                                   "checkpoint's weights (rollout/weights_lag 0), where an uninterrupted run would have "
                                   "sampled it one update earlier")
         return
-    problem = in_flight_problem(saved, step, _run_id(session))
+    problem = in_flight_problem(saved, step, _run_id(session.run.root))
     if problem is None and not isinstance(saved, InFlight):
         problem = f"inflight.pt holds a {type(saved).__name__}, not the in-flight rollout vagent saves"
     if problem is not None:
@@ -173,199 +343,48 @@ def resume_in_flight(session: Session, driver: RolloutDriver, checkpoint: str, s
     driver.resume_in_flight(saved, step)
 
 
-def _run_id(session: Session) -> str | None:
+def _run_id(run_root: Path) -> str | None:
     """The run id in the run directory's run.json (None without one: an older vagent's run)."""
     from vagent.runs.identity import read_run_identity
 
-    identity = read_run_identity(session.run.root)
+    identity = read_run_identity(run_root)
     return identity.run_id if identity is not None else None
 
 
-def train_rollout(session: Session, policy: Any, step: int, reasoning: ReasoningReward | None,
-                  unshard: bool = True) -> RolloutResult:
-    """The training rollout of RL ``step`` (sampled, train-split seeds of the step). ``unshard``: the
-    policy generates with the trainer's model, gathered once for the rollout when sharded (False
-    for a separate generator: engine replicas or vLLM, which leave the trainer's parameters alone).
-    If generation fails because the policy's weights hold NaN/inf, say so (NonFiniteError) instead
-    of a sampler error."""
-    cfg = session.cfg
-    try:
-        with generation_mode(session.loaded.model) if unshard else contextlib.nullcontext():
-            return rollout_on_ranks(train_env_specs(cfg, step), policy, sampling_for(cfg, step),
-                                    group_size=cfg.rollout.group_size, max_turns=cfg.rollout.max_turns,
-                                    mode=cfg.rollout.mode, window=cfg.rollout.window, judge=reasoning,
-                                    schedule=cfg.rollout.schedule)
-    except RuntimeError as exc:
-        check_module_finite(session.loaded.model, "policy weights", "rl", step, session.last_checkpoint)
-        if "inf" in str(exc).lower() or "nan" in str(exc).lower():
-            raise NonFiniteError("the policy's next-token probabilities during the rollout (the weights are "
-                                 "finite but the forward pass overflowed)", float("nan"), "rl", step,
-                                 session.last_checkpoint) from exc
-        raise
+# --- the step's record and tail --------------------------------------------------------------------
 
 
-def token_batch(session: Session, episodes: RolloutResult) -> TokenBatch:
-    """The episodes' token rows (concat / window / no_concat, as configured) on the run's device;
-    TrainingError (one line, naming the episodes' error) when no episode can be trained on."""
-    pad = session.loaded.encoder.pad_token_id
-    try:
-        return build_token_batch(episodes, mode=batch_mode(session.cfg), pad_token_id=pad).to(session.device)
-    except NoTrainableEpisodesError as exc:
-        raise TrainingError(str(exc)) from exc
-
-
-def filter_groups(batch: TokenBatch, settings: GRPOConfig | PPOConfig) -> tuple[TokenBatch, float, dict[str, float]]:
-    """(kept rows of the batch, advantage scale, filter/* metrics) of the reward-variance filter
-    ``settings.filter`` / ``filter_value`` (the recipe's: ``cfg.grpo`` or ``cfg.ppo``), over the
-    groups' trajectory returns (``batch.episode_returns``)."""
-    if settings.filter == "none":
-        return batch, 1.0, {}
-    trajs, row_traj = torch.unique(batch.traj_ids, return_inverse=True)
-    first = torch.full((trajs.numel(),), batch.batch_size, dtype=torch.long, device=row_traj.device)
-    first = first.scatter_reduce(0, row_traj, torch.arange(batch.batch_size, device=row_traj.device), "amin")
-    result = variance_filter(batch.episode_returns[first], batch.group_ids[first], settings.filter,
-                             settings.filter_value)
-    keep_traj = torch.zeros(trajs.numel(), dtype=torch.bool, device=row_traj.device)
-    keep_traj[result.kept_indices.to(row_traj.device)] = True
-    rows = keep_traj[row_traj].nonzero()[:, 0]
-    return batch.select(rows), result.scale, result.metrics
-
-
-def reference_kl(scores: Scores, M: Tensor, settings: UpdateConfig) -> Tensor | None:
-    """[B, L] the per-token KL of pi_old to the reference (``update.kl_kind``) on M (0 elsewhere), or
-    None without a reference model: PPO puts it in the rewards (``update.kl_in: reward``); both
-    recipes log its mean over M (``actor/kl_ref``)."""
-    if scores.ref_logprobs is None:
-        return None
-    return kl_penalty(scores.old_logprobs, scores.ref_logprobs, settings.kl_kind) * M
-
-
-def update_context(session: Session, step: int, temperature: float) -> UpdateContext:
-    """Where and how the update of RL step ``step + 1`` runs (``step`` updates done before it)."""
-    return UpdateContext(session.device, session.bf16, session.cfg.seed, step, session.last_checkpoint, temperature)
-
-
-def step_metrics(cfg: RunConfig, episodes: RolloutResult, batch: TokenBatch, scores: Scores, estimate: Advantages,
-                 stats: dict[str, float], clock: StepClock, own: dict[str, float], backbones: int) -> dict[str, float]:
-    """An RL step's record (docs/metrics.md), in this order: rollout, reward, filter, mismatch and
-    loss/optim ``stats``, the trainer's log-prob gap, the recipe's ``own`` metrics (PPO's critic/,
-    GRPO's advantage size), the batch's, the timings and the KL to the reference. ``backbones``:
-    backbone passes the update ran per token and epoch (perf/update_tokens_per_s)."""
+def step_metrics(outcome: StepOutcome, epochs: int) -> dict[str, float]:
+    """An RL step's record (docs/metrics.md), merged here and nowhere else, in this order: rollout,
+    reward, the stages' (filter, mismatch, correction, loss/optim), the trainer's log-prob gap, the
+    recipe's own (PPO's critic/, GRPO's advantage size), the batch's, the timings and the KL to the
+    reference. ``epochs``: ``update.epochs`` (perf/update_tokens_per_s counts every pass)."""
+    episodes, batch, clock = outcome.episodes, outcome.batch, outcome.clock
     M = batch.loss_mask
-    metrics = {**episodes.metrics, **reward_metrics(episodes), **stats}
+    metrics = {**episodes.metrics, **reward_metrics(episodes)}
+    for part in outcome.stage_metrics:
+        metrics.update(part)
     metrics.update({
-        "actor/logprob_diff": float(masked_mean((scores.old_logprobs - batch.old_logprobs).abs(), M)),
-        **own,
+        "actor/logprob_diff": float(masked_mean((outcome.scores.old_logprobs - batch.old_logprobs).abs(), M)),
+        **outcome.own,
         "rollout/batch_rows": float(batch.batch_size),
         "rollout/batch_tokens": float(batch.num_tokens),
         "rollout/sampled_tokens": float(M.sum()),
         "perf/step_time_s": clock.step_s,
         "perf/update_time_s": clock.update_s,
-        "perf/update_tokens_per_s": batch.num_tokens * cfg.update.epochs * backbones / max(1e-9, clock.update_s),
+        "perf/update_tokens_per_s": batch.num_tokens * epochs * outcome.backbones / max(1e-9, clock.update_s),
     })
-    if estimate.kl_ref is not None:
-        metrics["actor/kl_ref"] = estimate.kl_ref
+    if outcome.advantages.kl_ref is not None:
+        metrics["actor/kl_ref"] = outcome.advantages.kl_ref
     return metrics
 
 
-def image_context(batch: TokenBatch, image_token_id: int | None) -> Tensor:
-    """[B, L] bool: whether an image is in the context of each position (an image placeholder at or
-    before it in its row); without a known placeholder id, whether the row has an image at all."""
-    if image_token_id is None:
-        return (batch.n_images > 0)[:, None].expand_as(batch.input_ids)
-    return (batch.input_ids == image_token_id).long().cumsum(1) > 0
-
-
-def off_policy(cfg: RunConfig, batch: TokenBatch, scores: Scores, image_token_id: int | None = None) -> OffPolicy:
-    """The engine/trainer gap of a batch and what the update does about it (docs/algorithms.md
-    "Rollout correction"): ``batch.old_logprobs`` are the engine's sampling-time log-probs,
-    ``scores.old_logprobs`` the trainer's of the same tokens.
-
-    - ``rollout.overlap: 0``: both are at the same weights, so their gap is the engines' numerics
-      (or a bad push): ``mismatch/*`` (all tokens, and split by image in context). The ratio is
-      taken against log pi_old (the trainer's).
-    - ``rollout.overlap: 1``: the batch was sampled one update ago: ``mismatch/staleness`` is logged
-      by the driver, ``mismatch/behaviour_proximal_kl`` here; without a correction the ratio is
-      taken against the behaviour (sampling-time) log-probs, as before.
-    - ``rollout_correction`` on: the ratio is taken against the trainer's log-probs (the proximal
-      policy with overlap 1: decoupled PPO), times the truncated IS weights, without the rejected
-      tokens (``vagent.rl.correction.correct``).
-    """
-    engine, trainer, M = batch.old_logprobs, scores.old_logprobs, batch.loss_mask
-    if cfg.rollout.overlap:
-        metrics = {"mismatch/behaviour_proximal_kl": k3_kl(trainer, engine, M)}
-    else:
-        metrics = mismatch_metrics(trainer, engine, M, image_context(batch, image_token_id))
-    settings = CorrectionSettings(**asdict(cfg.rollout_correction))
-    if not settings.active:
-        anchor = engine * M if cfg.rollout.overlap else trainer
-        return OffPolicy(anchor, None, M, metrics)
-    fix = correct(trainer, engine, M, settings)
-    return OffPolicy(trainer, fix.weights, fix.mask, metrics | fix.metrics)
-
-
-def log_validation(session: Session, policy: HFPolicy, step: int) -> dict[str, float]:
-    """Validate (greedy, val split), log ``val/*`` at ``step`` (= RL steps completed) and, when
-    ``log.rollouts_every`` is on, save every validation episode as ``rollouts/val_<6-digit step>.jsonl``
-    (``vagent.runs.samples.save_validation``; docs/viewer.md)."""
-    # plain lines (the RL bar may be live): every 20 s of a long validation, with ETA, and at its end
-    turns = validation_turns(session.cfg)
-    progress = StepProgress(turns, f"validation @ step {step}", session.console, enabled=False, every=turns,
-                            interval_s=20.0)
-    with generation_mode(session.loaded.model):
-        result = validation_rollout(policy, session.cfg, progress)
-    metrics = result.metrics
-    session.logger.log(step, metrics, phase="rl")
-    if session.cfg.log.rollouts_every:
-        save_validation(session.run.rollouts, step, result.episodes, session.cfg.log.rollouts_max_mb)
-    session.console.print(
-        f"validation @ step {step}: success {metrics.get('val/success_rate', 0):.3f}, "
-        f"return {metrics.get('val/return', 0):.3f}, format {metrics.get('val/format_accuracy', 0):.3f} "
-        f"({metrics['val/time_s']:.1f}s)"
-    )
-    return metrics
-
-
-def after_step(session: Session, outcome: StepOutcome, policy: HFPolicy, state: TrainState,
-               bar: StepProgress, driver: RolloutDriver | None = None) -> dict[str, float] | None:
-    """After RL step ``outcome.step`` (1..steps): log its metrics, validate on the ``val.every``
-    schedule, save its rollouts and token rows, then checkpoint and redraw plots on their
-    schedules; returns the validation metrics if it ran. Everything labelled with the step is
-    written before that step's checkpoint (a resume keeps it), and so is the ``driver``'s rollout
-    in flight (``rollout.overlap: 1``: the next step's episodes, ``inflight.pt``)."""
-    cfg, log, step = session.cfg, session.cfg.log, outcome.step
-    session.logger.log(step, outcome.metrics, phase="rl")
-    report_errors(session, outcome)
-    bar.update(step, shown_values(session, outcome))
-    val = log_validation(session, policy, step) if due(cfg.val.every, step, cfg.steps) else None
-    if due(log.rollouts_every, step, cfg.steps):  # the episodes update `step` trained on, for `vagent view`
-        save_rollouts(session.run.rollouts, step, outcome.episodes, log.rollouts_n, log.rollouts_max_mb)
-        scores, estimate = outcome.scores, outcome.advantages
-        save_token_rows(session.run.rollouts, step, log, outcome.batch, session.loaded.encoder,
-                        logprobs=scores.old_logprobs, advantages=estimate.advantages,
-                        values=scores.values if isinstance(scores, PPOScores) else None,
-                        returns=estimate.returns if isinstance(estimate, PPOAdvantages) else None)
-    if step == cfg.steps or due(log.checkpoint_every, step, cfg.steps):  # the last step always
-        in_flight = driver.in_flight() if driver is not None else None
-        if in_flight is not None:  # the run that sampled it: a resume refuses another run's
-            in_flight = replace(in_flight, run_id=_run_id(session))
-        ck = save_checkpoint(
-            session.run.checkpoints, "rl", step, state.modules, state.optimizers, state.schedulers,
-            data_position={"rl_step": step}, keep_last=log.keep_last,
-            export=policy_export(session, state.modules["policy"]), objects={"inflight": in_flight},
-        )
-        session.last_checkpoint = str(ck)
-    if log.plots and due(log.plot_every, step, cfg.steps):
-        plot_run(session.run.metrics, session.run.plots)
-    return val
-
-
-def report_errors(session: Session, outcome: StepOutcome) -> None:
+def report_errors(console: Console, outcome: StepOutcome) -> None:
     """Episodes that failed are counted in rollout/errors and left out of the batch: say what happened."""
     errors = [e for e in outcome.episodes if e.error is not None]
     if errors:
-        session.console.print(f"step {outcome.step}: {len(errors)} episode(s) failed and were left out; first: "
-                              f"{error_headline(errors[0].error)}")
+        console.print(f"step {outcome.rl_step}: {len(errors)} episode(s) failed and were left out; first: "
+                      f"{error_headline(errors[0].error)}")
 
 
 #: the progress bar's fields and the metrics they show
@@ -373,15 +392,8 @@ _SHOWN = {"reward": "reward/mean", "success": "rollout/success_rate", "policy_lo
           "value_loss": "loss/value"}
 
 
-def shown_values(session: Session, outcome: StepOutcome) -> dict[str, float | str]:
-    """The progress bar's values of a step; PPO's also say whether the actor is still in the critic's
-    warm-up (and the console says when it ends)."""
-    cfg, metrics, step = session.cfg, outcome.metrics, outcome.step
+def shown_values(metrics: dict[str, float], own: dict[str, str]) -> dict[str, float | str]:
+    """The progress bar's values of a step: the metrics of ``_SHOWN`` it has, then the recipe's own
+    fields (``StepOutcome.shown``: PPO's actor warm-up state)."""
     shown: dict[str, float | str] = {name: metrics[k] for name, k in _SHOWN.items() if k in metrics}
-    if "actor/updated" in metrics:
-        warmup = cfg.ppo.critic_warmup_steps
-        shown["actor"] = "updated" if metrics["actor/updated"] else f"critic-warm-up({step}/{warmup})"
-        if warmup and metrics["actor/updated"] and step == warmup + 1:
-            session.console.print(f"RL step {step}: the critic's warm-up is over ({warmup} step(s)); the actor "
-                                  "updates from this step on")
-    return shown
+    return {**shown, **own}

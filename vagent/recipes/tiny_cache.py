@@ -22,7 +22,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from types import FrameType
+from typing import Callable, Sequence
 
 from filelock import FileLock, Timeout
 
@@ -31,7 +32,7 @@ from vagent.distributed import world as current_world
 from vagent.models.loading import resolve_model_path
 from vagent.models.tiny import build_tiny_vlm, tokenizer_corpus
 from vagent.recipes.config import EnvEntry, ModelConfig, RunConfig, pretrain_env_entries
-from vagent.recipes.pretrain import Pace, pretrain_captions
+from vagent.recipes.pretrain import CaptionStage, Pace, pretrain_captions
 from vagent.runs.progress import format_duration
 
 
@@ -127,7 +128,7 @@ def _sigterm_interrupts():
         yield
         return
 
-    def interrupt(signum: int, frame: Any) -> None:
+    def interrupt(signum: int, frame: FrameType | None) -> None:
         stream = sys.__stderr__
         if stream is not None:
             with contextlib.suppress(ValueError, OSError, AttributeError):  # no file descriptor
@@ -155,17 +156,19 @@ def build_tiny(m: ModelConfig, envs: Sequence[EnvEntry], tmp: Path, name: str,
         two_stage = m.tiny_pretrain_relation_steps > 0 and bool(m.tiny_pretrain_relations)
         steps = m.tiny_pretrain_steps + (m.tiny_pretrain_relation_steps if two_stage else 0)
         say(f"caption-pretraining it for {m.tiny_pretrain_steps} steps (image -> board description) ...")
-        pretrain_captions(tmp, envs, m.tiny_pretrain_steps, batch_size=m.tiny_pretrain_batch,
-                          lr=m.tiny_pretrain_lr, seed=m.tiny_seed,
-                          relations=() if two_stage else tuple(m.tiny_pretrain_relations), say=say,
+        grid = CaptionStage(steps=m.tiny_pretrain_steps, batch_size=m.tiny_pretrain_batch, lr=m.tiny_pretrain_lr,
+                            seed=m.tiny_seed, relations=() if two_stage else tuple(m.tiny_pretrain_relations))
+        pretrain_captions(tmp, envs, grid, say=say,
                           on_pace=lambda pace: say_estimate(pace, t_build, steps, 2 if two_stage else 1, say))
         if two_stage:
             say(f"then {m.tiny_pretrain_relation_steps} steps on captions that add where the "
                 f"{', '.join(m.tiny_pretrain_relations)} is (on fresh boards) ...")
-            pretrain_captions(tmp, envs, m.tiny_pretrain_relation_steps, batch_size=m.tiny_pretrain_batch,
-                              lr=m.tiny_pretrain_lr, seed=m.tiny_seed + 1, relations=tuple(m.tiny_pretrain_relations),
-                              n_per_env=m.tiny_pretrain_relation_steps * m.tiny_pretrain_batch, stage="relations",
-                              first_board=_RELATION_BOARDS_FROM, say=say)
+            relations = CaptionStage(steps=m.tiny_pretrain_relation_steps, stage="relations",
+                                     relations=tuple(m.tiny_pretrain_relations),
+                                     n_per_env=m.tiny_pretrain_relation_steps * m.tiny_pretrain_batch,
+                                     first_board=_RELATION_BOARDS_FROM, batch_size=m.tiny_pretrain_batch,
+                                     lr=m.tiny_pretrain_lr, seed=m.tiny_seed + 1)
+            pretrain_captions(tmp, envs, relations, say=say)
 
 
 def say_estimate(pace: Pace, t_build: float, steps: int, stages: int, say: Callable[[str], None]) -> None:
@@ -186,7 +189,7 @@ def about(seconds: float) -> str:
     return f"about {minutes} minute{'s' if minutes != 1 else ''}"
 
 
-def prepare_model_once(cfg: RunConfig, console: Any) -> Path:
+def prepare_model_once(cfg: RunConfig, console: Callable[[str], None]) -> Path:
     """``prepare_model``; in a job, a tiny model that still has to be caption-pretrained is built
     by every rank together (:func:`build_tiny_spmd`); anything else rank 0 prepares alone while the
     other ranks wait for the model directory to appear. Every rank must see cache_dir."""
@@ -207,18 +210,18 @@ def prepare_model_once(cfg: RunConfig, console: Any) -> Path:
     return path
 
 
-def build_tiny_spmd(cfg: RunConfig, console: Any) -> None:
+def build_tiny_spmd(cfg: RunConfig, console: Callable[[str], None]) -> None:
     """Build and caption-pretrain the tiny model with every rank of the job, in one folder (Hugging
     Face's ``save_pretrained`` writes from rank 0 only); the caption pretraining is sharded
     (``pretrain.py``); rank 0 puts the folder in place under the cache's lock (``prepare_model``'s
     protocol: a folder with config.json is whole; another process that built it first wins)."""
     world, out = current_world(), tiny_model_dir(cfg.model, cfg.envs)
     # not "<name>.tmp-*": prepare_model deletes those as left by killed builds, and ours is running
-    tmp = None
+    made: str | None = None
     if world.is_main:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = tempfile.mkdtemp(prefix=f"{out.name}.spmd-", dir=out.parent)
-    tmp = Path(broadcast_object(tmp, "tiny model folder"))
+        made = tempfile.mkdtemp(prefix=f"{out.name}.spmd-", dir=out.parent)
+    tmp = Path(_sent(broadcast_object(made, "tiny model folder"), "the tiny model's build folder"))
     try:
         build_tiny(cfg.model, cfg.envs, tmp, out.name, console)
         barrier("tiny model built")
@@ -230,6 +233,13 @@ def build_tiny_spmd(cfg: RunConfig, console: Any) -> None:
         if world.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
     barrier("tiny model in place")
+
+
+def _sent(value: str | None, what: str) -> str:
+    """``value`` as rank 0 broadcast it (None only if rank 0 did not make it: a bug)."""
+    if value is None:
+        raise RuntimeError(f"rank 0 broadcast no {what}")
+    return value
 
 
 def wait_for_file(path: Path | None, timeout_s: float = 6 * 3600.0) -> None:

@@ -7,7 +7,7 @@ passed in (:class:`ActorLoss`, :class:`CriticLoss`); :func:`actor_update` and
 ``UpdateStats``::
 
     for epoch in range(epochs):
-        for rows in shuffled split of the batch into `mini_batches` parts (seeded by step, epoch):
+        for rows in shuffled split of the batch into `mini_batches` parts (seeded by updates done, epoch):
             zero grads
             for each micro-batch (rows x padded length <= micro_batch_tokens):
                 forward -> loss (token-mean etc. over the micro-batch) -> (loss * w).backward()
@@ -56,23 +56,24 @@ if TYPE_CHECKING:
     from vagent.models.value import ValueModel
 
 
-@dataclass
+@dataclass(frozen=True)
 class UpdateContext:
     """Where and how an update runs (for error messages and determinism)."""
 
     device: torch.device
     bf16: bool
     seed: int
-    #: updates done before this one (seeds the mini-batch order); this update is RL step ``step + 1``
-    step: int
+    #: updates done before this one (seeds the mini-batch order); this update makes RL step ``rl_step``
+    updates_done: int
+    #: the run's newest checkpoint, named by a NonFiniteError as the last good one
     last_checkpoint: str | None
     #: log-probs are of logits / temperature (the rollout's sampling temperature)
     temperature: float = 1.0
 
     @property
-    def label(self) -> int:
+    def rl_step(self) -> int:
         """The RL step this update makes (1..steps), as metrics and errors name it."""
-        return self.step + 1
+        return self.updates_done + 1
 
 
 Module = TypeVar("Module", bound=torch.nn.Module)
@@ -130,8 +131,8 @@ class LossFn(Protocol[_LossInputs]):
         """The derive_seed stream of the mini-batch order: "mini" (actor) or "critic-mini"."""
 
     @property
-    def weights(self) -> str:
-        """What the weights check after the step names: "policy weights" or "critic weights"."""
+    def trained(self) -> str:
+        """What the finiteness check after the optimizer step names: "policy weights" or "critic weights"."""
 
     def __call__(self, mb: TokenBatch, inputs: _LossInputs, mask: Tensor) -> MicroLoss:
         """``inputs``: the micro-batch's rows of the per-token inputs [b, l]; ``mask`` [b, l] bool."""
@@ -143,25 +144,23 @@ class _Mean:
 
     def __init__(self) -> None:
         self.sums: dict[str, float] = {}
-        self.weights: dict[str, float] = {}
+        self.shares: dict[str, float] = {}
 
     def add(self, values: dict[str, float], w: float) -> None:
         for k, v in values.items():
             self.sums[k] = self.sums.get(k, 0.0) + float(v) * w
-            self.weights[k] = self.weights.get(k, 0.0) + w
+            self.shares[k] = self.shares.get(k, 0.0) + w
 
     def result(self) -> dict[str, float]:
         """The means (over all ranks of a job: each rank added its micro-batches' global shares)."""
-        return gather_metrics(self.sums, self.weights, "update stats")
+        return gather_metrics(self.sums, self.shares, "update stats")
 
 
 @dataclass(frozen=True)
 class _Step:
     """What every mini-batch step of one update shares."""
 
-    model: torch.nn.Module
-    params: Sequence[torch.nn.Parameter]
-    opt: torch.optim.Optimizer
+    learner: Learner
     loss: LossFn
     settings: UpdateConfig
     ctx: UpdateContext
@@ -169,9 +168,7 @@ class _Step:
 
 
 def update_loop(
-    model: torch.nn.Module,
-    params: Sequence[torch.nn.Parameter],
-    opt: torch.optim.Optimizer,
+    learner: Learner,
     batch: TokenBatch,
     inputs: Inputs,
     mask: Tensor,
@@ -179,17 +176,19 @@ def update_loop(
     settings: UpdateConfig,
     ctx: UpdateContext,
 ) -> dict[str, float]:
-    """``settings.epochs`` x mini-batches x micro-batches of ``loss`` on ``batch`` (the module docstring).
+    """``settings.epochs`` x mini-batches x micro-batches of ``loss`` on ``batch`` (the module
+    docstring), training ``learner`` (its module, parameters and optimizer).
 
     ``inputs``: a NamedTuple of per-token tensors [B, L, ...] (or None) aligned with
     ``batch.input_ids``, handed to ``loss`` cut to each micro-batch's rows; ``mask`` [B, L] bool:
     the positions the loss aggregates over, which set the micro-batches' accumulation weights.
     Returns the mean stats (``<role>/grad_norm`` over optimizer steps).
     """
-    step = _Step(model, params, opt, loss, settings, ctx, _Mean())
+    step = _Step(learner, loss, settings, ctx, _Mean())
+    model = learner.module
     model.train()
     for epoch in range(settings.epochs):
-        seed = derive_seed(ctx.seed, loss.seed_tag, ctx.step, epoch)
+        seed = derive_seed(ctx.seed, loss.seed_tag, ctx.updates_done, epoch)
         for rows in mini_batches(batch.batch_size, settings.mini_batches, seed):
             mini = batch.select(rows)
             length = mini.input_ids.shape[1]
@@ -200,8 +199,8 @@ def update_loop(
 
 def _mini_batch_step(step: _Step, mini: TokenBatch, inputs: tuple, mask: Tensor) -> None:
     """Accumulate the gradient over this rank's micro-batches of ``mini``, then one optimizer step."""
-    settings, where = step.settings, ("rl", step.ctx.label, step.ctx.last_checkpoint)
-    step.model.zero_grad(set_to_none=True)
+    settings, where, learner = step.settings, ("rl", step.ctx.rl_step, step.ctx.last_checkpoint), step.learner
+    learner.module.zero_grad(set_to_none=True)
     for sub in rank_micro_batches(mini, settings.micro_batch_tokens):  # one process: all micro-batches
         mb = mini.select(sub)
         length = mb.input_ids.shape[1]
@@ -211,11 +210,11 @@ def _mini_batch_step(step: _Step, mini: TokenBatch, inputs: tuple, mask: Tensor)
         check_finite(out.checked, *where)
         (out.loss * w).backward()
         step.stats.add(out.stats, w)
-    grad_norm = clip_grads(step.params, settings.grad_clip)
+    grad_norm = clip_grads(learner.params, settings.grad_clip)
     check_finite({f"{step.loss.role}/grad_norm": grad_norm}, *where)
     step.stats.add({f"{step.loss.role}/grad_norm": grad_norm}, 1.0)
-    step.opt.step()
-    check_module_finite(step.model, f"{step.loss.weights} after the update", *where)
+    learner.opt.step()
+    check_module_finite(learner.module, f"{step.loss.trained} after the update", *where)
 
 
 class ActorInputs(NamedTuple):
@@ -236,7 +235,7 @@ class ActorLoss:
     ctx: UpdateContext
     role: str = "actor"
     seed_tag: str = "mini"
-    weights: str = "policy weights"
+    trained: str = "policy weights"
 
     def __call__(self, mb: TokenBatch, inputs: ActorInputs, mask: Tensor) -> MicroLoss:
         settings = self.settings
@@ -276,7 +275,7 @@ class CriticLoss:
     value_clip: float
     role: str = "critic"
     seed_tag: str = "critic-mini"
-    weights: str = "critic weights"
+    trained: str = "critic weights"
 
     def __call__(self, mb: TokenBatch, inputs: CriticInputs, mask: Tensor) -> MicroLoss:
         with autocast(self.ctx.device, self.ctx.bf16):
@@ -286,7 +285,7 @@ class CriticLoss:
                 values = shift_right(critic_forward(self.critic, mb, self.settings.packing))
         # explained variance, a ratio of variances, is the whole batch's: the recipe computes it once
         vl = value_loss(values, inputs.old_values, inputs.returns, mask, clip=self.value_clip if self.value_clip > 0
-                        else None, agg=self.settings.loss_agg, with_explained_variance=False)
+                        else None, agg=self.settings.loss_agg)
         return MicroLoss(vl.loss, {"loss/value": vl.loss}, vl.metrics())
 
 
@@ -301,10 +300,9 @@ def actor_update(actor: Learner, batch: TokenBatch, scores: Scores, advantages: 
     """
     ref = scores.ref_logprobs
     kl_in_loss = ref is not None and settings.kl_in == "loss" and settings.kl_coef > 0
-    inputs = ActorInputs(advantages.advantages, off.anchor, ref if kl_in_loss else None, off.weights)
+    inputs = ActorInputs(advantages.advantages, off.anchor, ref if kl_in_loss else None, off.is_weights)
     loss = ActorLoss(actor.module, settings, ctx)
-    metrics = update_loop(actor.module, actor.params, actor.opt, batch, inputs, off.loss_mask, loss, settings, ctx)
-    return UpdateStats("actor", metrics["loss/policy"], metrics["actor/grad_norm"], metrics)
+    return UpdateStats(update_loop(actor, batch, inputs, off.loss_mask, loss, settings, ctx))
 
 
 def critic_update(critic: Learner[ValueModel], batch: TokenBatch, scores: PPOScores, advantages: PPOAdvantages,
@@ -318,6 +316,4 @@ def critic_update(critic: Learner[ValueModel], batch: TokenBatch, scores: PPOSco
     """
     inputs = CriticInputs(scores.values, advantages.returns, scores.features)
     loss = CriticLoss(critic.module, settings, ctx, value_clip)
-    metrics = update_loop(critic.module, critic.params, critic.opt, batch, inputs, advantages.critic_mask, loss,
-                          settings, ctx)
-    return UpdateStats("critic", metrics["loss/value"], metrics["critic/grad_norm"], metrics)
+    return UpdateStats(update_loop(critic, batch, inputs, advantages.critic_mask, loss, settings, ctx))

@@ -40,20 +40,23 @@ uses those words):
 Objects are recognised by the spec's type names and synonyms (multi-word and ``snake_case``
 names work; a plural adds "s"/"es"). Mentions without a position still count as *mentioned*
 (the anti-hacking entity check) but claim nothing. The word tables and the reading of tokens as
-objects and direction words are :mod:`vagent.rewards.words`; this module holds the three styles.
+objects and direction words are :mod:`vagent.rewards.words`; this module holds the natural and
+symbolic styles and the entry point, :mod:`vagent.rewards.structured` the structured style, and
+:mod:`vagent.rewards.claims` the :class:`Claim` records.
 """
 
 from __future__ import annotations
 
-import ast
-import json
 import re
-from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Iterable
 
 from vagent.envs.base import JudgeSpec
-from vagent.rewards.words import (TOKEN, Event, Vocabulary, direction_events, events, object_mentions, tokenize,
-                                  vocabulary)
+# the claim records and the structured style live beside this module; their names stay importable from here
+from vagent.rewards.claims import (  # noqa: F401
+    Claim, ParsedDescription, claims_of_subject, truth_claims,
+)
+from vagent.rewards.structured import load_structured, parse_structured
+from vagent.rewards.words import TOKEN, Event, Vocabulary, events, vocabulary
 
 _FILLER = frozenset({"the", "a", "an", "both", "also", "all", "and", "too", "as", "well", "there", "is", "are",
                      "of", "them", "these", "those", "plus", "with"})
@@ -62,58 +65,9 @@ _SENTENCE = re.compile(r"(?<!\d)\.(?!\d)|[!?;\n]+")
 _PIECE = re.compile(r"[,:]|\b(?:and|or|but|then|while|whereas)\b")
 
 
-@dataclass(frozen=True)
-class Claim:
-    """One object position a description asserts (or a state's true relation).
-
-    ``vertical`` / ``horizontal`` are relation words of the spec, or None when the description
-    contradicts itself on that axis (or states only coordinates); ``position`` optional coordinates.
-    """
-
-    object: str
-    vertical: str | None
-    horizontal: str | None
-    position: tuple[float, ...] | None = None
-
-
-@dataclass(frozen=True)
-class ParsedDescription:
-    """What a description claims: ``claims``; ``mentioned`` object types (with or without a
-    position); ``style`` the parser recognised; ``notes`` about anything it could not use."""
-
-    claims: tuple[Claim, ...]
-    mentioned: frozenset[str]
-    style: str
-    notes: tuple[str, ...] = ()
-
-
 # ---------------------------------------------------------------------------------------------
 # Natural language
 # ---------------------------------------------------------------------------------------------
-
-def _claims_of_subject(kind: str, plural: bool, evs: Sequence[Event], voc: Vocabulary) -> list[Claim]:
-    """Claims of one object mention from the direction/position events attached to it."""
-    dirs = [e for e in evs if e.what == "dir"]
-    pos = next((e.position for e in evs if e.what == "pos"), None)
-    if not dirs:
-        return [Claim(kind, None, None, pos)] if pos is not None else []
-    if not plural:
-        v = {e.word for e in dirs if e.axis == "v"}
-        h = {e.word for e in dirs if e.axis == "h"}
-        return [Claim(kind, _one_or_none(v, voc.v_same), _one_or_none(h, voc.h_same), pos)]
-    groups: list[dict[str, str]] = [{}]
-    for e in dirs:
-        if e.axis in groups[-1]:
-            groups.append({})
-        groups[-1][e.axis] = e.word
-    return [Claim(kind, g.get("v", voc.v_same), g.get("h", voc.h_same)) for g in groups]
-
-
-def _one_or_none(words: set[str], default: str | None) -> str | None:
-    if not words:
-        return default
-    return next(iter(words)) if len(words) == 1 else None
-
 
 def _clauses(sentence: str, positions: list[tuple[float, ...]], voc: Vocabulary) -> list[list[Event]]:
     """Split a sentence into clauses (lists of events), each with at least one object."""
@@ -162,161 +116,11 @@ def _natural(text: str, voc: Vocabulary) -> ParsedDescription:
                 elif e.what in ("dir", "pos"):
                     attached[max(idx, 0)].append(e)
             for (kind, plural) in carried:
-                claims += _claims_of_subject(kind, plural, attached[0], voc)
+                claims += claims_of_subject(kind, plural, attached[0], voc)
             carried = []
             for subj, evs in zip(subjects, attached):
-                claims += _claims_of_subject(subj.kind, subj.plural, evs, voc)
+                claims += claims_of_subject(subj.kind, subj.plural, evs, voc)
     return ParsedDescription(tuple(claims), frozenset(mentioned), "natural")
-
-
-# ---------------------------------------------------------------------------------------------
-# Structured (JSON-like)
-# ---------------------------------------------------------------------------------------------
-
-_OBJECT_KEYS = ("object", "object_id", "object_type", "type", "name", "id", "kind")
-_V_KEYS = ("vertical", "vertical_relation", "vertical_position", "v")
-_H_KEYS = ("horizontal", "horizontal_relation", "horizontal_position", "h")
-_POS_KEYS = ("position", "coordinates", "coords", "coordinate", "pos", "xyz", "location")
-_LIST_KEYS = ("objects", "relations", "entities", "items", "state")
-
-
-def load_structured(text: str) -> Any:
-    """The JSON/Python-literal value in ``text`` (first '{' or '[' to the last matching bracket)."""
-    starts = [i for i in (text.find("{"), text.find("[")) if i != -1]
-    if not starts:
-        return None
-    start = min(starts)
-    end = text.rfind("}" if text[start] == "{" else "]")
-    if end <= start:
-        return None
-    blob = text[start:end + 1]
-    for loader in (json.loads, ast.literal_eval):
-        try:
-            value = loader(blob)
-        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-            continue
-        if isinstance(value, (dict, list)):
-            return value
-    return None
-
-
-def _object_of(key: Any, voc: Vocabulary) -> str | None:
-    mentions = object_mentions(tokenize(str(key)), voc)
-    return mentions[0][0] if mentions else None
-
-
-def _is_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
-def _pair_claim(kind: str, words: Sequence[Any], voc: Vocabulary) -> Claim:
-    """One claim from a list of words such as ["above", "left"] / ["same", "right"]."""
-    v: set[str] = set()
-    h: set[str] = set()
-    sames = []
-    for slot, w in enumerate(words):
-        for tok in tokenize(str(w)):
-            if tok == "same":
-                sames.append(slot)
-                continue
-            ev, _ = direction_events([tok], 0, voc)
-            for e in ev:
-                (v if e.axis == "v" else h).add(e.word)
-    for slot in sames:  # "same" fills an axis no other word names; slot 0 = vertical first
-        if not v and (slot == 0 or h) and voc.v_same:
-            v.add(voc.v_same)
-        elif not h and voc.h_same:
-            h.add(voc.h_same)
-    return Claim(kind, _one_or_none(v, voc.v_same), _one_or_none(h, voc.h_same))
-
-
-def _n_directions(text: str, voc: Vocabulary) -> int:
-    toks = tokenize(text)
-    return sum(1 for t in toks if t == "same" or direction_events([t], 0, voc)[0])
-
-
-def _axis_value(value: Any, axis: str, voc: Vocabulary) -> str | None:
-    """The relation word of one axis from a record field ("up" -> "above"); None if contradictory
-    or naming the other axis; the axis's "same" when the field is absent."""
-    same = voc.v_same if axis == "v" else voc.h_same
-    if value is None:
-        return same
-    words = set()
-    for tok in tokenize(str(value)):
-        if tok == "same":
-            words.add(same)
-            continue
-        for e in direction_events([tok], 0, voc)[0]:
-            words.add(e.word if e.axis == axis else None)
-    return next(iter(words)) if len(words) == 1 else None
-
-
-def _value_claims(kind: str, value: Any, voc: Vocabulary, plural: bool) -> list[Claim]:
-    if isinstance(value, str):
-        evs = events(tokenize(value), [], voc)
-        return _claims_of_subject(kind, plural, evs, voc) or [Claim(kind, None, None)]
-    if isinstance(value, dict):
-        rec = {str(k).lower(): v for k, v in value.items()}
-        pos = next((rec[k] for k in _POS_KEYS if k in rec), None)
-        position = tuple(float(x) for x in pos) if isinstance(pos, (list, tuple)) and pos and all(map(_is_number, pos)) else None
-        if position is None and all(k in rec for k in ("x", "y")) and all(_is_number(rec[k]) for k in ("x", "y")):
-            position = tuple(float(rec[k]) for k in ("x", "y", "z") if k in rec)
-        v = next((rec[k] for k in _V_KEYS if k in rec), None)
-        h = next((rec[k] for k in _H_KEYS if k in rec), None)
-        if v is None and h is None:
-            return [Claim(kind, None, None, position)] if position is not None else []
-        return [Claim(kind, _axis_value(v, "v", voc), _axis_value(h, "h", voc), position)]
-    if isinstance(value, (list, tuple)):
-        if value and all(_is_number(x) for x in value):
-            return [Claim(kind, None, None, tuple(float(x) for x in value))]
-        if value and all(isinstance(x, str) for x in value):
-            if any(_n_directions(x, voc) >= 2 for x in value):  # ["above left", "below"]: one claim each
-                return [_pair_claim(kind, [x], voc) for x in value]
-            return [_pair_claim(kind, value, voc)]
-        out: list[Claim] = []
-        for x in value:
-            out += _value_claims(kind, x, voc, False)
-        return out
-    return []
-
-
-def parse_structured(value: Any, voc: Vocabulary) -> ParsedDescription:
-    """The claims of a structured description (the value :func:`load_structured` read: objects with
-    a name and a position or relation, nested lists and dicts up to depth 4) in ``voc``'s words."""
-    claims: list[Claim] = []
-    mentioned: set[str] = set()
-    notes: list[str] = []
-
-    def visit(v: Any, depth: int = 0) -> None:
-        if depth > 4:
-            return
-        if isinstance(v, list):
-            for x in v:
-                visit(x, depth + 1)
-        elif isinstance(v, dict):
-            rec = {str(k).lower(): x for k, x in v.items()}
-            obj_key = next((k for k in _OBJECT_KEYS if k in rec and isinstance(rec[k], str)), None)
-            if obj_key is not None:  # a record {"object": "box", "vertical": ..., "horizontal": ...}
-                kind = _object_of(rec[obj_key], voc)
-                if kind is None:
-                    notes.append(f"unknown object {rec[obj_key]!r}")
-                    return
-                mentioned.add(kind)
-                claims.extend(_value_claims(kind, {k: x for k, x in rec.items() if k != obj_key}, voc, False))
-                return
-            for key, x in v.items():
-                if str(key).lower() in _LIST_KEYS:
-                    visit(x, depth + 1)
-                    continue
-                kind = _object_of(key, voc)
-                if kind is None:
-                    continue
-                mentioned.add(kind)
-                plural = any(p for k2, p, _ in object_mentions(tokenize(str(key)), voc) if k2 == kind)
-                claims.extend(_value_claims(kind, x, voc, plural))
-
-    visit(value)
-    return ParsedDescription(tuple(claims), frozenset(mentioned), "structured", tuple(notes))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -382,23 +186,3 @@ def parse_description(text: str, spec: JudgeSpec, legend: str | None = None) -> 
         if parsed.claims or parsed.mentioned:
             return parsed
     return _natural(text, voc)
-
-
-def truth_claims(state: Any) -> list[Claim]:
-    """The state's true relations as claims: ``state["relations"]`` is a list of
-    ``{"object", "vertical", "horizontal"[, "position"]}`` (the env contract for judged envs)."""
-    rels = state.get("relations") if isinstance(state, dict) or hasattr(state, "get") else None
-    if not isinstance(rels, (list, tuple)):
-        raise ValueError(
-            "state has no 'relations' list; a judged env's state() must return "
-            "{'relations': [{'object', 'vertical', 'horizontal'}, ...]} (see vagent/envs/base.py JudgeSpec). "
-            f"Got keys: {sorted(state) if isinstance(state, dict) else type(state).__name__}."
-        )
-    out = []
-    for i, r in enumerate(rels):
-        if not isinstance(r, dict) or "object" not in r:
-            raise ValueError(f"state['relations'][{i}] must be a dict with 'object', 'vertical', 'horizontal'; got {r!r}")
-        pos = r.get("position")
-        out.append(Claim(str(r["object"]), r.get("vertical"), r.get("horizontal"),
-                         tuple(float(x) for x in pos) if pos is not None else None))
-    return out

@@ -31,6 +31,7 @@ __all__ = [
     "ValueLoss",
     "aggregate",
     "entropy_from_logits",
+    "explained_variance",
     "kl_penalty",
     "logprobs_from_logits",
     "ppo_policy_loss",
@@ -109,7 +110,10 @@ def ppo_policy_loss(
 
     Args:
         logprobs: [B, L] log pi(a_t) under the current policy (requires grad).
-        old_logprobs: [B, L] log pi_old(a_t) at rollout time (no grad).
+        old_logprobs: [B, L] the log-probs the ratio is taken against (no grad): log pi_old, the
+            trainer's own forward of the sampled tokens before the update (the recipes recompute
+            it), or the engine's sampling-time (behaviour) log-probs of an overlapped rollout
+            (``vagent.recipes.stages.off_policy``).
         advantages: [B, L] (whitened by the recipe if desired).
         mask: [B, L] loss mask.
         clip_low, clip_high: epsilon below and above 1. dual_clip: c > 1, or None to disable.
@@ -155,17 +159,14 @@ class ValueLoss(NamedTuple):
 
     loss: Tensor
     clip_frac: Tensor  # tokens where the clipped error was the larger one
-    explained_variance: Tensor | None  # 1 - Var(R - V) / Var(R) over M; nan if Var(R) == 0; None: not computed
     value_mean: Tensor  # mean V over M
     return_mean: Tensor  # mean R over M
 
     def metrics(self, prefix: str = "loss/") -> dict[str, float]:
-        """Python floats: ``loss/value``, ``loss/value_clip_frac``, ``loss/explained_variance`` (when
-        computed), ``loss/value_mean``, ``loss/return_mean``."""
-        names = ["value", "value_clip_frac", "explained_variance", "value_mean", "return_mean"]
-        kept = [(k, t) for k, t in zip(names, self) if t is not None]
-        vals = torch.stack([t.detach().float() for _, t in kept]).tolist()
-        return {prefix + k: v for (k, _), v in zip(kept, vals)}
+        """Python floats: ``loss/value``, ``loss/value_clip_frac``, ``loss/value_mean``, ``loss/return_mean``."""
+        names = ["value", "value_clip_frac", "value_mean", "return_mean"]
+        vals = torch.stack([t.detach().float() for t in self]).tolist()
+        return {prefix + k: v for k, v in zip(names, vals)}
 
 
 def value_loss(
@@ -175,7 +176,6 @@ def value_loss(
     mask: Tensor,
     clip: float | None = 0.5,
     agg: str = "token-mean",
-    with_explained_variance: bool = True,
 ) -> ValueLoss:
     """Clipped value loss (PPO, arXiv 1707.06347; as in verl/CleanRL, on which VAGEN builds)::
 
@@ -188,9 +188,8 @@ def value_loss(
 
     ``mask`` must be where returns are DEFINED (docs/algorithms.md reference section 11 bug 3): the loss mask for
     masked/bi-level GAE, ``turn_end_mask`` for :func:`turn_gae`, :func:`anchor_mask` for
-    :func:`no_concat_gae`. All tensors [B, L]; ``values`` requires grad. ``with_explained_variance``
-    False: ``explained_variance`` is None (a micro-batch's ratio of variances is not the batch's;
-    the PPO recipe computes it once on the whole batch).
+    :func:`no_concat_gae`. All tensors [B, L]; ``values`` requires grad. The explained variance is
+    not a micro-batch statistic (a ratio of variances): :func:`explained_variance`, once per batch.
     """
     m = mask.bool()
     v = values.float()
@@ -204,20 +203,23 @@ def value_loss(
         err_clip = (v_clip - R) ** 2
         loss_mat = 0.5 * torch.maximum(err, err_clip)
         clipped = err_clip > err
-    R_mean = _mean(R, m)
-    ev = None
-    if with_explained_variance:
-        var_R = _mean((R - R_mean) ** 2, m)  # population variances over M, as CleanRL
-        resid = (R - v).detach()
-        var_res = _mean((resid - _mean(resid, m)) ** 2, m)
-        ev = torch.where(var_R > 0, 1.0 - var_res / var_R.clamp(min=1e-12), torch.nan)
     return ValueLoss(
         loss=aggregate(loss_mat, m, agg),
         clip_frac=_mean(clipped.float(), m),
-        explained_variance=ev,
         value_mean=_mean(v, m),
-        return_mean=R_mean,
+        return_mean=_mean(R, m),
     )
+
+
+def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:
+    """``1 - Var(R - V) / Var(R)`` over the M=1 positions of ``mask`` [B, L] (population variances,
+    as CleanRL), of values and returns [B, L]; nan when fewer than 2 positions or Var(R) is 0. One
+    number per batch (PPO's ``critic/explained_variance``), never per micro-batch."""
+    m = mask.bool()
+    R, V = returns[m].float(), values[m].float()
+    if R.numel() < 2 or float(R.var(unbiased=False)) == 0.0:
+        return float("nan")
+    return float(1.0 - (R - V).var(unbiased=False) / R.var(unbiased=False))
 
 
 def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, kind: str = "k3") -> Tensor:

@@ -72,9 +72,11 @@ def _check_policy(policy: Policy, sampling: SamplingConfig) -> None:
 
 def _engine_stats(policy: Policy) -> dict[str, int] | None:
     """The engine's counters: those of the HFEngine behind a BatchingEngine, where there is one."""
-    engine_stats = getattr(getattr(policy, "engine", None), "stats", None)
-    if getattr(getattr(policy, "engine", None), "engine", None) is not None:  # BatchingEngine(HFEngine)
-        engine_stats = getattr(policy.engine.engine, "stats", engine_stats)
+    engine = getattr(policy, "engine", None)
+    engine_stats = getattr(engine, "stats", None)
+    inner = getattr(engine, "engine", None)
+    if inner is not None:  # BatchingEngine(HFEngine)
+        engine_stats = getattr(inner, "stats", engine_stats)
     return engine_stats
 
 

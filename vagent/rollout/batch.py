@@ -126,13 +126,17 @@ class TokenBatch:
         if int(idx.min()) < 0 or int(idx.max()) >= self.batch_size:
             raise IndexError(f"select(): rows must be in [0, {self.batch_size}), got {idx.tolist()}")
         length = max(1, int(self.lengths[idx].max()))
-        pixel_values = grid = None
+        pixel_values: Tensor | None = None
+        grid: Tensor | None = None
         if self.image_grid_thw is not None:
+            if self.pixel_values is None:
+                raise ValueError("TokenBatch: image_grid_thw is set but pixel_values is None; build the batch "
+                                 "with build_token_batch, which sets both or neither")
             ranges = self._image_rows()
             first_image = torch.cumsum(self.n_images, 0) - self.n_images
-            patch_idx = [torch.arange(*ranges[r]) for r in idx.tolist()]
-            image_idx = [torch.arange(int(first_image[r]), int(first_image[r] + self.n_images[r])) for r in idx.tolist()]
-            patch_idx, image_idx = torch.cat(patch_idx), torch.cat(image_idx)
+            patch_idx = torch.cat([torch.arange(*ranges[r]) for r in idx.tolist()])
+            image_idx = torch.cat([torch.arange(int(first_image[r]), int(first_image[r] + self.n_images[r]))
+                                   for r in idx.tolist()])
             if image_idx.numel():
                 pixel_values = self.pixel_values.index_select(0, patch_idx.to(self.pixel_values.device))
                 grid = self.image_grid_thw.index_select(0, image_idx.to(self.image_grid_thw.device))

@@ -1,11 +1,15 @@
 """Where a run's training rollouts are generated, and when: ``RolloutDriver``.
 
-The RL recipes ask the driver for step ``k``'s episodes (``driver.get(k)``, a ``RolloutResult``);
-the run config's ``rollout`` section decides what happens (the generators apart from the trainer's
-model, and the weight push, are built in :mod:`vagent.rollout.replicas`):
+The RL recipes ask the driver for step ``k``'s episodes (``driver.get(k)``, a ``RolloutResult``),
+on every configuration: ``make_driver`` reads the run config's ``rollout`` section once and builds
+the driver for it (the generators apart from the trainer's model, and the weight push, are built in
+:mod:`vagent.rollout.replicas`). Its whole interface is ``start``, ``get(step)``, ``in_flight()``,
+``resume_in_flight`` and ``close``. A step ``k`` here counts updates done (the trainer's weights
+version): ``get(k)`` is the rollout of RL step ``k + 1``.
 
-- ``engine: hf, replicas: 0, schedule: lockstep, overlap: 0`` (the default): the recipe's own
-  in-process ``HFPolicy``, exactly as before (the driver only calls the recipe's rollout).
+- ``engine: hf, replicas: 0, schedule: lockstep, overlap: 0`` (the default): ``get`` runs the
+  recipe's rollout with the recipe's own in-process ``HFPolicy`` (no engine, no push, no
+  background rollout; its turns carry no weights version, so no ``rollout/weights_*`` metric).
 - ``schedule: async``: trajectories advance on their own (``vagent.rollout.async_loop``); an
   in-process model gets a ``BatchingEngine`` in front, and requests carry their own seeds.
 - ``replicas: N`` (N >= 1): a ``RemoteEngine`` with N engine replicas as Ray actors (a local
@@ -31,7 +35,8 @@ model, and the weight push, are built in :mod:`vagent.rollout.replicas`):
   back (``resume_in_flight``), so the resumed run trains step k+1 on the same episodes, sampled with
   the same weights, as the uninterrupted one.
 
-The recipe's rollout is called as ``run(policy, step, unshard)``: ``unshard`` is True when the
+The recipe's rollout is a :class:`RolloutRun` (``vagent.recipes.step.TrainRollout``), called as
+``run(policy, step, unshard)``: ``unshard`` is True when the
 policy generates with the trainer's own model (a sharded model is then gathered once for the
 rollout, ``vagent.distributed.generation_mode``) and False when a separate generator does (engine
 replicas, vLLM), whose rollout must not touch the trainer's parameters.
@@ -56,7 +61,7 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 from vagent.rollout.finish import RolloutResult
 from vagent.rollout.policy import Policy
@@ -76,8 +81,13 @@ if TYPE_CHECKING:  # torch, the model loader and the run config stay out of `imp
 
 logger = logging.getLogger(__name__)
 
-#: the recipe's rollout of one step: ``(policy, step, unshard) -> episodes`` (the module docstring)
-RolloutRun = Callable[[Policy, int, bool], RolloutResult]
+
+class RolloutRun(Protocol):
+    """The recipe's rollout of one step (``vagent.recipes.step.TrainRollout``): step ``step``'s
+    training episodes sampled with ``policy``; ``unshard`` as in the module docstring."""
+
+    def __call__(self, policy: Policy, step: int, unshard: bool) -> RolloutResult: ...
+
 
 #: (urls, name, config, token) -> its RemoteEnv factory, whose ``transport`` holds the connection pool
 _FACTORIES: dict[tuple, Callable[[], Env]] = {}
@@ -174,8 +184,7 @@ class RolloutDriver:
     """Step ``k``'s training episodes from the configured generator (see the module docstring).
 
     Args:
-        run: ``(policy, step, unshard) -> RolloutResult``, the recipe's rollout of one step (see the
-            module docstring for ``unshard``).
+        run: the recipe's rollout of one step (:class:`RolloutRun`).
         policy: the policy to roll out with (the recipe's own one on the default path).
         engine: the generator whose weights are pushed (``update_weights(model, version)``), or None.
         model: the trainer's model (pushed to ``engine``).
@@ -333,11 +342,11 @@ class RolloutDriver:
 def make_driver(cfg: RunConfig, loaded: LoadedModel, policy: Policy, run: RolloutRun,
                 model_dir: str | Path | None = None, fresh_model: FreshModel | None = None,
                 canary: WeightCanary | None = None) -> RolloutDriver:
-    """The driver of a run config's ``rollout`` section; ``policy`` is the recipe's in-process
-    ``HFPolicy`` (used as it is on the default path). ``fresh_model()``: an unsharded copy of the
-    policy (``Session.load_fresh_model``), needed by engine replicas in a job of several ranks.
-    ``canary``: the weight-push check of a generator apart from the trainer (run at start-up and
-    after every push)."""
+    """The driver of a run config's ``rollout`` section, decided here once (``is_default``);
+    ``policy`` is the recipe's in-process ``HFPolicy`` (the one that generates on the default
+    path). ``fresh_model()``: an unsharded copy of the policy (``Session.load_fresh_model``),
+    needed by engine replicas in a job of several ranks. ``canary``: the weight-push check of a
+    generator apart from the trainer (run at start-up and after every push)."""
     from vagent.rollout.hf_policy import HFPolicy
 
     settings = cfg.rollout

@@ -120,12 +120,21 @@ def flat_pixels(segments: Sequence[Segment], pixels: bool = True) -> tuple[Tenso
     ``pixels=False``: the grids only (pixel_values None), for engines that take raw images (vLLM)."""
     import torch
 
-    grids = [s.image_grid_thw for s in segments if s.n_images]
-    if not grids:
+    with_images = [s for s in segments if s.n_images]
+    if not with_images:
         return None, None
+    grids = torch.cat([_image_tensor(s.image_grid_thw, s, "image_grid_thw") for s in with_images], 0)
     if not pixels:
-        return None, torch.cat(grids, 0)
-    return torch.cat([s.pixel_values for s in segments if s.n_images], 0), torch.cat(grids, 0)
+        return None, grids
+    return torch.cat([_image_tensor(s.pixel_values, s, "pixel_values") for s in with_images], 0), grids
+
+
+def _image_tensor(value: Tensor | None, seg: Segment, name: str) -> Tensor:
+    """``value``, the ``name`` of ``seg``, which has images and so must have it."""
+    if value is None:
+        raise ValueError(f"a segment with {seg.n_images} image(s) has no {name}: segments with images must be "
+                         "built by an encoder (segment_from_encoded), which keeps pixels and grids with their tokens")
+    return value
 
 
 def end_segment_ids(encoder: ChatEncoder, sampled_ids: Sequence[int]) -> list[int]:

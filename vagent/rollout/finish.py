@@ -30,10 +30,11 @@ class RolloutResult(list):
 
 
 
-def engine_metrics(engine_stats: Mapping[str, int], stats_before: Mapping[str, int] | None) -> dict[str, float]:
+def engine_metrics(engine_stats: Mapping[str, int] | None, stats_before: Mapping[str, int] | None) -> dict[str, float]:
     """``perf/prompt_cache_frac`` (HFEngine prefix reuse) and ``rollout/engine_retries`` (requests
-    sent again after their engine replica died) over this rollout, where the engine counts them."""
-    if stats_before is None:
+    sent again after their engine replica died) over this rollout, where the engine counts them
+    (None: it counts nothing)."""
+    if engine_stats is None or stats_before is None:
         return {}
     out = {}
     if "retried_requests" in engine_stats:

@@ -105,11 +105,14 @@ class HFPolicy:
         if isinstance(model, torch.nn.Module):
             raise TypeError("HFPolicy takes a LoadedModel (vagent.models.load_policy) or an engine "
                             "(vagent.models.engine.HFEngine(model, encoder)), not a bare torch module")
+        self.engine: Engine
+        self.encoder: ChatEncoder
         if hasattr(model, "generate"):  # an engine
             self.engine = model
-            self.encoder = encoder if encoder is not None else getattr(model, "encoder", None)
-            if self.encoder is None:
+            found: ChatEncoder | None = encoder if encoder is not None else getattr(model, "encoder", None)
+            if found is None:
                 raise TypeError("HFPolicy(engine) needs the engine's ChatEncoder: pass encoder=")
+            self.encoder = found
         elif hasattr(model, "model") and hasattr(model, "encoder"):  # a LoadedModel
             from vagent.models.engine import HFEngine
 

@@ -175,8 +175,12 @@ def spec_blocks(n_specs: int, n_ranks: int) -> list[tuple[int, int]]:
     return out
 
 
-def rollout_on_ranks(specs: Sequence[EnvSpec], policy: Any, sampling: SamplingConfig, *, group_size: int = 1,
-                     judge: Any = None, **kw: Any) -> RolloutResult:
+#: the reasoning-reward stage (a ``vagent.rewards.ReasoningReward``): finished episodes -> its metrics
+Judge = Callable[[list[Episode]], Mapping[str, float]]
+
+
+def rollout_on_ranks(specs: Sequence[EnvSpec], policy: Policy, sampling: SamplingConfig, *, group_size: int = 1,
+                     judge: Judge | None = None, **kw: Any) -> RolloutResult:
     """:func:`rollout` of ``specs``, shared between the ranks of a job (see *Ranks* in the
     module docstring), then the reasoning-reward stage: ``judge`` (a ``ReasoningReward``, or None)
     scores each rank's own episodes (``judge_episodes``) before they are gathered. One process:

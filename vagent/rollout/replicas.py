@@ -12,8 +12,9 @@ weight push that keeps them on the trainer's weights (see :mod:`vagent.rollout.d
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 if TYPE_CHECKING:  # torch, the model loader and the run config stay out of `import vagent.rollout.driver`
     import torch
@@ -44,6 +45,11 @@ class PushedEngine(Protocol):
         """Take a full state dict as ``version`` (rank 0 of a job, after the ranks gathered it)."""
         ...
 
+    def update_adapter(self, state: dict[str, torch.Tensor], lora_config: dict[str, Any], version: int) -> int:
+        """Take a LoRA adapter (its ``lora_`` tensors, its PEFT config as a dict) as ``version``
+        (engines built to serve adapters: ``takes_adapters``)."""
+        ...
+
 
 def push_weights(engine: PushedEngine, model: torch.nn.Module, version: int) -> None:
     """Send the trainer's weights to ``engine`` as ``version``. One process: ``update_weights``. A job
@@ -63,7 +69,8 @@ def push_weights(engine: PushedEngine, model: torch.nn.Module, version: int) -> 
         state = _base_model_keys(full)
         adapter = adapter_names(model) is not None
         if adapter and getattr(engine, "takes_adapters", False):  # vLLM built with lora_rank: the adapter only
-            config = unwrap(model).peft_config["default"].to_dict()
+            peft_config: dict[str, Any] = getattr(unwrap(model), "peft_config")
+            config = peft_config["default"].to_dict()
             engine.update_adapter({k: v for k, v in state.items() if "lora_" in k}, config, version)
         else:
             if getattr(engine, "takes_merged_weights", False):  # vLLM: LoRA merged into the base weights
@@ -131,24 +138,36 @@ def engine_replicas(cfg: RunConfig, loaded: LoadedModel, fresh_model: FreshModel
     # starting Ray and the replicas (rank 0), joining and attaching (the others) may take minutes on a
     # busy machine: the ranks wait for each other on a group whose timeout allows it, not the job's
     slow = side_group("engine replicas start", timeout_s=max(w.timeout_s, STARTUP_TIMEOUT_S))
-    engine, owns, info = None, False, None
     if w.rank == 0:
-        engine, owns, info = _start_named_replicas(cfg, loaded, full, fresh_model, model_dir, slow)
-    with on_group(slow):
-        info = broadcast_object(info, "engine replicas")
-    if "error" in info:
-        raise RuntimeError(f"rank 0 could not start the engine replicas: {info['error']}")
-    if w.rank != 0:
-        owns = join_ray(info["address"])
-        engine = RemoteEngine.attach(info["names"], loaded.encoder)
+        engine, owns, pool = _start_named_replicas(cfg, loaded, full, fresh_model, model_dir, slow)
+        with on_group(slow):
+            broadcast_object(pool, "engine replicas")
+    else:
+        with on_group(slow):
+            pool = broadcast_object(_Pool(error="rank 0 sent nothing"), "engine replicas")
+        if pool.error is not None:
+            raise RuntimeError(f"rank 0 could not start the engine replicas: {pool.error}")
+        owns = join_ray(pool.address)
+        engine = RemoteEngine.attach(pool.names, loaded.encoder, push_timeout_s=cfg.rollout.push_timeout_s,
+                                     generate_timeout_s=cfg.rollout.generate_timeout_s)
     with on_group(slow):
         barrier("engine replicas attached")
     return engine, owns
 
 
+@dataclass(frozen=True)
+class _Pool:
+    """What rank 0 of a job tells the other ranks about the replicas it started: the Ray cluster's
+    address and the replicas' names, or why it could not start them."""
+
+    address: str = ""
+    names: tuple[str, ...] = ()
+    error: str | None = None
+
+
 def _start_named_replicas(cfg: RunConfig, loaded: LoadedModel, full: dict[str, torch.Tensor] | None,
                           fresh_model: FreshModel | None, model_dir: str | Path | None,
-                          slow: ProcessGroup | None) -> tuple[PushedEngine, bool, dict[str, object]]:
+                          slow: ProcessGroup | None) -> tuple[PushedEngine, bool, _Pool]:
     """Rank 0 of a job: (the named replicas, whether it started Ray, what the other ranks need to
     attach: the cluster's address and the replicas' names). A failure is broadcast on ``slow`` (the
     other ranks must not wait for replicas that will never come), then raised."""
@@ -161,11 +180,10 @@ def _start_named_replicas(cfg: RunConfig, loaded: LoadedModel, full: dict[str, t
         start_ray()
         names = [f"engine-{cfg.seed}-{os.getpid()}-{i}" for i in range(cfg.rollout.replicas)]
         engine = _new_replicas(cfg, loaded, _full_model(loaded, full, fresh_model), model_dir, names)
-        return engine, owns, {"address": ray.get_runtime_context().gcs_address, "names": names}
+        return engine, owns, _Pool(address=str(ray.get_runtime_context().gcs_address), names=tuple(names))
     except Exception as exc:
-        info = {"error": f"{type(exc).__name__}: {exc}"}
         with on_group(slow):
-            broadcast_object(info, "engine replicas")
+            broadcast_object(_Pool(error=f"{type(exc).__name__}: {exc}"), "engine replicas")
         raise
 
 
@@ -178,13 +196,16 @@ def _new_replicas(cfg: RunConfig, loaded: LoadedModel, model: torch.nn.Module | 
     from vagent.models.remote import RemoteEngine
 
     settings = cfg.rollout
+    push_s, generate_s = settings.push_timeout_s, settings.generate_timeout_s
     if settings.engine == "vllm":
         # CUDA: one GPU per replica from Ray (it sets CUDA_VISIBLE_DEVICES); vLLM's CPU build: none
         return RemoteEngine.vllm(saved_model_dir(model_dir), loaded.encoder, replicas=settings.replicas, names=names,
-                                 num_gpus=1 if torch.cuda.is_available() else 0, **vllm_settings(cfg, loaded))
+                                 num_gpus=1 if torch.cuda.is_available() else 0, push_timeout_s=push_s,
+                                 generate_timeout_s=generate_s, **vllm_settings(cfg, loaded))
     dtype = None if settings.engine_dtype == "auto" else getattr(torch, settings.engine_dtype)
     return RemoteEngine(model, loaded.encoder, replicas=settings.replicas, prefix_cache=settings.prefix_cache,
-                        threads=settings.replica_threads, names=names, dtype=dtype)
+                        threads=settings.replica_threads, names=names, dtype=dtype, push_timeout_s=push_s,
+                        generate_timeout_s=generate_s)
 
 
 def _full_model(loaded: LoadedModel, full: dict[str, torch.Tensor] | None,

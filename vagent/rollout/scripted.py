@@ -20,9 +20,9 @@ from __future__ import annotations
 import copy
 import random
 import sys
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence, TypeGuard
 
-from vagent.envs.base import Env
+from vagent.envs.base import Env, SolvableEnv
 from vagent.envs.formats import render_response
 from vagent.rollout.encoding import (
     append_reply, context_tokens, encode_message, encode_pending, exceeds_context,
@@ -76,6 +76,35 @@ class RandomPolicy:
         return out
 
 
+class SolverConfig(Protocol):
+    """The fields of an env's config that :func:`solver_reply` reads."""
+
+    @property
+    def format(self) -> str: ...
+
+    @property
+    def max_actions_per_turn(self) -> int: ...
+
+    @property
+    def description_style(self) -> str: ...
+
+
+class SolverEnv(SolvableEnv, Protocol):
+    """An env :func:`solver_reply` can answer for: a solver (``optimal_actions``), its declared
+    config (reply format, actions per turn, description style) and its action names."""
+
+    @property
+    def config(self) -> SolverConfig: ...
+
+    @property
+    def action_names(self) -> Sequence[str]: ...
+
+
+def _solvable(env: Env) -> TypeGuard[SolverEnv]:
+    """Whether ``env`` has a solver (``optimal_actions``); its config and action names come with it."""
+    return hasattr(env, "optimal_actions")
+
+
 def _env_module_function(env: Env, name: str) -> Callable:
     fn = getattr(sys.modules.get(type(env).__module__), name, None)
     if fn is None:
@@ -115,7 +144,7 @@ def solver_reply(env: Env, reasoning: str = "I follow the shortest path to the g
     (:func:`state_after`; the env itself is untouched); ``<answer>`` holds the first
     ``max_actions`` (default: the env's ``max_actions_per_turn``) of ``env.optimal_actions()``.
     """
-    if not hasattr(env, "optimal_actions"):
+    if not _solvable(env):
         raise TypeError(f"{type(env).__name__} has no optimal_actions(): SolverPolicy needs a SolvableEnv")
     cfg = env.config
     describe = _env_module_function(env, "describe_state")

@@ -21,7 +21,7 @@ import dataclasses
 import logging
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Protocol, Sequence, TypeGuard, TypeVar
 
 from vagent.envs.base import Env, Observation, StepResult
 from vagent.envs.formats import ParsedResponse, parse_response
@@ -57,6 +57,19 @@ class EnvSpec:
 EnvFactory = Callable[[EnvSpec], Env]
 
 
+class EnvAwarePolicy(Protocol):
+    """A policy that reads the live envs (``SolverPolicy``): it declares ``needs_envs = True`` and
+    :func:`act` calls it as ``act(conversations, sampling, envs=[one env per conversation])``."""
+
+    def act(self, conversations: Sequence[Conversation], sampling: SamplingConfig,
+            envs: Sequence[Env] | None = None) -> list[Reply]: ...
+
+
+def _needs_envs(policy: Policy) -> TypeGuard[EnvAwarePolicy]:
+    """Whether ``policy`` declares ``needs_envs = True`` (an :class:`EnvAwarePolicy`)."""
+    return bool(getattr(policy, "needs_envs", False))
+
+
 @dataclass
 class _Block:
     """One completed turn as context: its messages and (token policies) its segments."""
@@ -83,6 +96,17 @@ class Live:
     conv: Conversation | None = None  # the current sample's conversation
     n_pending: int = 0  # messages of conv the policy has to encode this turn
     n_segments_before: int = 0
+
+
+_T = TypeVar("_T")
+
+
+def _required(value: _T | None, what: str) -> _T:
+    """``value``, which this stage of the episode needs set (see the module docstring for the order)."""
+    if value is None:
+        raise RuntimeError(f"{what} is not set at this point of the episode: the calls must follow the order "
+                           "start_env, next_conversation, act, apply_reply, step_env, record_turn")
+    return value
 
 
 class Stepped(NamedTuple):
@@ -127,7 +151,7 @@ _WARNED: set[tuple[str, str, str]] = set()
 _WARNED_MAX = 1000
 
 
-def _warn_env_failure(where: str, env: str, seed: Any, exc: BaseException) -> None:
+def _warn_env_failure(where: str, env: str, seed: int, exc: BaseException) -> None:
     """``env X seed S failed at <where>: <error>``, the first time this error is seen for this env
     in this process; again at debug level only."""
     key = (where, env, str(exc))
@@ -148,12 +172,12 @@ def start_env(live: Live, env_factory: EnvFactory | None) -> None:
     """Make and reset the env of ``live.spec`` (in a worker thread); errors mark the episode."""
     spec = live.spec
     try:
-        live.env = _make_env(spec, env_factory)
-        obs, _info = live.env.reset(spec.seed)
+        env = live.env = _make_env(spec, env_factory)
+        obs, _info = env.reset(spec.seed)
         if not isinstance(obs, Observation):
             raise TypeError(f"env.reset must return (Observation, dict), got {type(obs).__name__}")
         live.obs = obs
-        live.episode.system_prompt = live.env.system_prompt()
+        live.episode.system_prompt = env.system_prompt()
         live.system = Message("system", live.episode.system_prompt)
     except Exception as exc:  # noqa: BLE001 -- recorded as an episode error, never a reward
         live.episode.error = _env_error(exc)
@@ -164,11 +188,12 @@ def start_env(live: Live, env_factory: EnvFactory | None) -> None:
 def step_env(live: Live, text: str) -> Stepped | None:
     """Step the env with the reply's text; None when it failed (the episode is marked)."""
     try:
-        before = live.env.state()
-        result = live.env.step(text)
+        env = _required(live.env, "the env (start_env)")
+        before = env.state()
+        result = env.step(text)
         if not isinstance(result, StepResult):
             raise TypeError(f"env.step must return a StepResult, got {type(result).__name__}")
-        after = live.env.state()
+        after = env.state()
         return Stepped(result, before, after)
     except Exception as exc:  # noqa: BLE001 -- recorded as an episode error, never a reward
         live.episode.error = _env_error(exc)
@@ -201,7 +226,8 @@ def _parsed(info: Mapping[str, Any], env: Env, reply: str, episode: Episode) -> 
         fields = dict(given)
         fields["actions"] = tuple(fields.get("actions", ()))
         return ParsedResponse(**fields)
-    cfg, sep_owner = getattr(env, "config", None), env
+    cfg: Any = getattr(env, "config", None)  # an env's own declared config (each env has its own class)
+    sep_owner: object = env
     if getattr(cfg, "format", None) is None:
         from vagent.envs.registry import env_class, make_config
 
@@ -219,29 +245,32 @@ def _parsed(info: Mapping[str, Any], env: Env, reply: str, episode: Episode) -> 
 
 def next_conversation(live: Live, window: int | None) -> None:
     """Set ``live.conv`` to the conversation of this turn's sample (see the module docstring)."""
-    user = Message("user", live.obs.text, live.obs.images)
+    obs = _required(live.obs, "the observation (start_env)")
+    system = _required(live.system, "the system message (start_env)")
+    user = Message("user", obs.text, obs.images)
     if window is None:  # concat: one growing conversation
         if live.conv is None:
-            live.conv = Conversation(messages=[live.system], key=live.episode.traj_id)
+            live.conv = Conversation(messages=[system], key=live.episode.traj_id)
             live.episode.samples.append(live.conv)
-        live.conv.messages.append(user)
+        conv = live.conv
+        conv.messages.append(user)
     else:
         blocks = live.blocks[len(live.blocks) - window:] if window > 0 else []
-        messages, segments = [live.system], list(live.system_segments)
+        messages, segments = [system], list(live.system_segments)
         for b in blocks:
             messages += [b.user, b.assistant]
             segments += b.user_segments + [context_copy(s) for s in b.reply_segments]
         messages.append(user)
-        live.conv = Conversation(messages, segments, n_encoded=len(messages) - 1 if segments else 0,
-                                 key=live.episode.traj_id)
-        live.episode.samples.append(live.conv)
-    live.n_pending = len(live.conv.messages) - live.conv.n_encoded
-    live.n_segments_before = len(live.conv.segments)
+        conv = live.conv = Conversation(messages, segments, n_encoded=len(messages) - 1 if segments else 0,
+                                        key=live.episode.traj_id)
+        live.episode.samples.append(conv)
+    live.n_pending = len(conv.messages) - conv.n_encoded
+    live.n_segments_before = len(conv.segments)
 
 
 def _split_new_segments(live: Live) -> tuple[list[Segment], list[Segment]]:
     """(pending-message segments, reply segments) the policy added this turn; [] for text policies."""
-    new = live.conv.segments[live.n_segments_before:]
+    new = _required(live.conv, "the conversation (next_conversation)").segments[live.n_segments_before:]
     if not new:
         return [], []
     k = live.n_pending
@@ -261,9 +290,9 @@ def act(policy: Policy, lives: Sequence[Live], sampling: SamplingConfig, turn: i
     """ONE policy call for the current conversations of ``lives``, seeded with ``turn_seed``; a
     policy with ``needs_envs`` (``SolverPolicy``) also gets the envs. One reply per conversation."""
     sampling_t = dataclasses.replace(sampling, seed=turn_seed(sampling.seed, turn))
-    convs = [lv.conv for lv in lives]
-    if getattr(policy, "needs_envs", False):
-        replies = policy.act(convs, sampling_t, envs=[lv.env for lv in lives])
+    convs = [_required(lv.conv, "the conversation (next_conversation)") for lv in lives]
+    if _needs_envs(policy):
+        replies = policy.act(convs, sampling_t, envs=[_required(lv.env, "the env (start_env)") for lv in lives])
     else:
         replies = policy.act(convs, sampling_t)
     if len(replies) != len(convs):
@@ -283,32 +312,34 @@ def apply_reply(live: Live, reply: Reply, window: int | None) -> bool:
         live.episode.error = f"policy: {reply.error or 'finish_reason=error'}"
         live.finished = True
         return False
+    conv = _required(live.conv, "the conversation (next_conversation)")
     if reply.finish_reason == "context_limit":
-        if len(live.conv.segments) != live.n_segments_before:
+        if len(conv.segments) != live.n_segments_before:
             raise RuntimeError("a policy that hit its context limit must not append segments")
-        live.conv.messages.pop()  # the unanswered observation becomes final_observation
+        conv.messages.pop()  # the unanswered observation becomes final_observation
         if window is not None:
             live.episode.samples.pop()
         live.episode.truncated, live.episode.final_observation, live.finished = True, live.obs, True
         return False
-    live.conv.messages.append(Message("assistant", reply.text))
+    conv.messages.append(Message("assistant", reply.text))
     return True
 
 
 def record_turn(live: Live, t: int, reply: Reply, stepped: Stepped, max_turns: int, window: int | None) -> None:
     """Record turn ``t`` (the reply and its env step) and end the episode where it ends."""
     result, before, after = stepped
+    conv = _required(live.conv, "the conversation (next_conversation)")
+    obs = _required(live.obs, "the observation (start_env)")
     user_segs, reply_segs = _split_new_segments(live)
-    if t == 0 and user_segs and live.conv.messages[0].role == "system":
+    if t == 0 and user_segs and conv.messages[0].role == "system":
         live.system_segments = user_segs[:1]
     info = dict(result.info)
-    parsed = _parsed(info, live.env, reply.text, live.episode)
+    parsed = _parsed(info, _required(live.env, "the env (start_env)"), reply.text, live.episode)
     info.pop("parsed", None)
     if window is None:
         prompt_ids = [i for s in user_segs for i in s.input_ids]
     else:  # a per-turn sample: its whole context is this turn's prompt
-        prompt_ids = [i for s in live.conv.segments[: len(live.conv.segments) - len(reply_segs)] for i in s.input_ids]
-    obs = live.obs
+        prompt_ids = [i for s in conv.segments[: len(conv.segments) - len(reply_segs)] for i in s.input_ids]
     live.episode.turns.append(Turn(
         index=t, observation=obs, reply=reply.text, parsed=parsed, env_reward=float(result.reward),
         reward=float(result.reward), terminated=bool(result.terminated), truncated=bool(result.truncated),
@@ -317,8 +348,8 @@ def record_turn(live: Live, t: int, reply: Reply, stepped: Stepped, max_turns: i
         n_images=len(obs.images), finish_reason=reply.finish_reason, usage=dict(reply.usage),
         weights_version=getattr(reply, "weights_version", None),
     ))
-    assistant = live.conv.messages[-1]
-    live.blocks.append(_Block(live.conv.messages[-2], assistant, user_segs[-1:], reply_segs))
+    assistant = conv.messages[-1]
+    live.blocks.append(_Block(conv.messages[-2], assistant, user_segs[-1:], reply_segs))
     live.obs = result.obs
     if result.terminated or result.truncated:
         live.episode.terminated = bool(result.terminated)

@@ -3,6 +3,7 @@
 - :mod:`vagent.service.server`: ``vagent serve-env``, FastAPI routes over env sessions (the
   session table in :mod:`vagent.service.front`, the per-request checks in
   :mod:`vagent.service.guard`, the shared answers in :mod:`vagent.service.responses`);
+- :mod:`vagent.service.transport`: the HTTP transport, the service's errors and counters, decoding;
 - :mod:`vagent.service.client`: :class:`RemoteEnv` (the env contract over HTTP, restoring lost
   sessions by replay);
 - :mod:`vagent.service.batch`: :class:`RemoteEnvPool`, :func:`step_many`, :func:`reset_many`,

@@ -1,6 +1,8 @@
 """``vagent view``: see what the agent saw, said, and was credited for, token by token.
 
 - :mod:`vagent.viewer.data`    run / evaluation directories -> index, episode summaries, episodes
+- :mod:`vagent.viewer.files`   the viewer's errors, safe reading of run files, record and token checks
+- :mod:`vagent.viewer.legend`  an env's legend for the episode page
 - :mod:`vagent.viewer.turns`   an episode's turns: reward parts, its summary, token rows split per turn
 - :mod:`vagent.viewer.sweep`   a sweep directory -> the report's tables, curves and trials (vagent.sweep.report)
 - :mod:`vagent.viewer.server`  the loopback HTTP server and the self-contained ``--out`` page

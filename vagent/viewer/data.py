@@ -10,18 +10,23 @@ Both kinds of directory become the same three documents (plain JSON, built on de
 - ``episode(group, i)``: one episode as turns: image paths, prompt, reply, reward parts, and,
   where the run dumped tokens (``vagent.runs.tokens``), its token rows split per turn
   (:mod:`vagent.viewer.turns`).
+
+Files are read and checked by :mod:`vagent.viewer.files` (a bad file is :class:`BadFile` naming the
+file, line and field); grid envs' symbols are explained by :mod:`vagent.viewer.legend`.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import sys
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Mapping
 
 from vagent.runs.tokens import read_token_rows
+from vagent.viewer.files import (  # noqa: F401 -- the checks stay importable from here
+    BadFile, ViewerError, _guarded, _parse, _read_lines, _safe_file, check_record, check_token_doc,
+)
+from vagent.viewer.legend import env_legend
 from vagent.viewer.turns import (
     attach_tokens, episode_summary, finite_number, max_abs_advantage, turn_view,
 )
@@ -29,150 +34,6 @@ from vagent.viewer.turns import (
 #: token dumps bigger than this are not read (``--max-token-mb``): a 200 MB dump takes 23 s and
 #: 0.8 GB to parse, for one episode's rows (bench/viewer.py, docs/results.md)
 MAX_TOKEN_MB = 64.0
-
-
-class ViewerError(ValueError):
-    """A path that is neither a run directory nor an evaluation directory, or a bad request (HTTP 404)."""
-
-    status = 404
-
-
-class BadFile(ViewerError):
-    """A file of the directory that the viewer cannot read: its message names the file and line (HTTP 422)."""
-
-    status = 422
-
-
-# ---------------------------------------------------------------------- reading files defensively
-def _no_constant(name: str) -> None:
-    """NaN / Infinity in a file read as null (the page shows a dash)."""
-    return None
-
-
-def _parse(text: str, where: str) -> Any:
-    """``text`` as JSON, or BadFile naming ``where`` (a nesting too deep for Python included)."""
-    try:
-        return json.loads(text, parse_constant=_no_constant)
-    except json.JSONDecodeError as exc:
-        raise BadFile(f"{where}: not valid JSON ({exc})") from None
-    except RecursionError:
-        raise BadFile(f"{where}: JSON nested deeper than this viewer reads "
-                      f"(Python's recursion limit {sys.getrecursionlimit()})") from None
-
-
-def _read_lines(path: Path, rel: str) -> list[tuple[int, dict]]:
-    """(line number, object) of each non-empty line of a JSONL file; BadFile names the line."""
-    out = []
-    for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), start=1):
-        if line.strip():
-            rec = _parse(line, f"{rel} line {n}")
-            if not isinstance(rec, dict):
-                raise BadFile(f"{rel} line {n}: a {type(rec).__name__}, expected a JSON object")
-            out.append((n, rec))
-    return out
-
-
-_NONE = type(None)
-_NUM = (int, float, _NONE)
-_STR = (str, _NONE)
-
-#: the types of what the viewer reads from an episode record, a turn and a turn's ``parsed``
-RECORD_TYPES = {"turns": (list,), "env_name": _STR, "seed": (int, _NONE), "key": (dict, _NONE),
-                "success": (bool, int, _NONE), "total_reward": _NUM, "env_return": _NUM, "error": _STR,
-                "env_config": (dict, _NONE), "final_frames": (list, _NONE), "terminated": (bool, _NONE),
-                "truncated": (bool, _NONE), "frames_skipped": (bool, _NONE), "system_prompt": _STR,
-                "final_observation": (dict, _NONE)}
-TURN_TYPES = {"index": (int,), "reply": _STR, "reward": _NUM, "env_reward": _NUM, "format_ok": (bool, _NONE),
-              "parsed": (dict, _NONE), "info": (dict, _NONE), "frames": (list, _NONE), "finish_reason": _STR,
-              "reasoning_scores": (dict, _NONE), "reasoning_rewards": (dict, _NONE), "judge_reasons": (dict, _NONE)}
-PARSED_TYPES = {"actions": (list, _NONE), "error": _STR, "format_ok": (bool, _NONE)}
-
-
-def _check_types(obj: Mapping[str, Any], types: Mapping[str, tuple], where: str, required: tuple = ()) -> None:
-    for key in required:
-        if key not in obj:
-            raise BadFile(f"{where}: no {key!r} (expected keys: {', '.join(types)})")
-    for key, ok in types.items():
-        if key in obj and not isinstance(obj[key], ok):
-            names = " or ".join("null" if t is _NONE else t.__name__ for t in ok)
-            found = f"{json.dumps(obj[key])[:60]} ({type(obj[key]).__name__})"
-            raise BadFile(f"{where}: {key!r} is {found}, expected {names}")
-
-
-def _check_list(items: Any, ok: tuple, where: str) -> None:
-    bad = next((x for x in items if not isinstance(x, ok)), _check_list)
-    if bad is not _check_list:
-        names = " or ".join("null" if t is _NONE else t.__name__ for t in ok)
-        raise BadFile(f"{where}: holds {json.dumps(bad)[:60]}, expected a list of {names}")
-
-
-def check_record(rec: Mapping[str, Any], where: str, kind: str = "run") -> None:
-    """BadFile (naming ``where`` and the field) unless ``rec`` is an episode record the viewer can show:
-    the fields it reads have the types a run (``vagent.runs.samples``) or an evaluation writes."""
-    _check_types(rec, RECORD_TYPES, where, required=("turns",) + (("key",) if kind == "eval" else ()))
-    if kind == "eval":
-        _check_types(rec["key"], {"seed": (int,), "sample": (int,)}, f"{where}: key", required=("seed", "sample"))
-    _check_list(rec.get("final_frames") or [], (str,), f"{where}: final_frames")
-    _check_list(rec.get("turns"), (dict,), f"{where}: turns")
-    for k, t in enumerate(rec["turns"]):
-        at = f"{where}: turns[{k}]"
-        observation = (dict, _NONE) if kind == "eval" else _STR
-        _check_types(t, {**TURN_TYPES, "observation": observation}, at, required=("index",))
-        _check_types(t.get("parsed") or {}, PARSED_TYPES, f"{at}.parsed")
-        _check_list((t.get("parsed") or {}).get("actions") or [], (str,), f"{at}.parsed.actions")
-        _check_list(t.get("frames") or [], (str,), f"{at}.frames")
-        _check_list((t.get("reasoning_rewards") or {}).values(), (int, float), f"{at}.reasoning_rewards")
-        _check_list((t.get("reasoning_scores") or {}).values(), _NUM, f"{at}.reasoning_scores")
-        _check_list((t.get("judge_reasons") or {}).values(), _STR, f"{at}.judge_reasons")
-        if kind == "eval":
-            obs = t.get("observation") or {}
-            _check_types(obs, {"text": _STR, "images": (list, _NONE)}, f"{at}.observation")
-            _check_list(obs.get("images") or [], (str,), f"{at}.observation.images")
-    if kind == "eval":
-        final = rec.get("final_observation") or {}
-        _check_list(final.get("images") or [], (str,), f"{where}: final_observation.images")
-
-
-ROW_INTS = ("row", "episode", "bootstrap_index")
-ROW_ARRAYS = ("input_ids", "loss_mask", "turn_index", "sample_logprobs")
-
-
-def check_token_doc(doc: Any, rel: str) -> None:
-    """BadFile (naming the file and row) unless ``doc`` is a token dump the viewer can split into turns:
-    every row's arrays as long as its ``input_ids``, ids and turn indices integers, the mask 0/1."""
-    if not isinstance(doc, dict) or not isinstance(doc.get("rows"), list):
-        raise BadFile(f"{rel}: not a token dump (expected a JSON object with a 'rows' list)")
-    _check_types(doc, {"fields": (list,), "pieces": (dict,), "image_token_id": (int, _NONE)}, rel,
-                 required=("fields", "pieces"))
-    _check_list(doc["fields"], (str,), f"{rel}: fields")
-    for r, row in enumerate(doc["rows"]):
-        at = f"{rel}: rows[{r}]"
-        if not isinstance(row, dict):
-            raise BadFile(f"{at}: a {type(row).__name__}, expected a JSON object")
-        arrays = ROW_ARRAYS + tuple(doc["fields"])
-        _check_types(row, {**{k: (int,) for k in ROW_INTS}, "truncated": (bool,), **{k: (list,) for k in arrays}}, at,
-                     required=ROW_INTS + arrays)
-        n = len(row["input_ids"])
-        for name in arrays[1:]:
-            if len(row[name]) != n:
-                raise BadFile(f"{at}: {name} has {len(row[name])} entries, input_ids {n}; every array of a row "
-                              "holds one entry per token")
-        _check_list(row["input_ids"], (int,), f"{at}.input_ids")
-        _check_list(row["turn_index"], (int,), f"{at}.turn_index")
-        if any(m not in (0, 1) for m in row["loss_mask"]):
-            raise BadFile(f"{at}.loss_mask: entries other than 0 and 1")
-        for name in arrays[3:]:
-            _check_list(row[name], _NUM, f"{at}.{name}")
-
-
-def _guarded(where: str, build: Callable[[], Any]) -> Any:
-    """``build()``; an error from an odd value that the checks above let through becomes BadFile naming ``where``."""
-    try:
-        return build()
-    except ViewerError:
-        raise
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError) as exc:
-        raise BadFile(f"{where}: cannot show this record ({type(exc).__name__}: {exc})") from None
 
 
 def open_source(path: str | Path, max_token_mb: float = MAX_TOKEN_MB) -> "RunSource | EvalSource":
@@ -492,50 +353,6 @@ class EvalSource:
 
     def file(self, rel: str) -> Path:
         return _safe_file(self.root, rel)
-
-
-# ---------------------------------------------------------------------- what a grid env's symbols mean
-@lru_cache(maxsize=64)
-def env_legend(env_name: str) -> list[dict]:
-    """What each symbol of a built-in grid env's board means: [{"symbol", "meaning", "tile"}], from the
-    env module's ``LEGEND`` ("P player, _ ice, ...", the text board's symbols); ``tile`` is that cell
-    as the env draws it for ``render="vision"`` (a PNG data: URI, from the module's ``TILES`` and
-    ``render_image``), or None. Empty for envs that are not grid envs (no ``LEGEND`` and ``TILES``:
-    navigation's and svg's LEGEND are the symbols of a description style, not of the board) and for
-    envs that are not built in."""
-    import base64
-    import io
-
-    from vagent.envs.registry import env_class, list_envs
-
-    if env_name not in list_envs(builtin_only=True):
-        return []
-    try:
-        module = sys.modules[env_class(env_name).__module__]
-    except Exception:  # noqa: BLE001 - display only: an env whose optional dependency is missing
-        return []
-    legend = getattr(module, "LEGEND", None)
-    if not isinstance(legend, str) or not getattr(module, "TILES", None):
-        return []
-    tiles, draw = getattr(module, "TILES", {}), getattr(module, "render_image", None)
-    out = []
-    for item in legend.split(", "):
-        symbol, _, meaning = item.strip().partition(" ")
-        tile = None
-        if symbol in tiles and draw is not None:
-            buf = io.BytesIO()
-            draw([symbol], 32).save(buf, format="PNG")
-            tile = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
-        out.append({"symbol": symbol, "meaning": meaning, "tile": tile})
-    return out
-
-
-def _safe_file(root: Path, rel: str) -> Path:
-    """``root / rel`` if it is a file inside ``root`` (no ``..`` escapes), else ViewerError."""
-    path = (root / rel).resolve()
-    if not path.is_relative_to(root.resolve()) or not path.is_file():
-        raise ViewerError(f"no such file in {root}: {rel!r}")
-    return path
 
 
 __all__ = ["ViewerError", "BadFile", "RunSource", "EvalSource", "open_source", "check_record", "check_token_doc",

@@ -34,13 +34,14 @@ Stop strings: ``SamplingConfig.stop`` means "stop right AFTER the string" (the s
 the reply, as for local models). APIs strip the matched stop sequence, so with
 ``stop_mode="server"`` the adapter restores it (:func:`restore_stop`); with ``"client"`` no stop
 is sent and the reply is cut after the first stop string (exact, costs the extra tokens).
+
+The conversion helpers (images, placeholders, stop strings) are :mod:`vagent.eval.backends.convert`,
+the total-deadline HTTP client :mod:`vagent.eval.backends.deadline`; both are re-exported here.
 """
 
 from __future__ import annotations
 
-import base64
 import email.utils
-import io
 import logging
 import random
 import threading
@@ -49,10 +50,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
-from PIL import Image
-
-from vagent.envs.base import IMAGE_PLACEHOLDER
-from vagent.rollout.policy import Conversation, Message, Reply, SamplingConfig
+# the conversion helpers and the deadline client live beside this module; the adapters import them from here
+from vagent.eval.backends.convert import (  # noqa: F401
+    cut_at_stop, encode_png, interleave, png_base64, restore_stop, split_system, stop_reply, token_usage,
+)
+from vagent.eval.backends.deadline import DeadlineTransport, deadline_http_client, http_package  # noqa: F401
+from vagent.rollout.policy import Conversation, Reply, SamplingConfig
 
 logger = logging.getLogger(__name__)
 
@@ -304,243 +307,6 @@ def one_line(text: str, limit: int = 400) -> str:
     text = " ".join(str(text).split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
-
-# ---------------------------------------------------------------------------------------------
-# A total deadline per HTTP request.
-#
-# httpx's timeouts bound each socket operation: a read that receives one byte in time restarts the
-# clock, so a server that drips its answer keeps a request alive for as long as it drips. The
-# client below bounds the request as a whole: its transport notes the deadline (now + total_s) in
-# a thread-local at the start of each request, and every connect, read and write of its
-# connections waits at most until that deadline, then fails as httpx's own timeouts do
-# (ConnectTimeout / ReadTimeout / WriteTimeout, which the SDKs report as timeouts). The SDKs here
-# are synchronous: a request and the reading of its body run in the caller's thread. The SDKs use
-# httpx or its fork httpx2 (with httpcore / httpcore2); the same code serves both.
-
-_deadline = threading.local()
-
-
-def _time_left(timeout: float | None, exc: type[Exception]) -> float | None:
-    """``timeout`` cut to the time left before this thread's request deadline; ``exc`` once it passed."""
-    end = getattr(_deadline, "end", None)
-    if end is None:
-        return timeout
-    left = end - time.monotonic()
-    if left <= 0:
-        raise exc(f"the request's total deadline of {_deadline.total_s:g} s (timeout_s) passed")
-    return left if timeout is None else min(timeout, left)
-
-
-class _DeadlineStream:
-    """A connection (httpcore's NetworkStream) whose every read and write ends by the request's deadline."""
-
-    def __init__(self, stream: Any, core: Any):
-        self._stream, self._core = stream, core
-
-    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        return self._stream.read(max_bytes, _time_left(timeout, self._core.ReadTimeout))
-
-    def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        self._stream.write(buffer, _time_left(timeout, self._core.WriteTimeout))
-
-    def close(self) -> None:
-        self._stream.close()
-
-    def start_tls(self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None) -> Any:
-        tls = self._stream.start_tls(ssl_context, server_hostname, _time_left(timeout, self._core.ConnectTimeout))
-        return _DeadlineStream(tls, self._core)
-
-    def get_extra_info(self, info: str) -> Any:
-        return self._stream.get_extra_info(info)
-
-
-class _DeadlineBackend:
-    """httpcore's socket backend (NetworkBackend) with connections that end by the request's deadline."""
-
-    def __init__(self, backend: Any, core: Any):
-        self._backend, self._core = backend, core
-
-    def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
-                    socket_options: Any = None) -> _DeadlineStream:
-        timeout = _time_left(timeout, self._core.ConnectTimeout)
-        return _DeadlineStream(self._backend.connect_tcp(host, port, timeout, local_address, socket_options),
-                               self._core)
-
-    def connect_unix_socket(self, path: str, timeout: float | None = None,
-                            socket_options: Any = None) -> _DeadlineStream:
-        timeout = _time_left(timeout, self._core.ConnectTimeout)
-        return _DeadlineStream(self._backend.connect_unix_socket(path, timeout, socket_options), self._core)
-
-    def sleep(self, seconds: float) -> None:
-        self._backend.sleep(seconds)
-
-
-class DeadlineTransport:
-    """httpx's (or httpx2's) HTTP transport with a total deadline of ``total_s`` per request (see above).
-
-    package: "httpx" or "httpx2", the package of the client it goes into."""
-
-    def __init__(self, total_s: float, package: str = "httpx"):
-        import importlib
-
-        self.total_s = float(total_s)
-        http, core = importlib.import_module(package), importlib.import_module(package.replace("httpx", "httpcore"))
-        self._inner = http.HTTPTransport()
-        pool = getattr(self._inner, "_pool", None)
-        if not isinstance(getattr(pool, "_network_backend", None), core.NetworkBackend):
-            raise RuntimeError(f"{package} {http.__version__}: its transport has no connection pool with a network "
-                               "backend to bound; install the versions of constraints.txt")
-        pool._network_backend = _DeadlineBackend(pool._network_backend, core)
-
-    def handle_request(self, request: Any) -> Any:
-        _deadline.end, _deadline.total_s = time.monotonic() + self.total_s, self.total_s
-        return self._inner.handle_request(request)
-
-    def close(self) -> None:
-        self._inner.close()
-
-    def __enter__(self) -> "DeadlineTransport":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-
-def http_package(sdk_client_class: type) -> str:
-    """"httpx2" or "httpx": the package of an SDK's default HTTP client class (its ``http_client``
-    must be a client of the same package)."""
-    for cls in sdk_client_class.__mro__:
-        root = cls.__module__.partition(".")[0]
-        if root in ("httpx", "httpx2"):
-            return root
-    return "httpx"
-
-
-def deadline_http_client(total_s: float, package: str = "httpx") -> Any:
-    """An ``httpx.Client`` (``package="httpx2"``: an ``httpx2.Client``) whose every request (connect,
-    send, headers, the whole body) ends within ``total_s`` seconds, for an SDK's ``http_client``."""
-    import importlib
-
-    http = importlib.import_module(package)
-    return http.Client(transport=DeadlineTransport(total_s, package), timeout=total_s, follow_redirects=True)
-
-
-# ---------------------------------------------------------------------------------------------
-# Conversation conversion helpers shared by the adapters.
-
-
-def encode_png(image: Image.Image) -> bytes:
-    """The image as PNG bytes (RGBA/RGB/L kept; other modes converted to RGB)."""
-    if image.mode not in ("RGB", "RGBA", "L", "LA"):
-        image = image.convert("RGB")
-    buf = io.BytesIO()
-    image.save(buf, format="PNG")
-    return buf.getvalue()
-
-
-def png_base64(image: Image.Image) -> str:
-    return base64.b64encode(encode_png(image)).decode("ascii")
-
-
-def interleave(message: Message) -> list[str | Image.Image]:
-    """The message as text pieces and images in order (``<image>`` placeholders replaced).
-
-    Empty text pieces are dropped. ValueError if the placeholder count differs from the images.
-    """
-    pieces = message.text.split(IMAGE_PLACEHOLDER)
-    if len(pieces) - 1 != len(message.images):
-        raise ValueError(
-            f"{message.role} message has {len(pieces) - 1} '{IMAGE_PLACEHOLDER}' placeholder(s) but "
-            f"{len(message.images)} image(s); put exactly one placeholder per image, in order."
-        )
-    out: list[str | Image.Image] = []
-    for i, piece in enumerate(pieces):
-        if piece:
-            out.append(piece)
-        if i < len(message.images):
-            out.append(message.images[i])
-    return out
-
-
-def split_system(conversation: Conversation, refusal: str) -> tuple[str, list[Message]]:
-    """The system messages' texts joined by a blank line, and the other messages in order, for APIs
-    that take the system prompt apart and as text only: ValueError(``refusal``) for a system message
-    with images."""
-    system: list[str] = []
-    rest: list[Message] = []
-    for m in conversation.messages:
-        if m.role != "system":
-            rest.append(m)
-        elif m.images:
-            raise ValueError(refusal)
-        else:
-            system.append(m.text)
-    return "\n\n".join(system), rest
-
-
-def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, str | None]:
-    """``text`` cut right after the earliest stop string, and that string (None if none occurs)."""
-    best: tuple[int, str] | None = None
-    for s in stops:
-        if not s:
-            continue
-        i = text.find(s)
-        if i != -1 and (best is None or i + len(s) < best[0] + len(best[1])):
-            best = (i, s)
-    if best is None:
-        return text, None
-    return text[: best[0] + len(best[1])], best[1]
-
-
-def _stop_plausible(text: str, stop: str) -> bool:
-    """A closing tag ``</x>`` is restored only when ``<x>`` is open at the end of the text."""
-    if stop.startswith("</") and stop.endswith(">"):
-        opener = "<" + stop[2:]
-        return text.rfind(opener) > text.rfind(stop)
-    return True
-
-
-def restore_stop(text: str, stops: Sequence[str], *, stopped: bool, matched: str | None = None) -> str:
-    """The reply as the model wrote it up to and including the stop string.
-
-    APIs strip the stop sequence they matched. ``matched`` is that sequence when the API says
-    (Anthropic); otherwise, when the API reports a stop (``stopped``: OpenAI ``finish_reason ==
-    "stop"``, Gemini ``STOP``) and exactly one configured stop string is plausible (a closing
-    tag only while its opening tag is open), that one is appended. Known limit: the OpenAI and
-    Gemini wire formats do not distinguish a stop-sequence match from an end-of-sequence token,
-    so a reply that ended right after an unclosed ``<answer>`` gets ``</answer>`` appended; use
-    ``stop_mode="client"`` where that matters. The text is also cut at the first stop string
-    (for servers that ignore ``stop``).
-    """
-    text, found = cut_at_stop(text, stops)
-    if found is not None:
-        return text
-    if matched:
-        return text + matched
-    if stopped:
-        candidates = [s for s in stops if s and _stop_plausible(text, s)]
-        if len(candidates) == 1:
-            return text + candidates[0]
-    return text
-
-
-
-def stop_reply(text: str, finish: str, sampling: SamplingConfig, stop_mode: str, *, stopped: bool,
-               matched: str | None = None, usage: dict[str, int] | None = None) -> Reply:
-    """The :class:`Reply` of an API answer: with ``stop_mode="server"`` the stop string the API cut
-    off is put back (:func:`restore_stop`); with ``"client"`` the text is cut at the first stop
-    string here and ``finish`` becomes ``"stop"`` when one was found."""
-    if stop_mode == "server":
-        text = restore_stop(text, sampling.stop, stopped=stopped, matched=matched)
-    else:
-        text, found = cut_at_stop(text, sampling.stop)
-        finish = "stop" if found else finish
-    return Reply(text=text, finish_reason=finish, usage=usage or {})
-
-
-def token_usage(prompt: int | None, completion: int | None) -> dict[str, int]:
-    """``{"prompt_tokens", "completion_tokens"}`` from an API's counts (None counts as 0)."""
-    return {"prompt_tokens": int(prompt or 0), "completion_tokens": int(completion or 0)}
 
 __all__ = [
     "ApiError", "ApiPolicy", "ApiStats", "Adapter", "TokenBucket", "backoff_delay", "parse_retry_after",

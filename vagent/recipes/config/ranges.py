@@ -102,6 +102,8 @@ RANGES: dict[str, Range] = {
     "rollout.top_k": Range(0, TOKENS),
     "rollout.replicas": Range(0, 1024),
     "rollout.replica_threads": Range(1, 4096),
+    "rollout.push_timeout_s": Range(0, 1e6, lo_open=True, why="seconds; a replica slower than this is killed"),
+    "rollout.generate_timeout_s": Range(0, 1e6, lo_open=True, why="seconds; a replica slower than this is killed"),
     "rollout.overlap": Range(0, 1),
     "rollout.vllm_gpu_memory": Range(0, 1, lo_open=True),
     "rollout.canary_tolerance": Range(0, 1000, lo_open=True, why="the largest log-prob gap accepted on a probe token"),

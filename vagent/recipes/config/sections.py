@@ -148,6 +148,15 @@ class RolloutConfig:
     replicas: int = 0
     #: torch threads of each hf replica
     replica_threads: int = 1
+    #: seconds a weight push to the engine replicas may take (also their start-up wait); a replica
+    #: that has not loaded the weights by then is stuck: it is killed and the rest go on. 7B bf16 is
+    #: 15 GB, ~120 s at 1 Gbit/s (~240 s for two replica hosts, or fp32), so 600 leaves over 2x
+    push_timeout_s: float = 600.0
+    #: seconds one engine replica may take to answer a generate call (also the canary's and stats'
+    #: calls); a replica silent that long is stuck: it is killed and its requests go to the others.
+    #: 1024 new tokens at ~2 decode steps/s (a 7B on a slow CPU) take ~9 min, ~17 min when the call
+    #: waits behind a batch already running, so 1800 leaves a margin
+    generate_timeout_s: float = 1800.0
     #: lockstep (one batched policy call per turn for the whole batch) or async (each trajectory
     #: advances as soon as its own reply and env step return; same episodes, per-request seeds)
     schedule: Literal["lockstep", "async"] = "lockstep"

@@ -47,6 +47,9 @@ def check_rollout(cfg: RunConfig) -> None:
     need(rollout.replicas >= 0 and rollout.replica_threads >= 1,
          f"rollout.replicas must be >= 0 and rollout.replica_threads >= 1, got {rollout.replicas}, "
          f"{rollout.replica_threads}.")
+    need(rollout.push_timeout_s > 0 and rollout.generate_timeout_s > 0,
+         f"rollout.push_timeout_s and rollout.generate_timeout_s are deadlines in seconds and must be > 0, got "
+         f"{rollout.push_timeout_s}, {rollout.generate_timeout_s}; defaults 600 and 1800 (docs/distributed.md).")
     need(rollout.overlap in (0, 1),
          f"rollout.overlap must be 0 or 1 (staleness of the generator's weights), got {rollout.overlap}.")
     need(not (rollout.overlap and rollout.engine == "hf" and rollout.replicas == 0),
