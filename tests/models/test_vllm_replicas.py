@@ -15,7 +15,10 @@ import pytest
 from tests.models.replica_kill import check_killed_replica_loses_no_episode, ids
 from tests.vllm_tiny import build_vllm_tiny
 
-pytestmark = pytest.mark.vllm
+# two vLLM engines starting at once on a 2-core machine: 5-6 min idle, and over 10 min beside other
+# work (a busy .ci/run timed the default 600 s out in the fixture); the fixture's start waits as long
+START_S = 1500
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(START_S + 300)]
 pytest.importorskip("ray", reason="vLLM replicas are Ray actors: pip install 'vagent[ray]'")
 
 from vagent.rollout import EnvSpec, HFPolicy, SamplingConfig, rollout  # noqa: E402
@@ -40,7 +43,7 @@ def setup(tmp_path_factory):
     ray = start_ray(num_cpus=2)
     names = [f"vllm-replica-test-{i}-{time.time_ns()}" for i in range(2)]
     engine = RemoteEngine.vllm(model_dir, loaded.encoder, replicas=2, names=names, dtype="float32",
-                               kv_cache_memory_bytes=256 << 20)
+                               kv_cache_memory_bytes=256 << 20, push_timeout_s=START_S)
     yield loaded, engine, names
     engine.close()
     ray.shutdown()
