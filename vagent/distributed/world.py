@@ -45,15 +45,10 @@ class World:
         return f"rank {self.rank}/{self.size}" if self.distributed else ""
 
     def ranks_at(self, text: str) -> dict[str, list[int]]:
-        """The other ranks whose address ``text`` names (a backend's error: ``Connection closed by
-        peer [10.0.0.2]:53934``), by address; only addresses of other hosts than this rank's (ranks
-        on this host share its address, which names none of them)."""
-        own = self.addresses[self.rank] if self.rank < len(self.addresses) else None
-        found: dict[str, list[int]] = {}
-        for r, address in enumerate(self.addresses):
-            if r != self.rank and address != own and f"[{address}]" in text:
-                found.setdefault(address, []).append(r)
-        return found
+        """The other hosts' ranks whose address ``text`` names (a backend's error: ``Connection
+        closed by peer [10.0.0.2]:53934``), by address (:meth:`other_hosts`: ranks on this host
+        share its address, which names none of them)."""
+        return {a: ranks for a, ranks in self.other_hosts().items() if f"[{a}]" in text}
 
     def other_hosts(self) -> dict[str, list[int]]:
         """The ranks on other hosts than this rank's, by address (empty in a job of one host)."""
