@@ -89,7 +89,9 @@ def test_the_default_rollout_runs_through_the_driver_and_adds_no_metric():
         return RolloutResult([], {"rollout/success_rate": 0.5})
 
     policy = SimpleNamespace()
-    driver = driver_module.make_driver(cfg, SimpleNamespace(model=None), policy, run)
+    from vagent.rollout.make_driver import make_driver
+
+    driver = make_driver(cfg, SimpleNamespace(model=None), policy, run)
     loop = step_module.StepLoop(_session(cfg), 3)
     loop.driver = driver
     got = loop.rollout(3)

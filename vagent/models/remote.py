@@ -1,7 +1,8 @@
 """``RemoteEngine``: engine replicas as Ray actors, behind the ``Engine`` protocol.
 
 Each replica is a Ray actor holding its own copy of the policy and a ``BatchingEngine`` over an
-``HFEngine`` (on CPU here; the vLLM replica is ``vagent.models.vllm_engine``). ``RemoteEngine``
+``HFEngine`` (on CPU here; the vLLM replica is ``vagent.models.vllm_engine``); the actors' bodies
+are in ``vagent.models.replica_actors``. ``RemoteEngine``
 is what the rollout's ``HFPolicy`` calls instead of an in-process engine: the process boundary
 sits at the engine (token ids and pixels in, ``GenerationOutput`` out), because the policy keeps
 and mutates the conversations.
@@ -27,9 +28,11 @@ weights), and its requests go to the other replicas as a dead one's do. With no 
 call raises one line naming each replica's fate and the setting to raise.
 
 Weights: ``update_weights(model)`` sends the trainer's ``state_dict`` (once, through the object
-store) to every live replica and waits for all of them; each replica loads it between batches and
-stamps every later output with the new ``weights_version`` (``GenerationOutput.weights_version``,
-recorded on each ``Turn``). Replicas start at version 0 with the weights they were built with.
+store) to every live replica and waits for all of them; each replica loads it once its running
+generate calls are done (holding new ones back meanwhile, so pushes may land while other threads
+generate) and stamps every later output with the new ``weights_version``
+(``GenerationOutput.weights_version``, recorded on each ``Turn``): a reply's stamp is the version of
+the weights that produced it. Replicas start at version 0 with the weights they were built with.
 
 Exactness: a replica's greedy replies equal the in-process engine's, and so do sampled ones when
 every request carries its own seed (``GenerationRequest.seed``, set by
@@ -57,6 +60,10 @@ import time
 from typing import Any, Sequence
 
 from vagent.models.engine import GenerationOutput, GenerationRequest, SamplingParams
+# the actors' bodies and the push helpers live beside this module; importable from here
+from vagent.models.replica_actors import (  # noqa: F401
+    EngineReplica, PushGate, VLLMReplica, adapter_names, check_adapter_push, pushed_state, token_logprobs,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -196,156 +203,14 @@ def join_ray(address: str) -> bool:
     return True
 
 
-class EngineReplica:
-    """One replica (the body of the Ray actor): a model copy, its HFEngine, a batching front."""
-
-    def __init__(self, model: Any, encoder: Any, prefix_cache: bool = True, threads: int = 1,
-                 max_batch: int = 64) -> None:
-        import torch
-
-        from vagent.models.batching import BatchingEngine
-        from vagent.models.engine import HFEngine
-
-        if threads > 0:
-            torch.set_num_threads(threads)
-        self.model = model
-        self.model.requires_grad_(False)
-        self.engine = BatchingEngine(HFEngine(model, encoder, prefix_cache=prefix_cache), max_batch=max_batch)
-        self.version = 0
-
-    def ready(self) -> tuple[int, bool]:
-        """(this actor's pid, whether its engine needs the raw images)."""
-        return os.getpid(), False
-
-    def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[GenerationOutput]:
-        version = self.version  # a weight update waits for running batches, so this is their version
-        outputs = self.engine.generate(requests, params)
-        for out in outputs:
-            out.weights_version = version
-        return outputs
-
-    def load_weights(self, state_dict: dict, version: int) -> int:
-        """Load the trainer's weights between batches; later outputs carry ``version``. A state of
-        adapter tensors only (a LoRA push, :func:`pushed_state`) replaces just those, after checking
-        that each names an adapter tensor of this replica with the same shape."""
-        with self.engine.exclusive():
-            own = self.model.state_dict()
-            partial = set(state_dict) != set(own)
-            if partial:
-                check_adapter_push(state_dict, own)
-            self.model.load_state_dict(state_dict, strict=not partial)  # bumps the versions: cache dropped
-            self.version = int(version)
-        return self.version
-
-    def logprobs(self, input_ids: list[int], n_prompt: int, temperature: float = 1.0) -> list[float]:
-        """``token_logprobs`` of this replica's model (weight checks)."""
-        with self.engine.exclusive():
-            return token_logprobs(self.model, input_ids, n_prompt, temperature)
-
-    def stats(self) -> dict:
-        return {**self.engine.stats, **self.engine.engine.stats, "version": self.version}
-
-
-class VLLMReplica:
-    """One vLLM replica (the body of a Ray actor): a ``VLLMEngine`` on the policy's directory behind
-    a ``BatchingEngine`` (vLLM's ``generate`` is not thread-safe; the actor takes concurrent calls).
-    The engine stamps its outputs with the version of the weights it holds."""
-
-    def __init__(self, model_dir: str, encoder: Any, engine_kwargs: dict, max_batch: int = 64) -> None:
-        from vagent.models.batching import BatchingEngine
-        from vagent.models.vllm_engine import VLLMEngine
-
-        self.vllm = VLLMEngine(model_dir, encoder, colocate=False, **engine_kwargs)
-        self.vllm.start()  # now, not at the first push: ready() answers once the engine is up
-        self.engine = BatchingEngine(self.vllm, max_batch=max_batch)
-
-    def ready(self) -> tuple[int, bool]:
-        """(this actor's pid, whether its engine needs the raw images: yes)."""
-        return os.getpid(), True
-
-    def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[GenerationOutput]:
-        return self.engine.generate(requests, params)
-
-    def load_weights(self, state_dict: dict, version: int) -> int:
-        """Push the trainer's full state dict into vLLM between batches; later outputs carry ``version``."""
-        with self.engine.exclusive():
-            return self.vllm.update_state(state_dict, version)
-
-    def load_adapter(self, state_dict: dict, lora_config: dict, version: int) -> int:
-        """Serve the trainer's LoRA adapter from the next batch on (``VLLMEngine.update_adapter``)."""
-        with self.engine.exclusive():
-            return self.vllm.update_adapter(state_dict, lora_config, version)
-
-    def stats(self) -> dict:
-        return {**self.engine.stats, **self.vllm.stats, "version": self.vllm.weights_version}
-
-    def close(self) -> None:
-        """Stop the batching front and vLLM's engine (its engine-core process)."""
-        self.engine.close()
-        self.vllm.close()
-
-
-def adapter_names(model: Any) -> set[str] | None:
-    """The state-dict names (of the unwrapped model) of a LoRA policy's adapter tensors, when the
-    policy trains only those (every trainable parameter is a ``lora_`` tensor); None otherwise (a
-    full fine-tune, or no LoRA)."""
-    base = _unwrap(model)
-    trainable = [n for n, p in base.named_parameters() if p.requires_grad]
-    if not trainable or not all("lora_" in n for n in trainable):
-        return None
-    return set(trainable)
-
-
-def pushed_state(model: Any) -> dict:
-    """What a weight push sends to HF replicas: a LoRA policy's adapter tensors only (the frozen base
-    is the same on every replica), else the whole state dict; on the CPU, detached."""
-    state = _unwrap(model).state_dict()
-    names = adapter_names(model)
-    return {k: v.detach().to("cpu") for k, v in state.items() if names is None or k in names}
-
-
-def check_adapter_push(state: dict, own: dict) -> None:
-    """Refuse a partial push that is not an adapter of this model: names it does not have, tensors
-    that are not ``lora_`` ones, or shapes that differ (a LoRA of another rank or target)."""
-    unknown = sorted(k for k in state if k not in own)
-    not_adapter = sorted(k for k in state if k in own and "lora_" not in k)
-    shapes = sorted(f"{k}: pushed {tuple(state[k].shape)}, replica {tuple(own[k].shape)}" for k in state
-                    if k in own and tuple(state[k].shape) != tuple(own[k].shape))
-    if unknown or not_adapter or shapes:
-        raise ValueError(
-            "the pushed weights are neither the whole model nor its LoRA adapter: "
-            + "; ".join(part for part in (
-                f"{len(unknown)} name(s) this replica does not have (first: {unknown[:3]})" if unknown else "",
-                f"{len(not_adapter)} non-adapter tensor(s) in a partial push (first: {not_adapter[:3]})"
-                if not_adapter else "",
-                f"other shapes ({shapes[:3]})" if shapes else "") if part)
-            + ". The trainer's LoRA settings (model.lora_rank, target modules) must be the replicas'.")
-
-
-def token_logprobs(model: Any, input_ids: Sequence[int], n_prompt: int, temperature: float = 1.0) -> list[float]:
-    """log pi(token_t | tokens before t) / temperature-softmax of ``input_ids[n_prompt:]``: one
-    text-only forward in eval mode without grad (the trainer-vs-replica weight check)."""
-    import torch
-
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            ids = torch.tensor([list(input_ids)], device=next(model.parameters()).device)
-            logits = model(input_ids=ids).logits[0, n_prompt - 1:-1].float() / temperature
-            return torch.log_softmax(logits, -1).gather(-1, ids[0, n_prompt:, None])[:, 0].tolist()
-    finally:
-        model.train(was_training)
-
-
 def _left(deadline: float) -> float:
     """Seconds from now to ``deadline`` (``time.monotonic``), at least 0 (``ray.get(timeout=0)``
     still returns a result that is ready)."""
     return max(0.0, deadline - time.monotonic())
 
 
-def _dead_errors(ray: Any) -> tuple[type, ...]:
-    errs = [ray.exceptions.RayActorError]
+def _dead_errors(ray: Any) -> tuple[type[BaseException], ...]:
+    errs: list[type[BaseException]] = [ray.exceptions.RayActorError]
     if hasattr(ray.exceptions, "ActorUnavailableError"):
         errs.append(ray.exceptions.ActorUnavailableError)
     return tuple(errs)
@@ -364,8 +229,9 @@ class RemoteEngine:
         max_concurrency: calls one replica accepts at once (its batching front merges them).
         dtype: the replicas' parameter dtype (e.g. ``torch.bfloat16``); None = the model's. Pushed
             weights are cast into it as they load.
-        push_timeout_s: seconds a weight push (and the replicas' start) may take; a replica slower
-            than that is stuck: killed, marked dead (``rollout.push_timeout_s``).
+        push_timeout_s: seconds a weight push (and the replicas' start) may take, the wait for a
+            replica's running generate calls included; a replica slower than that is stuck: killed,
+            marked dead (``rollout.push_timeout_s``).
         generate_timeout_s: seconds a replica may take to answer a generate (or canary, or stats)
             call; a replica slower than that is stuck: killed, marked dead, its requests sent to the
             others (``rollout.generate_timeout_s``).
@@ -664,8 +530,8 @@ def _replica_options(replicas: int, names: Sequence[str] | None) -> list[dict]:
     if names is not None and len(names) != replicas:
         raise ValueError(f"RemoteEngine: {len(names)} names for {replicas} replicas")
     runtime_env = {"env_vars": child_wait_env(os.environ)}  # decided once, as the replicas start
-    return [{"runtime_env": runtime_env, **({} if n is None else {"name": n, "namespace": NAMESPACE})}
-            for n in (names or [None] * replicas)]
+    each: list[str | None] = list(names) if names is not None else [None] * replicas
+    return [{"runtime_env": runtime_env, **({} if n is None else {"name": n, "namespace": NAMESPACE})} for n in each]
 
 
 def _running_ray() -> Any:
@@ -690,5 +556,6 @@ def _cpu_copy(model: Any, dtype: Any = None) -> Any:
     return out if dtype is None else out.to(dtype)
 
 
-__all__ = ["RemoteEngine", "EngineReplica", "VLLMReplica", "start_ray", "join_ray", "import_ray", "token_logprobs", "RAY_HINT",
-           "adapter_names", "check_adapter_push", "pushed_state", "PUSH_TIMEOUT_S", "GENERATE_TIMEOUT_S"]
+__all__ = ["RemoteEngine", "EngineReplica", "VLLMReplica", "PushGate", "start_ray", "join_ray", "import_ray",
+           "token_logprobs", "RAY_HINT", "adapter_names", "check_adapter_push", "pushed_state", "PUSH_TIMEOUT_S",
+           "GENERATE_TIMEOUT_S"]

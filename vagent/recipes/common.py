@@ -21,10 +21,12 @@ import torch
 
 from vagent.config import ConfigError
 from vagent.envs import make
-from vagent.envs.registry import IMPORT_HINT, env_class, list_envs
+from vagent.envs.latency import with_latency
+from vagent.envs.registry import IMPORT_HINT, env_class, env_factory, list_envs
 from vagent.models.forward import unwrap
 from vagent.models.loading import LoadedModel, LoraSettings, load_policy
 from vagent.recipes.config import EnvEntry, RunConfig
+from vagent.recipes.config.validate import env_latency
 from vagent.recipes.optim import derive_seed
 from vagent.rollout.driver import env_factory_for
 from vagent.rollout.loop import EnvSpec
@@ -41,18 +43,23 @@ from vagent.service.preflight import check_env_servers, remote_env_info
 def train_env_specs(cfg: RunConfig, step: int) -> list:
     """The envs of RL step ``step``: for each entry, ``n_train`` consecutive seeds of the ``train``
     split at an offset derived from (run seed, entry index, step), so a resumed run replays the same
-    envs and steps never share a seed by construction within 1e6 / n_train steps."""
+    envs and steps never share a seed by construction within 1e6 / n_train steps. An entry with a
+    ``latency`` makes its envs through ``with_latency`` (each step takes a drawn time)."""
     specs = []
     size = len(SPLITS["train"])
     for i, e in enumerate(cfg.envs):
         start = (derive_seed(cfg.seed, i) % size + step * e.n_train) % (size - e.n_train)
         factory = env_factory_for(e)  # None for in-process envs; RemoteEnv on e.urls otherwise
+        latency = env_latency(e, i)
+        if latency is not None:
+            factory = with_latency(factory or env_factory(e.name, **e.config), latency)
         specs += [EnvSpec(e.name, dict(e.config), s, factory) for s in split_seeds("train", e.n_train, start)]
     return specs
 
 
 def val_env_specs(entry: EnvEntry) -> list:
-    """The first ``n_val`` seeds of the ``val`` split (the same for every validation)."""
+    """The first ``n_val`` seeds of the ``val`` split (the same for every validation); without the
+    entry's ``latency`` (validation scores the policy, not the rollout's speed)."""
     return [EnvSpec(entry.name, dict(entry.config), s, env_factory_for(entry)) for s in split_seeds("val", entry.n_val)]
 
 

@@ -23,7 +23,7 @@ estimators and the reward filter read are the batch's own (``TokenBatch.episode_
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -242,13 +242,19 @@ def off_policy(cfg: RunConfig, batch: TokenBatch, scores: Scores, image_token_id
     - ``rollout_correction`` on: the ratio is taken against the trainer's log-probs (the proximal
       policy with overlap 1: decoupled PPO), times the truncated IS weights, without the rejected
       tokens (``vagent.rl.correction.correct``).
+    - ``rollout.max_staleness >= 1`` (streaming: a batch mixes versions 0..K updates old): decoupled
+      PPO always; without a correction set, token-level truncated IS at
+      ``rollout_correction.is_threshold`` (AReaL's behaviour weight ``min(pi_prox / pi_behav, C)``).
     """
     engine, trainer, M = batch.old_logprobs, scores.old_logprobs, batch.loss_mask
-    if cfg.rollout.overlap:
+    stale = bool(cfg.rollout.overlap or cfg.rollout.max_staleness)
+    if stale:
         metrics = {"mismatch/behaviour_proximal_kl": k3_kl(trainer, engine, M)}
     else:
         metrics = mismatch_metrics(trainer, engine, M, image_context(batch, image_token_id))
     settings = CorrectionSettings(**asdict(cfg.rollout_correction))
+    if cfg.rollout.max_staleness and not settings.active:
+        settings = replace(settings, is_level="token")
     if not settings.active:
         anchor = engine * M if cfg.rollout.overlap else trainer
         return OffPolicy(anchor, None, M, metrics)

@@ -30,7 +30,8 @@ from vagent.recipes.update import Learner, UpdateContext
 from vagent.recipes.validation import reward_metrics, validation_rollout, validation_turns
 from vagent.rl.advantages import masked_mean
 from vagent.rollout.canary import WeightCanary, default_tolerance, probe_for_run
-from vagent.rollout.driver import InFlight, RolloutDriver, close_env_factories, make_driver
+from vagent.rollout.driver import InFlight, RolloutDriver, close_env_factories
+from vagent.rollout.make_driver import make_driver
 from vagent.rollout.hf_policy import HFPolicy
 from vagent.rollout.loop import RolloutResult, rollout_on_ranks
 from vagent.rollout.policy import Policy
@@ -155,16 +156,18 @@ class TrainRollout:
             raise
 
 
-def start_rollouts(session: Session, judge: ReasoningReward | None,
-                   last_checkpoint: LastCheckpoint) -> tuple[HFPolicy, RolloutDriver]:
+def start_rollouts(session: Session, judge: ReasoningReward | None, last_checkpoint: LastCheckpoint,
+                   first_step: int = 0) -> tuple[HFPolicy, RolloutDriver]:
     """(the in-process policy validation uses, the driver of the training rollouts: ``make_driver``
-    decides once, from ``rollout.engine / replicas / schedule / overlap``, where they are generated;
-    on the default path with that same policy)."""
+    decides once, from ``rollout.engine / replicas / schedule / overlap / max_staleness``, where they
+    are generated; on the default path with that same policy). ``first_step``: the updates done when
+    the loop starts (a streaming run's schedule record continues from it)."""
     cfg, loaded = session.cfg, session.loaded
     policy = HFPolicy(loaded, prefix_cache=cfg.rollout.prefix_cache, max_context_tokens=cfg.model.max_context_tokens)
     driver = make_driver(cfg, loaded, policy, TrainRollout(cfg, loaded.model, judge, last_checkpoint),
                          model_dir=session.model_dir, fresh_model=session.load_fresh_model,
-                         canary=weight_canary(session, last_checkpoint))
+                         canary=weight_canary(session, last_checkpoint), run_root=session.run.root,
+                         first_step=first_step)
     return policy, driver
 
 
@@ -213,9 +216,10 @@ class StepLoop:
 
     def __enter__(self) -> StepLoop:
         cfg = self.session.cfg
-        self.policy, self.driver = start_rollouts(self.session, self.session.reasoning_reward(), self.last_checkpoint)
+        self.policy, self.driver = start_rollouts(self.session, self.session.reasoning_reward(), self.last_checkpoint,
+                                                  self.start)
         try:
-            if self.resume_from is not None and cfg.rollout.overlap:
+            if self.resume_from is not None and (cfg.rollout.overlap or cfg.rollout.max_staleness):
                 resume_in_flight(self.session, self.driver, self.resume_from, self.start)
             self.bar = StepProgress(cfg.steps, cfg.recipe.upper(), self.session.console, cfg.log.progress,
                                     start=self.start)
@@ -305,9 +309,12 @@ class StepLoop:
         """The checkpoint after RL step ``rl_step``, with the driver's rollout in flight; it becomes
         the loop's ``last_checkpoint``."""
         session = self.session
-        in_flight = self.driver.in_flight()
-        if in_flight is not None:  # the run that sampled it: a resume refuses another run's
-            in_flight = replace(in_flight, run_id=_run_id(session.run.root))
+        in_flight = self.driver.in_flight()  # a streaming run's: a list, one per step in flight
+        run_id = _run_id(session.run.root)  # the run that sampled it: a resume refuses another run's
+        if isinstance(in_flight, list):
+            in_flight = [replace(rec, run_id=run_id) for rec in in_flight]
+        elif in_flight is not None:
+            in_flight = replace(in_flight, run_id=run_id)
         ck = save_checkpoint(
             session.run.checkpoints, "rl", rl_step, state.modules, state.optimizers, state.schedulers,
             data_position={"rl_step": rl_step}, keep_last=session.cfg.log.keep_last,
@@ -335,7 +342,7 @@ def resume_in_flight(session: Session, driver: RolloutDriver, checkpoint: str, s
                                   "sampled it one update earlier")
         return
     problem = in_flight_problem(saved, step, _run_id(session.run.root))
-    if problem is None and not isinstance(saved, InFlight):
+    if problem is None and not all(isinstance(rec, InFlight) for rec in (saved if isinstance(saved, list) else [saved])):
         problem = f"inflight.pt holds a {type(saved).__name__}, not the in-flight rollout vagent saves"
     if problem is not None:
         raise CheckpointError(f"{checkpoint}: its {problem}; the checkpoint was not written by this run. Restore it "

@@ -66,9 +66,7 @@ from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 from vagent.rollout.finish import RolloutResult
 from vagent.rollout.policy import Policy
 from vagent.rollout.records import Episode
-from vagent.rollout.replicas import (
-    FreshModel, PushedEngine, engine_replicas, push_weights, saved_model_dir, vllm_settings,
-)
+from vagent.rollout.replicas import PushedEngine, push_weights
 
 if TYPE_CHECKING:  # torch, the model loader and the run config stay out of `import vagent.rollout.driver`
     import torch
@@ -133,6 +131,10 @@ def check_rollout_setup(settings: RolloutConfig, distributed: bool) -> None:
 
     from vagent.config import ConfigError
 
+    if distributed and settings.max_staleness:
+        raise ConfigError(f"rollout.max_staleness {settings.max_staleness} (the streaming rollout) runs in one "
+                          "process: its concurrent rollouts would interleave the ranks' episode gathers. Run one "
+                          "process (--nproc 1, its replicas still spread over hosts), or use rollout.overlap 1.")
     if distributed and settings.engine == "vllm" and settings.replicas == 0:
         raise ConfigError("rollout.engine vllm in a job of several ranks runs as Ray actor replicas that every rank "
                           "shares (rank 0 pushes the gathered weights): set rollout.replicas N >= 1, or run one "
@@ -273,7 +275,7 @@ class RolloutDriver:
         self._annotate(episodes, step, version if self.engine is not None else None)
         return episodes
 
-    def in_flight(self) -> InFlight | None:
+    def in_flight(self) -> InFlight | list[InFlight] | None:
         """The background rollout, waited for (None without one): what a checkpoint saves so that a
         resume trains the next step on the same episodes. The next ``get`` takes the same result."""
         if self._pending is None:
@@ -281,9 +283,12 @@ class RolloutDriver:
         step, future, version = self._pending
         return InFlight(step, version, future.result(), dict(self._sync.get(version, {})))
 
-    def resume_in_flight(self, saved: InFlight, step: int) -> None:
+    def resume_in_flight(self, saved: InFlight | list[InFlight], step: int) -> None:
         """Take back the rollout a checkpoint saved (``in_flight()``) as step ``step``'s, the first
         step of the resumed run; a record of another step is refused (it is not this run's)."""
+        if isinstance(saved, list):
+            raise ValueError("the checkpoint holds the in-flight rollouts of a streaming run (rollout.max_staleness "
+                             ">= 1) and this run is not streaming")
         if not isinstance(saved, InFlight) or saved.step != step or saved.version > step:
             what = (f"step {saved.step}, weights {saved.version}" if isinstance(saved, InFlight)
                     else type(saved).__name__)
@@ -339,46 +344,5 @@ class RolloutDriver:
             ray.shutdown()
 
 
-def make_driver(cfg: RunConfig, loaded: LoadedModel, policy: Policy, run: RolloutRun,
-                model_dir: str | Path | None = None, fresh_model: FreshModel | None = None,
-                canary: WeightCanary | None = None) -> RolloutDriver:
-    """The driver of a run config's ``rollout`` section, decided here once (``is_default``);
-    ``policy`` is the recipe's in-process ``HFPolicy`` (the one that generates on the default
-    path). ``fresh_model()``: an unsharded copy of the policy (``Session.load_fresh_model``),
-    needed by engine replicas in a job of several ranks. ``canary``: the weight-push check of a
-    generator apart from the trainer (run at start-up and after every push)."""
-    from vagent.rollout.hf_policy import HFPolicy
-
-    settings = cfg.rollout
-    if is_default(settings):
-        return RolloutDriver(run, policy, steps=cfg.steps)
-    owns_ray, engine = False, None
-    max_context = cfg.model.max_context_tokens  # model.max_context_tokens: a turn beyond it ends the episode
-    if settings.replicas >= 1:
-        engine, owns_ray = engine_replicas(cfg, loaded, fresh_model, model_dir)
-        gen_policy = HFPolicy(engine, per_request_seeds=True, max_context_tokens=max_context)
-    elif settings.engine == "vllm":
-        from vagent.models.vllm_engine import VLLMEngine
-
-        engine = VLLMEngine(saved_model_dir(model_dir), loaded.encoder, colocate=True, **vllm_settings(cfg, loaded))
-        if settings.schedule == "async":
-            from vagent.models.batching import BatchingEngine
-
-            gen_policy = HFPolicy(BatchingEngine(engine), per_request_seeds=True, max_context_tokens=max_context)
-        else:
-            gen_policy = HFPolicy(engine, per_request_seeds=True, max_context_tokens=max_context)
-    else:  # in process, asynchronous
-        gen_policy = HFPolicy(loaded, prefix_cache=settings.prefix_cache, per_request_seeds=True, batching=True,
-                              max_context_tokens=max_context)
-    driver = RolloutDriver(run, gen_policy, engine=engine, model=loaded.model, overlap=settings.overlap,
-                           steps=cfg.steps, owns_ray=owns_ray, canary=canary)
-    try:  # vLLM loaded model_dir, which may predate SFT: the trainer's weights, version 0
-        driver.start(push=settings.engine == "vllm")
-    except BaseException:
-        driver.close()
-        raise
-    return driver
-
-
-__all__ = ["InFlight", "RolloutDriver", "make_driver", "check_rollout_setup", "close_env_factories", "env_factory_for",
+__all__ = ["InFlight", "RolloutDriver", "check_rollout_setup", "close_env_factories", "env_factory_for",
            "is_default"]

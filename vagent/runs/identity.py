@@ -191,7 +191,13 @@ def in_flight_problem(saved: Any, step: int, run_id: str | None) -> str | None:
     """None when ``saved`` (an ``inflight.pt`` record, ``vagent.rollout.driver.InFlight``) is the
     rollout of the resume's first step: ``step`` updates done (its RL step ``step + 1``), sampled
     with weights no newer, by run ``run_id`` (checked when both name a run: an older vagent's
-    record names none); else why not, starting ``inflight.pt ...``."""
+    record names none); else why not, starting ``inflight.pt ...``. A streaming run's checkpoint
+    holds a list of them, the rollouts of steps ``step``, ``step + 1``, ... (each checked so)."""
+    if isinstance(saved, list):
+        if not saved:
+            return "inflight.pt holds an empty list, not the in-flight rollouts vagent saves"
+        return next((p for i, rec in enumerate(saved) if (p := in_flight_problem(rec, step + i, run_id)) is not None),
+                    None)
     held, version, owner = (getattr(saved, k, None) for k in ("step", "version", "run_id"))
     if type(held) is not int or type(version) is not int:
         return f"inflight.pt holds a {type(saved).__name__}, not the in-flight rollout vagent saves"

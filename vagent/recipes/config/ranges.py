@@ -105,6 +105,7 @@ RANGES: dict[str, Range] = {
     "rollout.push_timeout_s": Range(0, 1e6, lo_open=True, why="seconds; a replica slower than this is killed"),
     "rollout.generate_timeout_s": Range(0, 1e6, lo_open=True, why="seconds; a replica slower than this is killed"),
     "rollout.overlap": Range(0, 1),
+    "rollout.max_staleness": Range(0, 64, why="updates a batch's oldest token may be behind; 0 = off"),
     "rollout.vllm_gpu_memory": Range(0, 1, lo_open=True),
     "rollout.canary_tolerance": Range(0, 1000, lo_open=True, why="the largest log-prob gap accepted on a probe token"),
     "rollout_correction.is_threshold": Range(0, 1e9, lo_open=True, why="C: IS weights truncated at C"),

@@ -109,6 +109,10 @@ class EnvEntry:
     #: bearer token of the ``urls`` servers (their ``--token``); null = the environment variable
     #: VAGENT_SERVICE_TOKEN (preferred: a token written here is saved in the run's config.yaml)
     token: str | None = None
+    #: added env step latency for benchmarks, fields of vagent.envs.latency.StepLatency (dist, median_s,
+    #: sigma, alpha, max_s, salt), e.g. {dist: pareto, median_s: 0.05, alpha: 1.5}; training envs only
+    #: (validation measures the policy, not the rollout's speed); null = none (docs/envs.md)
+    latency: dict | None = None
 
 
 @dataclass
@@ -163,6 +167,15 @@ class RolloutConfig:
     #: 1 = generate step k+1's batch with the previous weights while step k updates (staleness 1,
     #: PPO ratio against the sampling-time log-probs; needs replicas >= 1 or engine vllm); 0 = off
     overlap: int = 0
+    #: streaming rollout (docs/distributed.md "Streaming"): K >= 1 keeps the rollouts of the next K
+    #: steps generating on the replicas while the trainer updates; weights are pushed right after
+    #: each update and in-flight trajectories continue on them, so a batch's tokens are 0..K updates
+    #: old (decoupled PPO corrects it). Needs replicas >= 1 and overlap 0; 0 = off
+    max_staleness: int = 0
+    #: a streaming run's directory (or its rollout_schedule.jsonl) whose recorded schedule (which
+    #: weights version sampled each turn) this run follows: same config, same episodes and weights;
+    #: null = free-running (the schedule is recorded in this run's directory)
+    replay_schedule: str | None = None
     #: engine vllm: share of the GPU's memory (vLLM's CPU build: of the RAM) each vLLM engine may
     #: take for weights + KV cache; null = the platform's default (GPU 0.4, CPU 0.1)
     vllm_gpu_memory: float | None = None

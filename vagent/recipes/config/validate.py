@@ -4,11 +4,15 @@ model is caption-pretrained on, against its env's declared Config)."""
 
 from __future__ import annotations
 
-from typing import Sequence
+import dataclasses
+from typing import TYPE_CHECKING, Sequence
 
-from vagent.config import ConfigError, field_types
+from vagent.config import ConfigError, field_types, from_mapping
 from vagent.recipes.config.ranges import check_name, check_ranges
 from vagent.recipes.config.sections import EnvEntry, ModelConfig, RunConfig
+
+if TYPE_CHECKING:
+    from vagent.envs.latency import StepLatency
 
 
 def need(cond: bool, msg: str) -> None:
@@ -55,7 +59,39 @@ def check_rollout(cfg: RunConfig) -> None:
     need(not (rollout.overlap and rollout.engine == "hf" and rollout.replicas == 0),
          "rollout.overlap 1 generates while the trainer updates, so the generator needs its own weights: set "
          "rollout.replicas >= 1 (Ray actors) or rollout.engine vllm, or rollout.overlap 0.")
+    check_streaming(cfg)
     check_canary(cfg)
+
+
+def check_streaming(cfg: RunConfig) -> None:
+    """``rollout.max_staleness`` K >= 1 only with engine replicas and overlap 0;
+    ``rollout.replay_schedule`` only on a streaming run, naming a schedule of this config."""
+    rollout = cfg.rollout
+    k = rollout.max_staleness
+    need(isinstance(k, int) and k >= 0,
+         f"rollout.max_staleness must be an integer >= 0 (updates a batch's oldest token may be behind; 0 = off), "
+         f"got {k!r}.")
+    if k:
+        need(rollout.replicas >= 1,
+             f"rollout.max_staleness {k} streams rollouts on engine replicas while the trainer updates and pushes "
+             "weights mid-rollout: set rollout.replicas >= 1 (Ray actors; engine hf or vllm), or max_staleness 0.")
+        need(not rollout.overlap,
+             f"rollout.max_staleness {k} replaces rollout.overlap 1 (K = 1 is its schedule, with weights pushed "
+             "mid-rollout): set rollout.overlap 0.")
+    if rollout.replay_schedule:
+        need(k >= 1, f"rollout.replay_schedule {rollout.replay_schedule} replays a streaming run's schedule: set "
+                     "rollout.max_staleness to the recorded run's K, or drop rollout.replay_schedule.")
+        from vagent.rollout.schedule import ScheduleError, read_schedule, replay_problem, schedule_digest
+
+        try:
+            recorded = read_schedule(rollout.replay_schedule)
+        except ScheduleError as exc:
+            raise ConfigError(f"{exc}.") from None
+        need(recorded.max_staleness == k,
+             f"rollout.replay_schedule {rollout.replay_schedule} was recorded with rollout.max_staleness "
+             f"{recorded.max_staleness}, this config has {k}: set it to {recorded.max_staleness}.")
+        problem = replay_problem(rollout.replay_schedule, schedule_digest(dataclasses.asdict(cfg)))
+        need(problem is None, f"{problem}.")
 
 
 def check_canary(cfg: RunConfig) -> None:
@@ -74,12 +110,33 @@ def check_canary(cfg: RunConfig) -> None:
 
 
 def check_env_servers(cfg: RunConfig) -> None:
-    """Each entry's urls are http(s) URLs, and a token comes with urls."""
+    """Each entry's urls are http(s) URLs, a token comes with urls, and a latency is a StepLatency."""
     for i, entry in enumerate(cfg.envs):
         bad = [url for url in entry.urls if not str(url).startswith(("http://", "https://"))]
         need(not bad, f"envs.{i}.urls must be http(s) URLs of vagent serve-env servers, got {bad}.")
         need(entry.token is None or bool(entry.urls), f"envs.{i}.token is the bearer token of envs.{i}.urls; set "
              "urls too (the env servers), or drop the token.")
+    check_env_latency(cfg)
+
+
+def env_latency(entry: EnvEntry, index: int) -> StepLatency | None:
+    """``envs.<index>.latency`` as a :class:`~vagent.envs.latency.StepLatency` (None when null);
+    an unknown field or a bad value raises a one-line ConfigError naming ``envs.<index>.latency``."""
+    if entry.latency is None:
+        return None
+    from vagent.envs.latency import StepLatency  # lazy: the config loads without the env package
+
+    where = f"envs.{index}.latency"
+    try:
+        return from_mapping(StepLatency, entry.latency, where=where)
+    except ConfigError as exc:  # StepLatency's own checks do not know the key they were written under
+        raise ConfigError(str(exc) if str(exc).startswith(where) else f"{where}: {exc}") from None
+
+
+def check_env_latency(cfg: RunConfig) -> None:
+    """Each entry's ``latency`` maps onto StepLatency (known fields, valid values)."""
+    for i, entry in enumerate(cfg.envs):
+        env_latency(entry, i)
 
 
 def check_update(cfg: RunConfig) -> None:

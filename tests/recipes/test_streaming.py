@@ -1,0 +1,121 @@
+"""The streaming rollout (``rollout.max_staleness: K``) end to end, on 2 HF engine replicas.
+
+One free-running run records its schedule (which weights version sampled each turn); a second run
+replays that schedule and trains on the same episodes to the same metrics and weights; a third,
+replaying it too, is SIGKILLed after a checkpoint and resumed, and equals the first. The batches
+stay within K updates of the trainer and the stream keeps rollouts in flight.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.distributed.conftest import (  # noqa: F401 (fixture)
+    SMALL, checkpoint_weights, metrics, run_job, tiny_vlm_dir, train, train_cmd,
+)
+from tests.waiting import wait_for_file
+
+pytest.importorskip("ray", reason="streaming needs engine replicas: pip install 'vagent[ray]'")
+
+K = 2
+STREAM = ["steps=5", f"rollout.max_staleness={K}", "rollout.replicas=2", "rollout.schedule=async",
+          "ppo.critic_backbone=separate", "update.kl_coef=0", "rollout.temperature=1.0", "envs.0.n_train=3",
+          "rollout.max_turns=3", "log.checkpoint_every=2",
+          # env steps of ~0.2 s (lognormal): rollouts last long enough for pushes to land mid-trajectory
+          "envs.0.latency={dist: lognormal, median_s: 0.2, sigma: 0.5, max_s: 1.0}"]
+
+
+def _comparable(records: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k != "time" and not k.startswith("perf/") and not k.endswith("_s")}
+            for r in records]
+
+
+def _schedule(run: Path) -> list[dict]:
+    return [json.loads(ln) for ln in (run / "rollout_schedule.jsonl").read_text().splitlines() if ln.strip()]
+
+
+#: what the episodes decide (tokens, rewards, versions): equal exactly under one schedule
+EXACT = ("phase", "step", "rollout/", "reward/", "mismatch/staleness")
+
+
+def _assert_same(a: Path, b: Path) -> None:
+    """The same episodes (every rollout/ and reward/ metric exact) and the same training within
+    1e-4 relative: a replica's log-probs vary by ~1e-7 with which requests share its batch (the
+    behaviour log-probs the decoupled loss weighs by), and the update carries that noise."""
+    ra, rb = _comparable(metrics(a)), _comparable(metrics(b))
+    assert [(r.get("phase"), r.get("step")) for r in ra] == [(r.get("phase"), r.get("step")) for r in rb]
+    for x, y in zip(ra, rb):
+        assert x.keys() == y.keys()
+        diff = {k: (x[k], y[k]) for k in x if (x[k] != y[k] if k.startswith(EXACT) else
+                                               x[k] != pytest.approx(y[k], rel=1e-4, abs=1e-6))}
+        assert not diff, f"step {x.get('step')}: {sorted(diff.items())[:8]}"
+    wa, wb = (checkpoint_weights(sorted((r / "checkpoints").glob("step_*"))[-1]) for r in (a, b))
+    assert wa.keys() == wb.keys()
+    gap = max(float((wa[k].float() - wb[k].float()).abs().max()) for k in wa)
+    assert gap < 1e-5, f"the weights differ by {gap}"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_a_streaming_run_records_its_schedule_and_replays_and_resumes_exactly(tmp_path: Path, tiny_vlm_dir: Path,
+                                                                               monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    free = train(tmp_path, tiny_vlm_dir, None, "free", *STREAM, timeout=500)
+    rl = [r for r in metrics(free) if r.get("phase") == "rl" and "rollout/staleness_max" in r]
+    assert [r["step"] for r in rl] == [1, 2, 3, 4, 5]
+    for r in rl:  # bounded by construction: a batch is at most K updates behind the trainer
+        assert 0 <= r["rollout/staleness_min"] <= r["rollout/staleness_mean"] <= r["rollout/staleness_max"] <= K
+        assert r["rollout/weights_lag"] == r["rollout/staleness_max"]
+    schedule = _schedule(free)
+    assert schedule[0]["max_staleness"] == K and [s["step"] for s in schedule[1:]] == [0, 1, 2, 3, 4]
+    lags = [r["rollout/staleness_max"] for r in rl]
+    assert max(lags) >= 1, f"the stream never ran ahead of the trainer: staleness {lags}"
+
+    # a schedule where trajectories span versions: turn t of trajectory 0 of the rollout of step s (started
+    # when the trainer had made s - K updates) sampled by weights min(s, s - K + t), and the decoupled loss trains on it
+    mixed = tmp_path / "mixed_schedule.jsonl"
+    forced = [schedule[0]] + [{"step": r["step"], "versions": {
+        t: ([min(r["step"], max(0, r["step"] - K) + i) for i in range(len(v))] if t == "0" else v) for t, v in r["versions"].items()}}
+        for r in schedule[1:]]
+    mixed.write_text("".join(json.dumps(r) + "\n" for r in forced))
+    # (a checkpoint drains the stream on the weights it has: this schedule has no room for one before the end)
+    spanning = train(tmp_path, tiny_vlm_dir, None, "spanning", *STREAM, f"rollout.replay_schedule={mixed}",
+                     "log.checkpoint_every=10", timeout=500)
+    taken = {r["step"]: r["versions"] for r in _schedule(spanning)[1:]}
+    assert taken[2]["0"][:3] == [0, 1, 2] and taken[3]["0"][:2] == [1, 2], taken
+    spans = {r["step"]: r for r in metrics(spanning) if "rollout/multi_version_frac" in r}
+    assert spans[3]["rollout/multi_version_frac"] > 0 and spans[3]["rollout/staleness_min"] < \
+        spans[3]["rollout/staleness_max"] <= K
+
+    replay = train(tmp_path, tiny_vlm_dir, None, "replay", *STREAM, f"rollout.replay_schedule={free}", timeout=500)
+    assert _schedule(replay)[1:] == schedule[1:]
+    _assert_same(free, replay)
+
+    out = tmp_path / "cut"
+    cmd = train_cmd(None, *SMALL, f"out_dir={out}", f"model.path={tiny_vlm_dir}", "model.cache_dir=UNUSED", *STREAM,
+                    f"rollout.replay_schedule={free}")
+    job = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"), start_new_session=True)
+    try:
+        wait_for_file(job, out, "*/checkpoints/step_000002/state.pt", "step 2's checkpoint", 500, poll_s=0.02)
+        assert list(out.glob("*/checkpoints/step_000002/inflight.pt")), "step 2's checkpoint holds no rollout in flight"
+        job.send_signal(signal.SIGKILL)
+        job.wait(timeout=30)
+    finally:
+        if job.poll() is None:
+            job.kill()
+        try:
+            os.killpg(job.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    (cut,) = [p for p in out.iterdir() if p.is_dir()]
+    run_job(train_cmd(None, "--resume", str(cut)), tmp_path, timeout=500)
+    assert _schedule(cut)[1:] == schedule[1:]
+    _assert_same(free, cut)

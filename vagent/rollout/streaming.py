@@ -1,0 +1,212 @@
+"""The streaming rollout (``rollout.max_staleness: K``): generators that never wait for the
+trainer, trajectories that continue on newer weights, bounded staleness.
+
+With ``overlap: 1`` the next step's rollout runs beside the update, but it is sampled whole by
+one weights version and the trainer then waits for its slowest trajectory. Here the rollouts of
+the next ``K`` steps run at once on the engine replicas, each a thread of its own, and:
+
+- after each update the trainer's weights are pushed at once (``get(k)``, canary checked), while
+  those rollouts are in flight; a trajectory's next turn samples with the new weights (replicas
+  stamp every reply with the version that sampled it), so one trajectory can span versions;
+- the rollout of step ``s`` starts when the trainer has made ``s - K`` updates, so every token of
+  the batch the trainer takes at step ``s`` is at most ``K`` updates old, by construction
+  (``rollout/staleness_max <= K``; a batch older than that is an error, never silently trained);
+- batches are formed by step, as in every other mode (step ``s``'s env seeds), not by completion
+  order, so a run's only timing-dependent input is which version sampled each turn: the schedule,
+  recorded in ``<run>/rollout_schedule.jsonl`` and replayable (``rollout.replay_schedule``,
+  :mod:`vagent.rollout.schedule`).
+- a checkpoint drains the stream: it waits for every rollout in flight (no push meanwhile) and
+  keeps their episodes (``inflight.pt``: a list of :class:`~vagent.rollout.driver.InFlight`), so a
+  resume trains on the same episodes. The uninterrupted run drains at the same steps, so under the
+  same schedule the resumed run equals it.
+
+The loss for mixed versions is decoupled PPO (``vagent.recipes.stages.off_policy``): the ratio
+against the trainer's log-probs before the update (the proximal policy), times the truncated
+per-token behaviour weight ``min(pi_prox / pi_behav, C)`` (``rollout_correction.is_threshold``).
+
+K = 1 is overlap 1's schedule with pushes that land mid-rollout. Needs engine replicas
+(``rollout.replicas >= 1``) and one process (a job of several ranks gathers each rollout's
+episodes with collectives that concurrent rollouts would interleave).
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Sequence
+
+from vagent.rollout.driver import InFlight, RolloutDriver, RolloutRun
+from vagent.rollout.finish import RolloutResult
+from vagent.rollout.policy import Policy
+from vagent.rollout.records import Episode
+from vagent.rollout.schedule import (
+    GatedPolicy, RecordedSchedule, ScheduleError, ScheduleLog, VersionGate, diverged, turn_versions,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+    from vagent.rollout.canary import WeightCanary
+    from vagent.rollout.replicas import PushedEngine
+
+logger = logging.getLogger(__name__)
+
+
+def staleness(episodes: Sequence[Episode], step: int) -> dict[str, float]:
+    """The batch's staleness against a trainer that made ``step`` updates: per sampled token
+    (a turn's tokens share its version) ``rollout/staleness_min`` / ``_mean`` / ``_max``, and
+    ``rollout/multi_version_frac``, the share of trajectories whose turns span versions."""
+    stale: list[tuple[int, int]] = []  # (updates behind, tokens)
+    spans = []
+    for e in episodes:
+        versions = [t.weights_version for t in e.turns if t.weights_version is not None]
+        stale += [(step - t.weights_version, max(1, len(t.sampled_token_ids))) for t in e.turns
+                  if t.weights_version is not None]
+        if versions:
+            spans.append(len(set(versions)) > 1)
+    if not stale:
+        return {}
+    tokens = sum(n for _, n in stale)
+    return {"rollout/staleness_min": float(min(s for s, _ in stale)),
+            "rollout/staleness_mean": sum(s * n for s, n in stale) / tokens,
+            "rollout/staleness_max": float(max(s for s, _ in stale)),
+            "rollout/multi_version_frac": sum(spans) / max(1, len(spans))}
+
+
+class StreamingDriver(RolloutDriver):
+    """Step ``k``'s episodes from a stream of rollouts (see the module docstring).
+
+    Args (beyond :class:`RolloutDriver`'s):
+        max_staleness: K >= 1, how many updates the oldest token of a batch may be behind.
+        log: where each taken batch's schedule is recorded (None: not recorded).
+        replay: a recorded schedule to hold the turns and pushes to (None: free-running).
+        first_step: the first step the run takes (0, or the resumed run's updates done).
+    """
+
+    def __init__(self, run: RolloutRun, policy: Policy, *, engine: PushedEngine, model: torch.nn.Module,
+                 max_staleness: int, steps: int, owns_ray: bool = False, canary: WeightCanary | None = None,
+                 log: ScheduleLog | None = None, replay: RecordedSchedule | None = None, first_step: int = 0,
+                 deadline_s: float = 1800.0):
+        if max_staleness < 1:
+            raise ValueError(f"max_staleness must be >= 1, got {max_staleness}")
+        super().__init__(run, policy, engine=engine, model=model, overlap=0, steps=steps, owns_ray=owns_ray,
+                         canary=canary)
+        self.max_staleness, self.log, self.replay = max_staleness, log, replay
+        self.gate = VersionGate(replay, first_step, deadline_s) if replay is not None else None
+        self._stream = ThreadPoolExecutor(max_workers=max_staleness + 1, thread_name_prefix="vagent-stream")
+        self._rollouts: dict[int, Future[RolloutResult]] = {}
+        self._done: dict[int, InFlight] = {}  # rollouts a resume handed back
+
+    def _rollout(self, step: int) -> RolloutResult:
+        policy = self.policy if self.gate is None else GatedPolicy(self.policy, self.gate, step)
+        try:
+            return self.run(policy, step, False)
+        finally:
+            if self.gate is not None:
+                self.gate.finished(step)
+
+    def _submit(self, step: int) -> None:
+        if step in self._rollouts or step in self._done or step >= self.steps:
+            return
+        if self.gate is not None:
+            self.gate.started(step)
+        self._rollouts[step] = self._stream.submit(self._rollout, step)
+
+    def _push_now(self, version: int) -> None:
+        if self.gate is not None:
+            self.gate.before_push(version)
+        super()._push_now(version)
+        if self.gate is not None:
+            self.gate.pushed(version)
+
+    def _verify(self, version: int) -> None:
+        """The canary's check; its metrics are kept for every version a batch in flight may hold."""
+        if self.canary is not None:
+            self._sync = {v: m for v, m in self._sync.items() if v >= version - self.max_staleness}
+            self._sync[version] = self.canary.check(self.engine, version)
+
+    def get(self, step: int) -> RolloutResult:
+        """Push the weights of ``step`` updates (while the stream runs), keep the rollouts of steps
+        ``step .. step + K`` in flight, and return step ``step``'s once done."""
+        self._push(step)
+        for s in range(step, step + self.max_staleness + 1):
+            self._submit(s)
+        if step in self._done:
+            episodes = self._done.pop(step).episodes
+        else:
+            episodes = self._rollouts.pop(step).result()
+        self._take(episodes, step)
+        return episodes
+
+    def _take(self, episodes: RolloutResult, step: int) -> None:
+        """Check the batch against the staleness bound and the replayed record, record its schedule,
+        and add its metrics."""
+        versions = turn_versions(episodes)
+        missing = sum(v < 0 for vs in versions.values() for v in vs)
+        if missing:
+            raise RuntimeError(f"step {step}'s rollout has {missing} turn(s) without a weights version: the engine "
+                               f"{type(self.engine).__name__} does not stamp its replies, so the stream cannot bound "
+                               "their staleness. Report this with the run's train.log.")
+        oldest = min((v for vs in versions.values() for v in vs), default=step)
+        if step - oldest > self.max_staleness:
+            raise RuntimeError(f"step {step}'s batch holds a turn sampled with weights {oldest}, "
+                               f"{step - oldest} updates old, over rollout.max_staleness={self.max_staleness}: the "
+                               "stream started a rollout too early. Report this with the run's train.log.")
+        if self.replay is not None and step in self.replay.steps:
+            where = diverged(self.replay.steps[step], versions)
+            if where is not None:
+                raise ScheduleError(f"replaying {self.replay.path}: step {step}'s batch diverged from the record "
+                                    f"({where}); the replay needs the recorded run's model and config")
+        if self.log is not None:
+            self.log.record(step, episodes)
+        metrics = getattr(episodes, "metrics", None)
+        if metrics is not None:
+            metrics.update(staleness(episodes, step))
+            metrics["rollout/weights_version"] = float(oldest)
+            metrics["rollout/weights_lag"] = float(step - oldest)
+            metrics["mismatch/staleness"] = metrics.get("rollout/staleness_mean", 0.0)
+            metrics["rollout/in_flight"] = float(len(self._rollouts) + len(self._done))
+            for v in sorted({v for vs in versions.values() for v in vs}):
+                if v in self._sync:  # the canary's check of the newest version in the batch
+                    metrics.update(self._sync[v])
+
+    def in_flight(self) -> list[InFlight] | None:
+        """Drain the stream (every rollout in flight, waited for, no push meanwhile): what a
+        checkpoint saves so that a resume trains the next steps on the same episodes."""
+        for s, future in list(self._rollouts.items()):
+            episodes = future.result()
+            del self._rollouts[s]
+            versions = [t.weights_version for e in episodes for t in e.turns if t.weights_version is not None]
+            newest = max(versions, default=s)  # the canary's check of it goes on the batch (``_take``)
+            self._done[s] = InFlight(s, min(min(versions, default=s), s), episodes, dict(self._sync.get(newest, {})))
+        if not self._done:
+            return None
+        return [self._done[s] for s in sorted(self._done)]
+
+    def resume_in_flight(self, saved: InFlight | list[InFlight], step: int) -> None:
+        """Take back the rollouts a checkpoint drained (``in_flight()``), the first for ``step``."""
+        records = saved if isinstance(saved, list) else [saved]
+        for i, rec in enumerate(records):
+            if not isinstance(rec, InFlight) or rec.step != step + i:
+                raise ValueError(f"the checkpoint's in-flight rollouts do not follow step {step} in order (record {i} "
+                                 "is not the rollout of step {step + i}): the checkpoint's inflight.pt does not belong "
+                                 "to this run")
+            self._done[rec.step] = rec
+            newest = max((t.weights_version for e in rec.episodes for t in e.turns if t.weights_version is not None),
+                         default=None)
+            if rec.sync and newest is not None:
+                self._sync.setdefault(newest, dict(rec.sync))
+
+    def close(self) -> None:
+        """Wait for the rollouts in flight (their results unused), then close as the base driver."""
+        for s, future in list(self._rollouts.items()):
+            try:
+                future.result()
+            except Exception as exc:  # noqa: BLE001 -- the run is ending; the rollout is not used
+                logger.warning("the streamed rollout of step %d failed: %s", s, exc)
+        self._rollouts.clear()
+        self._stream.shutdown(wait=True)
+        super().close()
+
+
+__all__ = ["StreamingDriver", "staleness"]
