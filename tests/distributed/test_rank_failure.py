@@ -194,3 +194,36 @@ def test_a_failed_collective_names_the_ranks_of_the_host_behind_the_address():
     assert _lost_ranks(same_host, "Timed out waiting 15000ms for recv operation to complete") == ""
     one = World(rank=1, size=2, addresses=("10.9.8.1", "10.9.8.2"))
     assert _lost_ranks(one, "Connection reset by peer [10.9.8.1]:1").startswith(": rank 0 (host 10.9.8.1) closed")
+
+
+def test_a_rank_that_refuses_to_run_is_not_told_to_rerun_the_same_command(tmp_path, tiny_vlm_dir):
+    """A rank of a launched job that refuses (its checkpoints all damaged: nothing a rerun changes)
+    exits REFUSED_EXIT, and the launcher's line says to fix the error, not to run the command again;
+    the same process outside a job exits 1 as every refusal does."""
+    import sys
+
+    from vagent.distributed.launch import describe_failure
+    from vagent.distributed.world import LAUNCHER_PID_ENV, REFUSED_EXIT
+
+    said = describe_failure({1: (REFUSED_EXIT, 5.0), 0: (-signal.SIGTERM, 6.0)}, tmp_path, nproc=2, newest="step_1")
+    assert said.startswith(f"rank 1 exited with status {REFUSED_EXIT} (it refused to run: its error above names")
+    assert "Rerunning the same command refuses again: fix what the error says first" in said
+    assert "continues the run" not in said and "--resume" not in said
+    run = tmp_path / "run"
+    run_job(train_cmd(None, *SMALL, f"out_dir={run}", f"model.path={tiny_vlm_dir}", "model.cache_dir=UNUSED"),
+            tmp_path, timeout=300)
+    (root,) = [p for p in run.iterdir() if p.is_dir()]
+    (root / "summary.json").unlink()  # not finished: the resume goes on to its checkpoints
+    for state in root.glob("checkpoints/*/state.pt"):
+        state.write_bytes(b"damaged")
+    codes = {}
+    for in_job in (False, True):
+        env = {k: v for k, v in os.environ.items() if k != LAUNCHER_PID_ENV}
+        if in_job:
+            env[LAUNCHER_PID_ENV] = str(os.getpid())
+        out = subprocess.run([sys.executable, "-m", "vagent", "train", "--resume", str(root), "steps=2"], cwd=tmp_path,
+                             env=env, capture_output=True, text=True, timeout=300)
+        errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
+        assert errors and "no intact checkpoint" in errors[0], out.stderr[-3000:]
+        codes[in_job] = out.returncode
+    assert codes == {False: 1, True: REFUSED_EXIT}

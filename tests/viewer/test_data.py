@@ -59,3 +59,25 @@ def test_bad_group_ids_say_what_is_expected(run):
         src.episodes("train_000001")
     with pytest.raises(ViewerError, match=r"no validation episodes saved at step 7 \(saved: \[0, 1\]\)"):
         src.episodes("val_000007")
+
+
+def test_a_turn_shows_the_weights_version_that_sampled_it(tmp_path):
+    """A streaming run's trajectory spans weights versions: the saved record keeps each turn's, the
+    viewer's turn shows it (and a turn without one, an in-process run's, shows none)."""
+    import torch
+
+    from tests.viewer._run import episode
+    from vagent.runs.samples import episode_record, save_rollouts
+
+    ep = next(e for seed in range(50) if len((e := episode(seed, 0, 0, torch.Generator().manual_seed(0))).turns) >= 2)
+    for i, t in enumerate(ep.turns):
+        t.weights_version = 3 + min(i, 1)
+    assert [t["weights_version"] for t in episode_record(ep)["turns"]] == [3] + [4] * (len(ep.turns) - 1)
+    folder = tmp_path / "rollouts"
+    folder.mkdir()
+    path = save_rollouts(folder, 0, [ep], 1, 50.0)
+    rec = json.loads(path.read_text().splitlines()[0])
+    views = [turn_view(t, "frozenlake", {}, [], "") for t in rec["turns"]]
+    assert [v["weights_version"] for v in views] == [3] + [4] * (len(ep.turns) - 1)
+    rec["turns"][0].pop("weights_version")
+    assert turn_view(rec["turns"][0], "frozenlake", {}, [], "")["weights_version"] is None

@@ -121,6 +121,15 @@ def describe_failure(ends: Mapping[int, tuple[int, float]], run_dir: str | Path 
     first = min(ends, key=lambda r: (ends[r][1], order[r]))
     code = ends[first][0]
     text = _how(first, code)
+    from vagent.distributed.world import REFUSED_EXIT
+
+    if code == REFUSED_EXIT:
+        text += (" (it refused to run: its error above names the config field or checkpoint to fix)")
+        others = sorted(r for r in ends if r != first)
+        if others:
+            text += "; then torchrun stopped the others (" + ", ".join(_how(r, ends[r][0]) for r in others) + ")"
+        return text + (". Rerunning the same command refuses again: fix what the error says first"
+                       + (f"; the checkpoints in {run_dir} are kept" if run_dir is not None else "") + ".")
     if code == -signal.SIGKILL:
         text += (" (the kernel's out-of-memory killer sends SIGKILL: check `dmesg` and the host's memory; "
                  "docs/distributed.md 'Memory knobs' lists the settings that need less)")

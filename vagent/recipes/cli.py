@@ -161,13 +161,13 @@ def run_train(args: argparse.Namespace) -> int:
         if args.resume and _finished(args):  # before torch, the launcher or any rank (rank 0 of a job says it)
             return 0
     except ConfigError as exc:  # overrides a finished run cannot take (steps=60), or an unknown key
-        return _error(_in_job(str(exc)))
+        return _refused(_error(_in_job(str(exc))))
     if args.nproc is not None or args.nnodes > 1:
         return launch_job(args)
     try:  # the config first: a wrong key or value is said before torch and the recipes load (~6 s)
         cfg = None if args.resume else _run_config(args)
     except ConfigError as exc:
-        return _error(_in_job(str(exc)))
+        return _refused(_error(_in_job(str(exc))))
     from vagent.distributed import barrier, shutdown_world  # heavy (torch): `vagent --help` stays fast
     from vagent.recipes.sft import DataError  # heavy (torch)
     from vagent.runs import TrainingError  # heavy (torch)
@@ -177,7 +177,10 @@ def run_train(args: argparse.Namespace) -> int:
         barrier("end of run")  # a job: every rank is done before any destroys the process group
         return 0
     except (ConfigError, DataError, TrainingError, FileNotFoundError, ImportError) as exc:
-        return _error(_in_job(str(exc)))
+        from vagent.runs.checkpoint import CheckpointError
+
+        code = _error(_in_job(str(exc)))
+        return _refused(code) if isinstance(exc, (ConfigError, CheckpointError)) else code
     finally:
         shutdown_world()  # every exit path (a gloo job that skips it aborts about 1 exit in 3)
 
@@ -200,6 +203,15 @@ def _finished(args: argparse.Namespace) -> bool:
     root = Path(args.resume).expanduser()
     return (root / "config.yaml").is_file() and finished(root, args.quiet or os.environ.get("RANK", "0") != "0",
                                                          args.overrides)
+
+
+def _refused(code: int) -> int:
+    """A rank of a job launched by ``vagent train --nproc`` that refuses to run (its config or its
+    checkpoint: nothing a rerun of the same command changes) exits ``REFUSED_EXIT``, so the
+    launcher's failure line does not recommend that command again; any other process: ``code``."""
+    from vagent.distributed.world import LAUNCHER_PID_ENV, REFUSED_EXIT
+
+    return REFUSED_EXIT if os.environ.get(LAUNCHER_PID_ENV) else code
 
 
 def _in_job(msg: str) -> str:

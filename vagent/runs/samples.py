@@ -70,6 +70,7 @@ def episode_record(ep: Any, frames: list[list[str]] | None = None, final_frames:
             "info": _plain(t.info),
             "finish_reason": t.finish_reason,
             "n_sampled_tokens": len(t.sampled_token_ids),
+            "weights_version": t.weights_version,  # every token of the reply was sampled by it
         })
     return {
         "env_name": ep.env_name, "env_config": _plain(ep.env_config), "seed": ep.seed,

@@ -91,6 +91,7 @@ def turn_view(turn: Mapping[str, Any], env_name: str, env_config: Mapping[str, A
         "reward": finite_number(turn.get("reward")),
         "reward_parts": {"env": env_r - (fmt or 0.0), "format": fmt, "judge": sum(j["reward"] for j in judge)},
         "judge": judge, "info": turn.get("info") or {}, "tokens": None,
+        "weights_version": turn.get("weights_version"),
     }
 
 

@@ -326,7 +326,9 @@ function renderTurn(key, ep, t) {
   const head = el("h3", {}, `turn ${t.index} `, t.format_ok ? el("span", { class: "badge", text: "format ok" })
     : el("span", { class: "badge warn", text: `format error${t.format_error ? ": " + t.format_error : ""}` }),
   t.actions.length ? el("span", { class: "badge", text: "actions: " + t.actions.join(", ") }) : null,
-  t.finish_reason && t.finish_reason !== "stop" ? el("span", { class: "badge warn", text: `finish: ${t.finish_reason}` }) : null);
+  t.finish_reason && t.finish_reason !== "stop" ? el("span", { class: "badge warn", text: `finish: ${t.finish_reason}` }) : null,
+  t.weights_version != null ? el("span", { class: "badge", text: `weights v${t.weights_version}`,
+    title: "the weights version that sampled every token of this reply (engines with pushed weights)" }) : null);
   let body;
   // a text env's board is in its observation: shown in full, not only inside the collapsed prompt
   const seen = !t.images.length && t.observation
