@@ -189,7 +189,7 @@ class StreamingDriver(RolloutDriver):
         for i, rec in enumerate(records):
             if not isinstance(rec, InFlight) or rec.step != step + i:
                 raise ValueError(f"the checkpoint's in-flight rollouts do not follow step {step} in order (record {i} "
-                                 "is not the rollout of step {step + i}): the checkpoint's inflight.pt does not belong "
+                                 f"is not the rollout of step {step + i}): the checkpoint's inflight.pt does not belong "
                                  "to this run")
             self._done[rec.step] = rec
             newest = max((t.weights_version for e in rec.episodes for t in e.turns if t.weights_version is not None),
