@@ -80,6 +80,23 @@ def test_library_warnings_and_transformers_messages_go_to_the_log_only(tmp_path,
     assert [str(w.message) for w in caught] == ["after"]
 
 
+def test_vagents_own_warnings_reach_the_terminal_and_the_log_even_when_quiet(tmp_path, capfd):
+    """A replica that died is said by vagent.models.remote's logger: train.log keeps it (``--quiet``
+    promises the log still gets everything), the terminal shows it unless quiet, once."""
+    for quiet in (False, True):
+        log_path = tmp_path / f"train-{quiet}.log"
+        console = Console(log_path, quiet=quiet)
+        with library_output_to_log(console):
+            logging.getLogger("vagent.models.remote").warning("engine replica %d (pid %s) died", 1, 42)
+            logging.getLogger("vagent.models.remote").info("not a warning")
+        out, err = capfd.readouterr()
+        said = "warning: engine replica 1 (pid 42) died"
+        assert said in log_path.read_text() and "not a warning" not in log_path.read_text()
+        assert (out + err).count(said) == (0 if quiet else 1), (out, err)
+    logging.getLogger("vagent.models.remote").warning("after the run")  # the handler is gone again
+    assert "after the run" not in (tmp_path / "train-False.log").read_text()
+
+
 def test_config_summary_is_a_few_lines_naming_the_changes(tmp_path):
     from vagent.recipes.config import load_config
 

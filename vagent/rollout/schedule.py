@@ -96,7 +96,7 @@ def read_schedule(source: str | Path) -> RecordedSchedule:
                             "streaming run") from None
     k = int(header.get("max_staleness", 0))
     for step, trajs in steps.items():  # a turn of step s's batch is sampled by weights s - K .. s, or never
-        bad = next(((t, v) for t, vs in trajs.items() for v in vs if not step - k <= v <= step), None)
+        bad = next(((t, v) for t, vs in trajs.items() for v in vs if not max(0, step - k) <= v <= step), None)
         if bad is not None:
             raise ScheduleError(f"{path}: step {step}'s trajectory {bad[0]} has a turn sampled by weights {bad[1]}, "
                                 f"outside {max(0, step - k)}..{step} (the batch of step {step} is taken after {step} "
@@ -118,6 +118,14 @@ def replay_problem(source: str | Path, digest: str) -> str | None:
     return None
 
 
+def _step_of(line: str) -> float:
+    """The step of a schedule record line (inf for a blank, damaged or cut line: it is not kept)."""
+    try:
+        return float(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return float("inf")
+
+
 class ScheduleLog:
     """Appends each taken batch's turn versions to ``<run>/rollout_schedule.jsonl`` (see the module
     docstring). ``resume_at``: the records of steps at or after it (a killed run's batches the
@@ -126,9 +134,8 @@ class ScheduleLog:
     def __init__(self, run_root: str | Path, digest: str, max_staleness: int, resume_at: int | None = None):
         self.path = Path(run_root) / SCHEDULE_FILE
         kept: list[str] = []
-        if resume_at is not None and self.path.is_file():
-            lines = [ln for ln in self.path.read_text().splitlines() if ln.strip()]
-            kept = [ln for ln in lines[1:] if json.loads(ln).get("step", 0) < resume_at]
+        if resume_at is not None and self.path.is_file():  # a line cut by a kill mid-write is dropped
+            kept = [ln for ln in self.path.read_text().splitlines()[1:] if _step_of(ln) < resume_at]
         header = json.dumps({"schedule": FORMAT, "config": digest, "max_staleness": max_staleness})
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text("".join(ln + "\n" for ln in [header, *kept]))

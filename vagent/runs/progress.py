@@ -296,7 +296,9 @@ class StepProgress:
 def library_output_to_log(console: Console | Callable[[str], None]) -> Iterator[None]:
     """Within the block, Python warnings (``FutureWarning`` and the like) and the records of the
     ``transformers`` and ``huggingface_hub`` loggers go to ``console.log`` (``train.log``; or to
-    ``console(text)`` when it is a plain callable) instead of the terminal, and the tqdm bars of
+    ``console(text)`` when it is a plain callable) instead of the terminal, vagent's own warnings
+    (``vagent.*`` loggers: a replica that died, a stuck one killed) to ``console.print`` (the
+    terminal unless quiet, and ``train.log``) as ``warning: ...``, and the tqdm bars of
     transformers / huggingface_hub (weight loading, shard writing) are off; everything is restored
     on exit."""
     import logging
@@ -313,6 +315,13 @@ def library_output_to_log(console: Console | Callable[[str], None]) -> Iterator[
         def emit(self, record: logging.LogRecord) -> None:
             write(f"{record.name} {record.levelname.lower()}: {record.getMessage()}")
 
+    class ToConsole(logging.Handler):  # vagent's own warnings (a replica died): the terminal and train.log
+        def emit(self, record: logging.LogRecord) -> None:
+            say = console.print if isinstance(console, Console) else write
+            say(f"{record.levelname.lower()}: {record.getMessage()}")
+
+    own, own_handler = logging.getLogger("vagent"), ToConsole(level=logging.WARNING)
+    own.addHandler(own_handler)
     handler = ToLog(level=logging.WARNING)
     loggers = [logging.getLogger(n) for n in ("transformers", "huggingface_hub")]
     saved = [(lg.handlers[:], lg.propagate) for lg in loggers]
@@ -327,6 +336,7 @@ def library_output_to_log(console: Console | Callable[[str], None]) -> Iterator[
     try:
         yield
     finally:
+        own.removeHandler(own_handler)
         warnings.showwarning = show_before
         for lg, (handlers, propagate) in zip(loggers, saved):
             lg.handlers, lg.propagate = handlers, propagate
