@@ -203,7 +203,7 @@ def test_a_rank_that_refuses_to_run_is_not_told_to_rerun_the_same_command(tmp_pa
     import sys
 
     from vagent.distributed.launch import describe_failure
-    from vagent.distributed.world import LAUNCHER_PID_ENV, REFUSED_EXIT
+    from vagent.exit_codes import LAUNCHER_PID_ENV, REFUSED_EXIT
 
     said = describe_failure({1: (REFUSED_EXIT, 5.0), 0: (-signal.SIGTERM, 6.0)}, tmp_path, nproc=2, newest="step_1")
     assert said.startswith(f"rank 1 exited with status {REFUSED_EXIT} (it refused to run: its error above names")

@@ -34,7 +34,7 @@ class _ClosingDriver(RolloutDriver):
 def test_step_loop_starts_rollouts_on_entry_and_closes_them_when_the_setup_fails(monkeypatch):
     started = []
 
-    def start_rollouts(session, reasoning, last_checkpoint):
+    def start_rollouts(session, reasoning, last_checkpoint, first_step=0):
         started.append(session)
         return None, _ClosingDriver(lambda policy, step, unshard: [], policy=None)
 
@@ -62,7 +62,7 @@ def test_step_loop_exit_closes_the_driver_and_the_env_pools(monkeypatch):
     pool = Transport("http://127.0.0.1:9")
     monkeypatch.setitem(driver_module._FACTORIES, ("http://127.0.0.1:9",), SimpleNamespace(transport=pool))
     monkeypatch.setattr(step_module, "start_rollouts",
-                        lambda session, reasoning, last: (None, _ClosingDriver(lambda policy, step, unshard: [],
+                        lambda session, reasoning, last, first_step=0: (None, _ClosingDriver(lambda policy, step, unshard: [],
                                                                                policy=None)))
     _ClosingDriver.closed = 0
     with step_module.StepLoop(_session(load_config(None, ["log.progress=false"])), 0) as loop:

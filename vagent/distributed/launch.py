@@ -121,7 +121,7 @@ def describe_failure(ends: Mapping[int, tuple[int, float]], run_dir: str | Path 
     first = min(ends, key=lambda r: (ends[r][1], order[r]))
     code = ends[first][0]
     text = _how(first, code)
-    from vagent.distributed.world import REFUSED_EXIT
+    from vagent.exit_codes import REFUSED_EXIT
 
     if code == REFUSED_EXIT:
         text += (" (it refused to run: its error above names the config field or checkpoint to fix)")

@@ -17,6 +17,8 @@ from datetime import timedelta
 
 import torch
 
+from vagent.exit_codes import LAUNCHER_PID_ENV  # set by vagent.distributed.launch: the ranks' parent
+
 
 @dataclass(frozen=True)
 class World:
@@ -61,12 +63,6 @@ class World:
 
 
 _WORLD = World()
-
-#: set by ``vagent train --nproc`` (vagent.distributed.launch) to its own PID, the ranks' parent
-LAUNCHER_PID_ENV = "VAGENT_LAUNCHER_PID"
-#: the exit status of a rank of a ``vagent train --nproc`` job that refused to run (a config or a
-#: checkpoint it cannot use): the launcher then says to fix that, not to rerun the same command
-REFUSED_EXIT = 3
 
 
 def world() -> World:

@@ -209,7 +209,7 @@ def _refused(code: int) -> int:
     """A rank of a job launched by ``vagent train --nproc`` that refuses to run (its config or its
     checkpoint: nothing a rerun of the same command changes) exits ``REFUSED_EXIT``, so the
     launcher's failure line does not recommend that command again; any other process: ``code``."""
-    from vagent.distributed.world import LAUNCHER_PID_ENV, REFUSED_EXIT
+    from vagent.exit_codes import LAUNCHER_PID_ENV, REFUSED_EXIT
 
     return REFUSED_EXIT if os.environ.get(LAUNCHER_PID_ENV) else code
 
