@@ -43,7 +43,9 @@ Jobs of several ranks (``vagent train --nproc N``): rank 0 creates the replicas 
 (namespace ``vagent``) and every other rank joins rank 0's cluster and attaches to them
 (``RemoteEngine.attach``), so one pool of replicas serves every rank's share of the rollout; the
 ranks gather the full weights and rank 0 pushes them (``update_state``). Set ``RAY_ADDRESS`` to
-use a cluster started with ``ray start`` (replicas on other hosts).
+use a cluster started with ``ray start`` (replicas on other hosts); ``resources`` (Ray custom
+resources each replica requires, ``rollout.replica_resources``) pins the replicas to the nodes
+started with them (``ray start --resources '{"vagent_replica": 2}'``).
 
 Ray is an optional extra: ``pip install 'vagent[ray]'``. ``import vagent`` never imports it; this
 module imports it when a ``RemoteEngine`` is built. ``start_ray`` starts a small local cluster
@@ -57,7 +59,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from vagent.models.engine import GenerationOutput, GenerationRequest, SamplingParams
 # the actors' bodies and the push helpers live beside this module; importable from here
@@ -235,6 +237,8 @@ class RemoteEngine:
         generate_timeout_s: seconds a replica may take to answer a generate (or canary, or stats)
             call; a replica slower than that is stuck: killed, marked dead, its requests sent to the
             others (``rollout.generate_timeout_s``).
+        resources: Ray custom resources each replica requires (``rollout.replica_resources``, e.g.
+            ``{"vagent_replica": 1}``): the replicas start only on nodes that offer them.
     """
 
     #: ``generate`` may be called from many threads at once
@@ -243,14 +247,15 @@ class RemoteEngine:
     def __init__(self, model: Any, encoder: Any, *, replicas: int = 2, prefix_cache: bool = True,
                  threads: int = 1, num_cpus: float = 0, max_concurrency: int = 64,
                  names: Sequence[str] | None = None, dtype: Any = None, push_timeout_s: float = PUSH_TIMEOUT_S,
-                 generate_timeout_s: float = GENERATE_TIMEOUT_S):
-        named = _replica_options(replicas, names)
+                 generate_timeout_s: float = GENERATE_TIMEOUT_S, resources: Mapping[str, float] | None = None):
+        named = _replica_options(replicas, names, resources)
         ray = _running_ray()
         actor = ray.remote(EngineReplica)
         model_ref = ray.put(_cpu_copy(model, dtype))
         handles = [actor.options(num_cpus=num_cpus, max_concurrency=max_concurrency, **kw).remote(
             model_ref, encoder, prefix_cache, threads) for kw in named]
-        self._setup(ray, encoder, handles, owner=True, timeouts=(push_timeout_s, generate_timeout_s))
+        self._setup(ray, encoder, handles, owner=True, timeouts=(push_timeout_s, generate_timeout_s),
+                    resources=resources)
 
     @classmethod
     def attach(cls, names: Sequence[str], encoder: Any, *, push_timeout_s: float = PUSH_TIMEOUT_S,
@@ -272,22 +277,28 @@ class RemoteEngine:
     @classmethod
     def vllm(cls, model_dir: Any, encoder: Any, *, replicas: int = 2, num_cpus: float = 0, num_gpus: float = 0,
              max_concurrency: int = 64, names: Sequence[str] | None = None, push_timeout_s: float = PUSH_TIMEOUT_S,
-             generate_timeout_s: float = GENERATE_TIMEOUT_S, **engine_kwargs: Any) -> "RemoteEngine":
+             generate_timeout_s: float = GENERATE_TIMEOUT_S, resources: Mapping[str, float] | None = None,
+             **engine_kwargs: Any) -> "RemoteEngine":
         """A ``RemoteEngine`` over ``replicas`` vLLM actors (``VLLMReplica``), each loading
         ``model_dir`` with ``VLLMEngine(**engine_kwargs)``; they start at the same time. ``num_gpus``:
-        GPUs Ray gives each replica (1 on a GPU cluster: one vLLM per GPU; 0 for vLLM's CPU build)."""
-        named = _replica_options(replicas, names)
+        GPUs Ray gives each replica (1 on a GPU cluster: one vLLM per GPU; 0 for vLLM's CPU build);
+        ``resources``: Ray custom resources each requires, as in the constructor."""
+        named = _replica_options(replicas, names, resources)
         ray = _running_ray()
         actor = ray.remote(VLLMReplica)
         handles = [actor.options(num_cpus=num_cpus, num_gpus=num_gpus, max_concurrency=max_concurrency, **kw).remote(
             str(model_dir), encoder, dict(engine_kwargs)) for kw in named]
         engine = cls.__new__(cls)
-        engine._setup(ray, encoder, handles, owner=True, timeouts=(push_timeout_s, generate_timeout_s))
+        engine._setup(ray, encoder, handles, owner=True, timeouts=(push_timeout_s, generate_timeout_s),
+                      resources=resources)
         engine.takes_adapters = int(engine_kwargs.get("lora_rank", 0) or 0) > 0
         return engine
 
-    def _setup(self, ray: Any, encoder: Any, handles: list, owner: bool, timeouts: tuple[float, float]) -> None:
+    def _setup(self, ray: Any, encoder: Any, handles: list, owner: bool, timeouts: tuple[float, float],
+               resources: Mapping[str, float] | None = None) -> None:
         self._ray, self.encoder, self.replicas, self.owner = ray, encoder, handles, owner
+        #: the Ray custom resources each replica required (empty: none, or attached replicas)
+        self.resources = _resources(resources)
         #: (seconds a push or the start may take, seconds a generate call may take)
         self.push_timeout_s, self.generate_timeout_s = (float(t) for t in timeouts)
         replicas = len(handles)
@@ -312,8 +323,8 @@ class RemoteEngine:
 
     def _wait_ready(self) -> list[tuple[int, bool]]:
         """Each replica's ``ready()``, all within ``push_timeout_s``; else (a replica still starting,
-        or waiting for CPUs / GPUs the cluster lacks) one error, after killing the replicas this
-        engine created."""
+        or waiting for CPUs / GPUs / custom resources the cluster lacks) one error, after killing the
+        replicas this engine created."""
         ray = self._ray
         refs = [r.ready.remote() for r in self.replicas]
         deadline = time.monotonic() + self.push_timeout_s
@@ -325,10 +336,16 @@ class RemoteEngine:
                 if self.owner:
                     for r in self.replicas:
                         ray.kill(r, no_restart=True)
+                lacks, offer = "CPUs / GPUs", ""
+                if self.resources:
+                    wanted = ", ".join(f"{k}: {v:g}" for k, v in self.resources.items())
+                    lacks += f" or the custom resources {{{wanted}}} of rollout.replica_resources"
+                    offer = ("; a node offers them when started with `ray start --address HEAD:PORT --resources '{"
+                             + ", ".join(f'"{k}": N' for k in self.resources) + "}'`")
                 raise TimeoutError(
                     f"engine replica {i} was not ready within rollout.push_timeout_s={self.push_timeout_s:g} s (still "
-                    "loading, or waiting for CPUs / GPUs the Ray cluster lacks: see `ray status`); if its start is "
-                    "only slow, raise rollout.push_timeout_s") from None
+                    f"loading, or waiting for {lacks} the Ray cluster lacks: see `ray status`{offer}); if its start "
+                    "is only slow, raise rollout.push_timeout_s") from None
         return out
 
     # ------------------------------------------------------------------ routing
@@ -519,10 +536,17 @@ class RemoteEngine:
             self._ray.shutdown()
 
 
-def _replica_options(replicas: int, names: Sequence[str] | None) -> list[dict]:
+def _resources(resources: Mapping[str, float] | None) -> dict[str, float]:
+    """``resources`` as Ray's ``resources`` actor option (names to float quantities; {} for None)."""
+    return {str(k): float(v) for k, v in (resources or {}).items()}
+
+
+def _replica_options(replicas: int, names: Sequence[str] | None,
+                     resources: Mapping[str, float] | None = None) -> list[dict]:
     """Each replica's extra actor options (a name in vagent's namespace when ``names`` is given;
     the OpenMP wait settings of a process vagent starts, :func:`vagent.omp.child_wait_env`, in its
-    runtime env), after checking the count."""
+    runtime env; the Ray custom ``resources`` it requires, which pin it to the nodes that offer
+    them), after checking the count."""
     from vagent.omp import child_wait_env
 
     if replicas < 1:
@@ -531,7 +555,9 @@ def _replica_options(replicas: int, names: Sequence[str] | None) -> list[dict]:
         raise ValueError(f"RemoteEngine: {len(names)} names for {replicas} replicas")
     runtime_env = {"env_vars": child_wait_env(os.environ)}  # decided once, as the replicas start
     each: list[str | None] = list(names) if names is not None else [None] * replicas
-    return [{"runtime_env": runtime_env, **({} if n is None else {"name": n, "namespace": NAMESPACE})} for n in each]
+    pinned = {"resources": _resources(resources)} if resources else {}
+    return [{"runtime_env": runtime_env, **pinned, **({} if n is None else {"name": n, "namespace": NAMESPACE})}
+            for n in each]
 
 
 def _running_ray() -> Any:

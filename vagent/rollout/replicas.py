@@ -190,22 +190,24 @@ def _start_named_replicas(cfg: RunConfig, loaded: LoadedModel, full: dict[str, t
 def _new_replicas(cfg: RunConfig, loaded: LoadedModel, model: torch.nn.Module | None, model_dir: str | Path | None,
                   names: list[str] | None = None) -> PushedEngine:
     """The ``RemoteEngine`` of ``rollout.replicas`` new actors: hf copies of ``model``, or vLLM
-    engines on ``model_dir``."""
+    engines on ``model_dir``; each requires ``rollout.replica_resources`` (Ray custom resources,
+    which pin the replicas to the nodes started with them)."""
     import torch
 
     from vagent.models.remote import RemoteEngine
 
     settings = cfg.rollout
     push_s, generate_s = settings.push_timeout_s, settings.generate_timeout_s
+    pinned = dict(settings.replica_resources)  # Ray custom resources: the replicas' hosts
     if settings.engine == "vllm":
         # CUDA: one GPU per replica from Ray (it sets CUDA_VISIBLE_DEVICES); vLLM's CPU build: none
         return RemoteEngine.vllm(saved_model_dir(model_dir), loaded.encoder, replicas=settings.replicas, names=names,
                                  num_gpus=1 if torch.cuda.is_available() else 0, push_timeout_s=push_s,
-                                 generate_timeout_s=generate_s, **vllm_settings(cfg, loaded))
+                                 generate_timeout_s=generate_s, resources=pinned, **vllm_settings(cfg, loaded))
     dtype = None if settings.engine_dtype == "auto" else getattr(torch, settings.engine_dtype)
     return RemoteEngine(model, loaded.encoder, replicas=settings.replicas, prefix_cache=settings.prefix_cache,
                         threads=settings.replica_threads, names=names, dtype=dtype, push_timeout_s=push_s,
-                        generate_timeout_s=generate_s)
+                        generate_timeout_s=generate_s, resources=pinned)
 
 
 def _full_model(loaded: LoadedModel, full: dict[str, torch.Tensor] | None,

@@ -190,6 +190,11 @@ class RolloutConfig:
     #: the largest |log pi_engine - log pi_trainer| the canary accepts on a probe token; null = by
     #: dtype: 0.01 when engine and trainer are float32, 1.0 when either is bfloat16 / float16
     canary_tolerance: float | None = None
+    #: Ray custom resources each engine replica requires, e.g. {vagent_replica: 1}: replicas start
+    #: only on Ray nodes that offer them, which pins them to hosts (start those hosts with `ray start
+    #: --address HEAD:6379 --resources '{"vagent_replica": 2}'`; docs/distributed.md "Pinning
+    #: replicas to hosts"); empty = any node with free CPUs / GPUs
+    replica_resources: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

@@ -61,6 +61,30 @@ def check_rollout(cfg: RunConfig) -> None:
          "rollout.replicas >= 1 (Ray actors) or rollout.engine vllm, or rollout.overlap 0.")
     check_streaming(cfg)
     check_canary(cfg)
+    check_replica_resources(cfg)
+
+
+#: resources Ray asks for through their own actor options (num_cpus, num_gpus, memory), never ``resources``
+_RAY_BUILTIN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
+
+
+def check_replica_resources(cfg: RunConfig) -> None:
+    """``rollout.replica_resources``: Ray custom resource names with quantities Ray accepts (> 0,
+    whole above 1), and only where engine replicas run (replicas >= 1)."""
+    rollout, example = cfg.rollout, "e.g. {vagent_replica: 1} with `ray start --resources '{\"vagent_replica\": 2}'`"
+    resources = rollout.replica_resources
+    if not resources:
+        return
+    need(rollout.replicas >= 1, f"rollout.replica_resources {resources} pins engine replicas to Ray nodes, and "
+                                "rollout.replicas is 0: set rollout.replicas >= 1, or drop rollout.replica_resources.")
+    for name, qty in resources.items():
+        need(isinstance(name, str) and bool(name) and name not in _RAY_BUILTIN_RESOURCES,
+             f"rollout.replica_resources: {name!r} is not a Ray custom resource name (a non-empty string other than "
+             f"{', '.join(_RAY_BUILTIN_RESOURCES)}, which Ray allots by its own options); {example}.")
+        number = isinstance(qty, (int, float)) and not isinstance(qty, bool)
+        need(number and 0 < qty < float("inf") and (qty <= 1 or float(qty).is_integer()),
+             f"rollout.replica_resources.{name} must be a number > 0, a whole number when above 1 (Ray's rule), "
+             f"got {qty!r}; {example}.")
 
 
 def check_streaming(cfg: RunConfig) -> None:

@@ -1,0 +1,207 @@
+"""Engine replicas on another host (issue 59): a Ray cluster across two "hosts" of the namespace
+cluster (tests/multihost/cluster.py), the replicas pinned to host1 by a Ray custom resource
+(``rollout.replica_resources``), the trainer on host0 (docs/distributed.md "Pinning replicas to
+hosts"):
+
+    host0$ ray start --head --node-ip-address <host0> --port PORT ...
+    host1$ ray start --address <host0>:PORT --node-ip-address <host1> --resources '{"vagent_replica": 2}' ...
+    host0$ RAY_ADDRESS=<host0>:PORT vagent train ... rollout.replicas=2 'rollout.replica_resources={vagent_replica: 1}'
+
+The run ends; both replica actors (``ray::EngineReplica`` worker processes) live in host1's
+namespace and none in host0's, seen while the run is live; the canary passes after the pushes;
+``rollout/weights_version`` advances; and the weights crossed host1's interface. The nodes are
+then stopped by ending every process in their namespaces (``ray stop`` is not used: it ends every
+Ray process of the machine, whose process table the namespaces share). Also here: the config
+checks of ``rollout.replica_resources`` and the start-up error of a cluster without the resource.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.distributed.conftest import SMALL, metrics, train_cmd
+from tests.multihost import cluster as C
+
+pytest.importorskip("ray", reason="engine replicas need the ray extra: pip install 'vagent[ray]'")
+
+ROOT = Path(__file__).resolve().parents[2]
+RAY = str(Path(sys.executable).with_name("ray"))
+PORT = 6379
+PINNED = "{vagent_replica: 1}"
+
+
+def _env(**extra: str) -> dict[str, str]:
+    """This process's environment without its RAY_ADDRESS, token auth off (as ``start_ray``), ``extra``."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    return dict(env, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", RAY_AUTH_MODE="disabled", **extra)
+
+
+def _ray_start(cl: C.Cluster, host: int, temp_dir: str, log: Path, *args: str) -> None:
+    """``ray start ARGS`` on ``host`` (its own address, 1 CPU, a small object store, its own temp
+    dir); its daemons stay in the host's namespace. The output goes to ``log`` (a
+    pipe would stay open in the daemons)."""
+    cmd = [RAY, "start", "--node-ip-address", cl.host(host).address, "--num-cpus", "1", "--disable-usage-stats",
+           "--object-store-memory", "200000000", "--temp-dir", temp_dir, *args]
+    with open(log, "wb") as out:
+        code = subprocess.run(cl.exec_args(host, cmd), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=_env(),
+                              timeout=180).returncode
+    assert code == 0, f"`{' '.join(cmd)}` on host{host} failed ({code}):\n{log.read_text()[-3000:]}"
+
+
+def _ray_stop(cl: C.Cluster, host: int, grace_s: float = 10.0) -> None:
+    """``ray stop`` of one host's node: SIGTERM to every process in its namespace, SIGKILL to what
+    is left after ``grace_s``."""
+    for pid in C.pids(cl.host(host).netns):
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace_s
+    while C.pids(cl.host(host).netns) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    C.kill_all(cl.host(host).netns)
+
+
+def _replica_pids(netns: str) -> set[int]:
+    """The processes of ``netns`` that run a replica actor (Ray titles them ``ray::EngineReplica...``)."""
+    found = set()
+    for pid in C.pids(netns):
+        try:
+            if "EngineReplica" in " ".join(psutil.Process(pid).cmdline()):
+                found.add(pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+def _replica_units_used(cl: C.Cluster, head: str) -> float:
+    """The ``vagent_replica`` units in use across the cluster (``ray status`` on host0; 0 when it
+    does not list the resource): one per replica when every replica required one."""
+    out = subprocess.run(cl.exec_args(0, [RAY, "status", "--address", head]), capture_output=True, text=True,
+                         env=_env(), timeout=120).stdout
+    used = re.search(r"([0-9.]+)/([0-9.]+) vagent_replica", out)
+    return float(used.group(1)) if used else 0.0
+
+
+def _rx_bytes(cl: C.Cluster, host: int) -> int:
+    h = cl.host(host)
+    return int(C.ip("netns", "exec", h.netns, "cat", f"/sys/class/net/{h.interface}/statistics/rx_bytes").stdout)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_replicas_pinned_to_host1_serve_a_run_on_host0(cluster, tmp_path, tiny_vlm_dir):
+    head = f"{cluster.host(0).address}:{PORT}"
+    temps = [tempfile.mkdtemp(prefix="vrh-", dir="/tmp") for _ in range(2)]  # short: Ray's socket paths
+    log = tmp_path / "train.log"
+    on: dict[int, set[int]] = {0: set(), 1: set()}
+    units = 0.0
+    try:
+        t0 = time.monotonic()
+        _ray_start(cluster, 0, temps[0], tmp_path / "ray0.log", "--head", "--port", str(PORT),
+                   "--include-dashboard=false")
+        _ray_start(cluster, 1, temps[1], tmp_path / "ray1.log", "--address", head,
+                   "--resources", '{"vagent_replica": 2}')
+        started = time.monotonic() - t0
+        received = _rx_bytes(cluster, 1)
+        cmd = train_cmd(None, *SMALL, "steps=2", f"out_dir={tmp_path / 'runs'}", f"model.path={tiny_vlm_dir}",
+                        "model.cache_dir=UNUSED", "rollout.replicas=2", f"rollout.replica_resources={PINNED}")
+        t1 = time.monotonic()
+        with open(log, "wb") as out:
+            run = subprocess.Popen(cluster.exec_args(0, cmd), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                   env=_env(RAY_ADDRESS=head), start_new_session=True)
+        deadline = time.monotonic() + 400
+        while run.poll() is None and time.monotonic() < deadline:  # where the replicas live, while they do
+            for host in on:
+                on[host] |= _replica_pids(cluster.host(host).netns)
+            if len(on[0] | on[1]) == 2 and units < 2:  # both started: did each take its unit?
+                units = max(units, _replica_units_used(cluster, head))
+            time.sleep(0.2)
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait(timeout=30)
+            pytest.fail(f"the run did not end in 400 s:\n{log.read_text()[-4000:]}")
+        took = time.monotonic() - t1
+        received = _rx_bytes(cluster, 1) - received
+    finally:
+        _ray_stop(cluster, 1)
+        _ray_stop(cluster, 0)
+        for t in temps:
+            shutil.rmtree(t, ignore_errors=True)
+    text = log.read_text()
+    assert run.returncode == 0, text[-4000:]
+    (out,) = list((tmp_path / "runs").iterdir())
+    records = metrics(out)
+    canary = [r["sync/canary_max_abs_diff"] for r in records if "sync/canary_max_abs_diff" in r]
+    versions = [r.get("rollout/weights_version") for r in records]
+    print(f"ray start (2 nodes): {started:.1f} s; the 2-step run: {took:.1f} s; host1 received "
+          f"{received / 1e6:.1f} MB; replica pids on host0 {sorted(on[0])}, on host1 {sorted(on[1])}; "
+          f"canary {canary}; weights versions {versions}; vagent_replica units used {units:g}")
+    assert len(on[1]) == 2 and not on[0], f"replicas on host0: {on[0]}, on host1: {on[1]} (want 2 on host1 only)"
+    assert units == 2, f"the replicas took {units:g} of host1's 2 vagent_replica units (`ray status`), not one each"
+    assert len(records) == 2, records
+    assert canary and max(canary) < 0.01, f"the weight canary's gaps {canary} (tolerance 0.01, float32)"
+    assert None not in versions and versions[-1] > versions[0], f"rollout/weights_version {versions}: no push reached the replicas"
+    weights = sum(p.stat().st_size for p in Path(tiny_vlm_dir).glob("*.safetensors"))
+    assert received > 2 * weights, (f"host1 received {received} bytes, less than two copies of the weights "
+                                    f"({weights} bytes): the weights did not cross the link")
+
+
+def test_replica_resources_are_checked_when_the_config_loads():
+    from vagent.config import ConfigError
+    from vagent.recipes.config import load_config
+
+    ok = load_config(None, ["rollout.replicas=2", f"rollout.replica_resources={PINNED}"])
+    assert ok.rollout.replica_resources == {"vagent_replica": 1}
+    assert load_config(None, ["rollout.replicas=2"]).rollout.replica_resources == {}
+    bad = {"{vagent_replica: -1}": "rollout.replica_resources.vagent_replica must be a number > 0",
+           "{vagent_replica: many}": "must be a number > 0, a whole number when above 1 (Ray's rule), got 'many'",
+           "{vagent_replica: true}": "got True",
+           "{vagent_replica: 1.5}": "got 1.5",
+           "{CPU: 1}": "'CPU' is not a Ray custom resource name",
+           "[vagent_replica]": "rollout.replica_resources: expected a mapping"}
+    for value, says in bad.items():
+        with pytest.raises(ConfigError) as err:
+            load_config(None, ["rollout.replicas=2", f"rollout.replica_resources={value}"])
+        assert says in str(err.value) and "\n" not in str(err.value), (value, str(err.value))
+    with pytest.raises(ConfigError, match=r"rollout.replicas is 0: set rollout.replicas >= 1"):
+        load_config(None, ["rollout.replicas=0", f"rollout.replica_resources={PINNED}"])
+
+
+@pytest.mark.timeout(300)
+def test_a_cluster_without_the_resource_is_named_at_the_start_up_deadline(monkeypatch):
+    """A local cluster (no node offers vagent_replica): the replica never starts, and the error at
+    ``rollout.push_timeout_s`` names the resource and how a node offers it."""
+    import torch
+
+    from vagent.models.remote import RemoteEngine, start_ray
+
+    root = tempfile.mkdtemp(prefix="vr-", dir="/tmp")
+    monkeypatch.setenv("RAY_TMPDIR", root)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    ray = start_ray(num_cpus=1)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError) as err:
+            RemoteEngine(torch.nn.Linear(2, 2), None, replicas=1, resources={"vagent_replica": 1}, push_timeout_s=3)
+        took = time.monotonic() - t0
+    finally:
+        ray.shutdown()
+        shutil.rmtree(root, ignore_errors=True)
+    msg = str(err.value)
+    assert msg.startswith("engine replica 0 was not ready within rollout.push_timeout_s=3 s"), msg
+    assert ("waiting for CPUs / GPUs or the custom resources {vagent_replica: 1} of rollout.replica_resources the "
+            "Ray cluster lacks: see `ray status`; a node offers them when started with `ray start --address HEAD:PORT "
+            "--resources '{\"vagent_replica\": N}'`); if its start is only slow") in msg, msg
+    assert msg.endswith("raise rollout.push_timeout_s") and 3 <= took < 60, (msg, took)
