@@ -76,6 +76,8 @@ SKIP: dict[str, str] = {
     r"vagent train --config configs/\S+\.yaml( \S+=\S+)*": MINUTES,
     r"vagent train --config configs/frozenlake_ppo\.yaml steps=60 .*": MINUTES,
     r"vagent train --resume \S+": NEEDS_RUN,
+    r"vagent train --config my_run\.yaml rollout\.replicas=2 .*rollout\.replica_resources=.*": "needs a Ray cluster "
+    "of two hosts; tests/multihost/test_ray_hosts.py runs it on network namespaces",
     r"vagent train --import mypackage\.corridor .*": CORRIDOR,
     r"(WANDB_MODE=offline )?vagent train log\.wandb=true .*": MINUTES,
     r"vagent train hub\.repo_id=.*": "trains and uploads to the Hugging Face hub (a token, network)",
