@@ -86,6 +86,36 @@ def train(tmp: Path, model: Path, nproc: int | None, name: str, *extra: str, tim
     return run
 
 
+def killed_after_checkpoint(tmp: Path, model: Path, nproc: int | None, name: str, *extra: str, step: int = 2,
+                            timeout: float = 400) -> Path:
+    """A ``vagent train`` run under ``tmp/name`` SIGKILLed (its whole process group) as soon as
+    checkpoint ``step`` is written, which must hold the rollout in flight (``inflight.pt``);
+    returns its run directory, to be resumed."""
+    import signal
+
+    from tests.waiting import wait_for_file
+
+    out = tmp / name
+    cmd = train_cmd(nproc, *SMALL, f"out_dir={out}", f"model.path={model}", "model.cache_dir=UNUSED", *extra)
+    job = subprocess.Popen(cmd, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"), start_new_session=True)
+    ckpt = f"step_{step:06d}"
+    try:
+        wait_for_file(job, out, f"*/checkpoints/{ckpt}/state.pt", f"step {step}'s checkpoint", timeout, poll_s=0.02)
+        assert list(out.glob(f"*/checkpoints/{ckpt}/inflight.pt")), f"step {step}'s checkpoint holds no rollout in flight"
+        job.send_signal(signal.SIGKILL)
+        job.wait(timeout=30)
+    finally:
+        if job.poll() is None:
+            job.kill()
+        try:  # ranks end with their launcher; a straggler must not write on into the resumed run
+            os.killpg(job.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    (run,) = [p for p in out.iterdir() if p.is_dir()]
+    return run
+
+
 def checkpoint_weights(ckpt: Path) -> dict[str, torch.Tensor]:
     """``{"<module>.<parameter name>": tensor}`` of every module in a checkpoint folder, from
     ``<module>.pt`` (one process) or the sharded ``dcp/`` (several)."""

@@ -16,15 +16,13 @@ number within 1e-3 relative (1e-6 absolute)."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.distributed.conftest import SMALL, metrics, run_job, tiny_vlm_dir, train, train_cmd  # noqa: F401 (fixture)
-from tests.waiting import wait_for_file
+from tests.distributed.conftest import (  # noqa: F401 (fixture)
+    killed_after_checkpoint, metrics, run_job, tiny_vlm_dir, train, train_cmd,
+)
 
 pytest.importorskip("ray", reason="overlap needs engine replicas: pip install 'vagent[ray]'")
 
@@ -49,23 +47,7 @@ def test_a_resumed_overlap_run_equals_the_uninterrupted_one(tmp_path: Path, tiny
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     overlap = [*OVERLAP, f"rollout.replicas={replicas}"]
     full = train(tmp_path, tiny_vlm_dir, nproc, "full", *overlap, timeout=400)
-    out = tmp_path / "cut"
-    cmd = train_cmd(nproc, *SMALL, f"out_dir={out}", f"model.path={tiny_vlm_dir}", "model.cache_dir=UNUSED", *overlap)
-    job = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"), start_new_session=True)
-    try:
-        wait_for_file(job, out, "*/checkpoints/step_000002/state.pt", "step 2's checkpoint", 400, poll_s=0.02)
-        assert list(out.glob("*/checkpoints/step_000002/inflight.pt")), "step 2's checkpoint holds no in-flight rollout"
-        job.send_signal(signal.SIGKILL)
-        job.wait(timeout=30)
-    finally:
-        if job.poll() is None:
-            job.kill()
-        try:  # ranks end with their launcher; a straggler must not write on into the resumed run
-            os.killpg(job.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    (cut,) = [p for p in out.iterdir() if p.is_dir()]
+    cut = killed_after_checkpoint(tmp_path, tiny_vlm_dir, nproc, "cut", *overlap)
     run_job(train_cmd(nproc, "--resume", str(cut)), tmp_path, timeout=400)
     a, b = _comparable(metrics(full)), _comparable(metrics(cut))
     assert [(r.get("phase"), r.get("step")) for r in a] == [(r.get("phase"), r.get("step")) for r in b]

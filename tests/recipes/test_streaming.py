@@ -9,18 +9,14 @@ stay within K updates of the trainer and the stream keeps rollouts in flight.
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
 from tests.distributed.conftest import (  # noqa: F401 (fixture)
-    SMALL, checkpoint_weights, metrics, run_job, tiny_vlm_dir, train, train_cmd,
+    checkpoint_weights, killed_after_checkpoint, metrics, run_job, tiny_vlm_dir, train, train_cmd,
 )
-from tests.waiting import wait_for_file
 
 pytest.importorskip("ray", reason="streaming needs engine replicas: pip install 'vagent[ray]'")
 
@@ -98,24 +94,8 @@ def test_a_streaming_run_records_its_schedule_and_replays_and_resumes_exactly(tm
     assert _schedule(replay)[1:] == schedule[1:]
     _assert_same(free, replay)
 
-    out = tmp_path / "cut"
-    cmd = train_cmd(None, *SMALL, f"out_dir={out}", f"model.path={tiny_vlm_dir}", "model.cache_dir=UNUSED", *STREAM,
-                    f"rollout.replay_schedule={free}")
-    job = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1"), start_new_session=True)
-    try:
-        wait_for_file(job, out, "*/checkpoints/step_000002/state.pt", "step 2's checkpoint", 500, poll_s=0.02)
-        assert list(out.glob("*/checkpoints/step_000002/inflight.pt")), "step 2's checkpoint holds no rollout in flight"
-        job.send_signal(signal.SIGKILL)
-        job.wait(timeout=30)
-    finally:
-        if job.poll() is None:
-            job.kill()
-        try:
-            os.killpg(job.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    (cut,) = [p for p in out.iterdir() if p.is_dir()]
+    cut = killed_after_checkpoint(tmp_path, tiny_vlm_dir, None, "cut", *STREAM, f"rollout.replay_schedule={free}",
+                                  timeout=500)
     run_job(train_cmd(None, "--resume", str(cut)), tmp_path, timeout=500)
     assert _schedule(cut)[1:] == schedule[1:]
     _assert_same(free, cut)

@@ -53,24 +53,22 @@ logger = logging.getLogger(__name__)
 
 
 def staleness(episodes: Sequence[Episode], step: int) -> dict[str, float]:
-    """The batch's staleness against a trainer that made ``step`` updates: per sampled token
-    (a turn's tokens share its version) ``rollout/staleness_min`` / ``_mean`` / ``_max``, and
-    ``rollout/multi_version_frac``, the share of trajectories whose turns span versions."""
-    stale: list[tuple[int, int]] = []  # (updates behind, tokens)
-    spans = []
-    for e in episodes:
-        versions = [t.weights_version for t in e.turns if t.weights_version is not None]
-        stale += [(step - t.weights_version, max(1, len(t.sampled_token_ids))) for t in e.turns
-                  if t.weights_version is not None]
-        if versions:
-            spans.append(len(set(versions)) > 1)
-    if not stale:
+    """The batch's staleness against a trainer that made ``step`` updates
+    (:func:`vagent.rl.decoupled.staleness_metrics` on one row per versioned turn, its tokens all of
+    the turn's version; a turn without sampled tokens weighs as one): ``rollout/staleness_min`` /
+    ``_mean`` / ``_max`` and ``rollout/multi_version_frac``. Empty when no turn has a version."""
+    import torch
+
+    from vagent.rl.decoupled import staleness_metrics
+
+    turns = [(e.traj_id, t.weights_version, max(1, len(t.sampled_token_ids))) for e in episodes for t in e.turns
+             if t.weights_version is not None]
+    if not turns:
         return {}
-    tokens = sum(n for _, n in stale)
-    return {"rollout/staleness_min": float(min(s for s, _ in stale)),
-            "rollout/staleness_mean": sum(s * n for s, n in stale) / tokens,
-            "rollout/staleness_max": float(max(s for s, _ in stale)),
-            "rollout/multi_version_frac": sum(spans) / max(1, len(spans))}
+    width = max(n for _, _, n in turns)
+    versions = torch.tensor([[v] * width for _, v, _ in turns])
+    mask = torch.tensor([[1] * n + [0] * (width - n) for _, _, n in turns])
+    return staleness_metrics(versions, mask, step, torch.tensor([traj for traj, _, _ in turns]))
 
 
 class StreamingDriver(RolloutDriver):
