@@ -206,7 +206,9 @@ def test_every_replica_stuck_stops_with_one_line_naming_the_setting(replicas, ra
     else:
         go = lambda: engine.update_weights(tiny_vlm.model)  # noqa: E731
     _, err, took = within(SHORT_S + MARGIN_S, go)
-    assert isinstance(err, RuntimeError), err
+    from vagent.runs.errors import TrainingError
+
+    assert isinstance(err, TrainingError), err  # the run prints it as one line, no traceback
     msg = str(err)
     assert "\n" not in msg and took >= SHORT_S
     assert msg.startswith("every engine replica is dead (replica 0 did not answer"), msg
@@ -241,3 +243,38 @@ def test_a_replica_that_never_gets_ready_is_an_error_within_the_push_timeout(rep
     assert isinstance(err, TimeoutError), err
     assert str(err).startswith("engine replica 1 was not ready within rollout.push_timeout_s=4 s"), err
     assert str(err).endswith("raise rollout.push_timeout_s") and took >= SHORT_S
+
+
+def test_the_canary_checks_the_live_replicas_when_one_is_lost_during_its_check(replicas, ray_cluster, tiny_vlm):
+    """A replica stuck in the canary's generate is killed at ``generate_timeout_s`` and the check
+    goes on with the other (the rollout routes around it as around any dead replica); with none
+    left the check raises the timeout's line."""
+    from vagent.rollout.canary import WeightCanary, build_probe
+
+    probe, _ = build_probe(specs(2), tiny_vlm.encoder)
+    trainer = copy.deepcopy(tiny_vlm.model)
+    attach, handles = replicas([("generate",), ()], generate_s=SHORT_S)
+    engine = attach()
+    sync, err, took = within(SHORT_S + MARGIN_S, lambda: WeightCanary(probe, trainer, 0.01).check(engine, 0))
+    assert err is None, err
+    assert sync["sync/canary_max_abs_diff"] < 1e-4 and took >= SHORT_S, (sync, took)
+    assert engine.alive == [False, True] and killed(ray_cluster, handles[0])
+
+    attach, _ = replicas([("generate",)], generate_s=SHORT_S)
+    lone = attach()
+    _, err, _ = within(SHORT_S + MARGIN_S, lambda: WeightCanary(probe, trainer, 0.01).check(lone, 0))
+    assert isinstance(err, TimeoutError) and "did not answer generate within rollout.generate_timeout_s=4 s" in str(err), err
+
+
+def test_a_replica_that_dies_during_a_call_by_index_is_marked_dead_with_one_line(replicas, ray_cluster, tiny_vlm):
+    attach, handles = replicas([(), ()])
+    engine = attach()
+    ray_cluster.kill(handles[0], no_restart=True)
+    tokens = tiny_vlm.encoder.tokenizer("The goal is below you.")["input_ids"]
+    from vagent.models.remote import ReplicaLost
+
+    _, err, _ = within(MARGIN_S, lambda: engine.generate_on(0, [GenerationRequest(list(tokens))],
+                                                            SamplingParams(do_sample=False, max_new_tokens=4)))
+    assert isinstance(err, ReplicaLost) and str(err).startswith(f"engine replica 0 (pid {engine.pids[0]}) died during "
+                                                               "generate: "), err
+    assert engine.alive == [False, True]

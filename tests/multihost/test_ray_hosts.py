@@ -17,6 +17,7 @@ checks of ``rollout.replica_resources`` and the start-up error of a cluster with
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -26,6 +27,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Iterator
 
 import psutil
 import pytest
@@ -73,6 +75,26 @@ def _ray_stop(cl: C.Cluster, host: int, grace_s: float = 10.0) -> None:
     C.kill_all(cl.host(host).netns)
 
 
+@contextlib.contextmanager
+def _ray_nodes(cl: C.Cluster, tmp_path: Path, head_resources: str | None, node_resources: str) -> Iterator[str]:
+    """A Ray cluster of host0 (the head, offering ``head_resources`` if given) and host1 (offering
+    ``node_resources``); yields the head's address; both nodes stopped and their temp dirs removed
+    after."""
+    head = f"{cl.host(0).address}:{PORT}"
+    temps = [tempfile.mkdtemp(prefix="vrh-", dir="/tmp") for _ in range(2)]  # short: Ray's socket paths
+    try:
+        extra = ["--resources", head_resources] if head_resources else []
+        _ray_start(cl, 0, temps[0], tmp_path / "ray0.log", "--head", "--port", str(PORT), "--include-dashboard=false",
+                   *extra)
+        _ray_start(cl, 1, temps[1], tmp_path / "ray1.log", "--address", head, "--resources", node_resources)
+        yield head
+    finally:
+        _ray_stop(cl, 1)
+        _ray_stop(cl, 0)
+        for t in temps:
+            shutil.rmtree(t, ignore_errors=True)
+
+
 def _replica_pids(netns: str) -> set[int]:
     """The processes of ``netns`` that run a replica actor (Ray titles them ``ray::EngineReplica...``)."""
     found = set()
@@ -102,17 +124,11 @@ def _rx_bytes(cl: C.Cluster, host: int) -> int:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_replicas_pinned_to_host1_serve_a_run_on_host0(cluster, tmp_path, tiny_vlm_dir):
-    head = f"{cluster.host(0).address}:{PORT}"
-    temps = [tempfile.mkdtemp(prefix="vrh-", dir="/tmp") for _ in range(2)]  # short: Ray's socket paths
     log = tmp_path / "train.log"
     on: dict[int, set[int]] = {0: set(), 1: set()}
     units = 0.0
-    try:
-        t0 = time.monotonic()
-        _ray_start(cluster, 0, temps[0], tmp_path / "ray0.log", "--head", "--port", str(PORT),
-                   "--include-dashboard=false")
-        _ray_start(cluster, 1, temps[1], tmp_path / "ray1.log", "--address", head,
-                   "--resources", '{"vagent_replica": 2}')
+    t0 = time.monotonic()
+    with _ray_nodes(cluster, tmp_path, None, '{"vagent_replica": 2}') as head:
         started = time.monotonic() - t0
         received = _rx_bytes(cluster, 1)
         cmd = train_cmd(None, *SMALL, "steps=2", f"out_dir={tmp_path / 'runs'}", f"model.path={tiny_vlm_dir}",
@@ -134,11 +150,6 @@ def test_replicas_pinned_to_host1_serve_a_run_on_host0(cluster, tmp_path, tiny_v
             pytest.fail(f"the run did not end in 400 s:\n{log.read_text()[-4000:]}")
         took = time.monotonic() - t1
         received = _rx_bytes(cluster, 1) - received
-    finally:
-        _ray_stop(cluster, 1)
-        _ray_stop(cluster, 0)
-        for t in temps:
-            shutil.rmtree(t, ignore_errors=True)
     text = log.read_text()
     assert run.returncode == 0, text[-4000:]
     (out,) = list((tmp_path / "runs").iterdir())
@@ -156,6 +167,101 @@ def test_replicas_pinned_to_host1_serve_a_run_on_host0(cluster, tmp_path, tiny_v
     weights = sum(p.stat().st_size for p in Path(tiny_vlm_dir).glob("*.safetensors"))
     assert received > 2 * weights, (f"host1 received {received} bytes, less than two copies of the weights "
                                     f"({weights} bytes): the weights did not cross the link")
+
+
+def _sent_to(cl: C.Cluster, host: int) -> int:
+    """Bytes the bridge sent toward ``host`` (its veth end's tx counter, in the bridge's namespace)."""
+    path = f"/sys/class/net/h{cl.host(host).index}/statistics/tx_bytes"
+    return int(C.ip("netns", "exec", cl.bridge_netns, "cat", path).stdout)
+
+
+def _titles(netns: str) -> list[str]:
+    """The titles of ``netns``'s replica actors: ``ray::EngineReplica.generate`` while one generates."""
+    out = []
+    for pid in C.pids(netns):
+        try:
+            title = psutil.Process(pid).cmdline()[0]
+        except (psutil.Error, IndexError):
+            continue
+        if "EngineReplica" in title:
+            out.append(title)
+    return out
+
+
+#: where the link to host1 is cut: in a rollout's generate call (a replica on each host; host1's
+#: requests go to host0's replica and the run ends) or in a weight push (both replicas on host1: none
+#: is left, and the run stops with the error). (head's resources, host1's resources)
+CUT = {"generate": ('{"vagent_replica": 1}', '{"vagent_replica": 1}'), "push": (None, '{"vagent_replica": 2}')}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("during", list(CUT))
+def test_the_link_to_host1_cut_during_a_generate_or_a_push_ends_at_its_timeout(cluster, tmp_path, tiny_vlm_dir,
+                                                                                 during):
+    """The cable of host1 pulled (``ip link set h1 down`` at the bridge: nothing reaches host1, no
+    connection is closed) while a replica there generates, or while a weight push to it is on the
+    wire (the link capped at 4 Mbit/s by ``tc``, so the push takes seconds)."""
+    generate_s, push_s = 10, 20
+    weights = sum(p.stat().st_size for p in Path(tiny_vlm_dir).glob("*.safetensors"))
+    br, h1 = cluster.bridge_netns, f"h{cluster.host(1).index}"
+    log = tmp_path / "train.log"
+    t_cut = None
+    with _ray_nodes(cluster, tmp_path, *CUT[during]) as head:
+        if during == "push":
+            C.ip("netns", "exec", br, "tc", "qdisc", "add", "dev", h1, "root", "tbf", "rate", "4mbit", "burst", "32kb",
+                 "latency", "2s")
+        cmd = train_cmd(None, *SMALL, "steps=2", f"out_dir={tmp_path / 'runs'}", f"model.path={tiny_vlm_dir}",
+                        "model.cache_dir=UNUSED", "rollout.replicas=2", f"rollout.replica_resources={PINNED}",
+                        f"rollout.generate_timeout_s={generate_s}", f"rollout.push_timeout_s={push_s}")
+        try:
+            with open(log, "wb") as out:
+                run = subprocess.Popen(cluster.exec_args(0, cmd), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                       env=_env(RAY_ADDRESS=head), start_new_session=True)
+            generates, busy, sent0 = 0, False, None
+            deadline = time.monotonic() + 400
+            while run.poll() is None and time.monotonic() < deadline:
+                if t_cut is None and during == "generate":  # the 2nd call seen (the 1st: version 0's canary)
+                    now = any(t.endswith(".generate") for t in _titles(cluster.host(1).netns))
+                    generates += now and not busy
+                    busy = now
+                    if generates >= 2:
+                        C.ip("-n", br, "link", "set", h1, "down")
+                        t_cut = time.monotonic()
+                if t_cut is None and during == "push":  # step 1's checkpoint, then the push on the wire
+                    if sent0 is None and list((tmp_path / "runs").glob("*/checkpoints/step_000001/state.pt")):
+                        sent0 = _sent_to(cluster, 1)
+                    if sent0 is not None and _sent_to(cluster, 1) - sent0 > weights // 4:
+                        C.ip("-n", br, "link", "set", h1, "down")
+                        t_cut = time.monotonic()
+                time.sleep(0.02)
+            if run.poll() is None:
+                os.killpg(run.pid, signal.SIGKILL)
+                run.wait(timeout=30)
+                pytest.fail(f"the run did not end in 400 s:\n{log.read_text()[-4000:]}")
+            ended = time.monotonic()
+            left0 = _replica_pids(cluster.host(0).netns)
+        finally:
+            C.ip("-n", br, "link", "set", h1, "up")
+            C.ip("netns", "exec", br, "tc", "qdisc", "del", "dev", h1, "root", check=False)
+    text = log.read_text()
+    assert t_cut is not None, f"the {during} to host1 was never seen, so the link was not cut:\n{text[-3000:]}"
+    waited = ended - t_cut
+    print(f"cut during {during}: the run ended {waited:.1f} s after the cut, exit {run.returncode}")
+    print("\n".join(line for line in text.splitlines() if "replica" in line)[-2000:])
+    assert not left0, f"replica processes of the ended run left on host0: {left0}"
+    if during == "generate":
+        assert run.returncode == 0, text[-4000:]
+        assert ("did not answer generate within rollout.generate_timeout_s=10 s (stuck; killed); sending its" in text
+                or "died (" in text), text[-3000:]
+        records = metrics(next((tmp_path / "runs").iterdir()))
+        assert len(records) == 2 and records[-1]["rollout/batch_tokens"] > 0, records
+        assert waited < 400
+    else:
+        assert run.returncode == 1 and "Traceback" not in text, text[-4000:]
+        assert "error: every engine replica is dead (" in text and "the weight push of version 1 reached none" in text, text[-3000:]
+        assert "did not answer the weight push (load_weights) within rollout.push_timeout_s=20 s" in text, text[-3000:]
+        assert push_s - 1 <= waited < push_s + 60, f"the run stopped {waited:.1f} s after the cut (push timeout {push_s} s)"
 
 
 def test_replica_resources_are_checked_when_the_config_loads():

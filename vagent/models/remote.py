@@ -62,6 +62,7 @@ import time
 from typing import Any, Mapping, Sequence
 
 from vagent.models.engine import GenerationOutput, GenerationRequest, SamplingParams
+from vagent.runs.errors import TrainingError
 # the actors' bodies and the push helpers live beside this module; importable from here
 from vagent.models.replica_actors import (  # noqa: F401
     EngineReplica, PushGate, VLLMReplica, adapter_names, check_adapter_push, pushed_state, token_logprobs,
@@ -211,6 +212,16 @@ def _left(deadline: float) -> float:
     return max(0.0, deadline - time.monotonic())
 
 
+class NoReplicaLeft(TrainingError):
+    """Every engine replica is dead (died, or stuck past its deadline and killed): the run stops; the
+    message names each replica's fate and the deadline to raise if they were only slow."""
+
+
+class ReplicaLost(RuntimeError):
+    """A replica asked by index (``generate_on``, ``replica_logprobs``) died during the call; it is
+    marked dead, so routing skips it from then on."""
+
+
 def _dead_errors(ray: Any) -> tuple[type[BaseException], ...]:
     errs: list[type[BaseException]] = [ray.exceptions.RayActorError]
     if hasattr(ray.exceptions, "ActorUnavailableError"):
@@ -354,7 +365,7 @@ class RemoteEngine:
         with self._lock:
             live = [i for i, ok in enumerate(self._alive) if ok]
             if not live:
-                raise RuntimeError(self._none_left("the rollout cannot continue"))
+                raise NoReplicaLeft(self._none_left("the rollout cannot continue"))
             chosen = []
             for r in requests:
                 home = self._home.get(r.key) if r.key is not None else None
@@ -479,7 +490,7 @@ class RemoteEngine:
             except ray.exceptions.GetTimeoutError:
                 self._drop_stuck(i, f"the weight push ({method})", "rollout.push_timeout_s", self.push_timeout_s, 0)
         if not any(self._alive):
-            raise RuntimeError(self._none_left(f"the weight push of version {version} reached none"))
+            raise NoReplicaLeft(self._none_left(f"the weight push of version {version} reached none"))
         self.weights_version = version
         return version
 
@@ -513,6 +524,10 @@ class RemoteEngine:
             why = self._drop_stuck(replica, call, "rollout.generate_timeout_s", self.generate_timeout_s, 0)
             raise TimeoutError(f"{why}; if it is only slow, raise rollout.generate_timeout_s (seconds; "
                                "docs/distributed.md, 'Timeouts of remote calls')") from None
+        except _dead_errors(self._ray) as exc:
+            self._mark_dead(replica, f"died ({type(exc).__name__}) during {call}", 0)
+            raise ReplicaLost(f"engine replica {replica} (pid {self.pids[replica]}) died during {call}: "
+                              f"{type(exc).__name__}") from None
 
     @property
     def alive(self) -> list[bool]:
@@ -582,6 +597,6 @@ def _cpu_copy(model: Any, dtype: Any = None) -> Any:
     return out if dtype is None else out.to(dtype)
 
 
-__all__ = ["RemoteEngine", "EngineReplica", "VLLMReplica", "PushGate", "start_ray", "join_ray", "import_ray",
+__all__ = ["RemoteEngine", "NoReplicaLeft", "ReplicaLost", "EngineReplica", "VLLMReplica", "PushGate", "start_ray", "join_ray", "import_ray",
            "token_logprobs", "RAY_HINT", "adapter_names", "check_adapter_push", "pushed_state", "PUSH_TIMEOUT_S",
            "GENERATE_TIMEOUT_S"]

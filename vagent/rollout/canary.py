@@ -168,6 +168,14 @@ def engine_targets(engine: Any) -> list[tuple[str, Callable[..., list[Generation
     return [(type(engine).__name__, engine.generate)]
 
 
+def _lost_while_others_live(engine: Any, alive_before: int) -> bool:
+    """Whether a replica of ``engine`` was marked dead during a canary call (stuck past
+    ``rollout.generate_timeout_s`` and killed, or died) while another replica still lives: the
+    rollout routes around it as around any dead replica, so the check goes on without it."""
+    alive = list(getattr(engine, "alive", []))
+    return 0 < sum(alive) < alive_before
+
+
 def trainer_logprobs(model: torch.nn.Module, prompt: ProbePrompt, reply: Sequence[int]) -> list[float]:
     """log pi_trainer (temperature 1) of ``reply`` after ``prompt``: one forward without grad, in
     eval mode, through the model's FSDP2 root when sharded (every rank calls it)."""
@@ -223,7 +231,15 @@ class WeightCanary:
             params = SamplingParams(do_sample=False, max_new_tokens=PROBE_TOKENS)
             replies = {}
             for name, generate in engine_targets(engine):
-                outs = generate(self._requests(), params)
+                alive_before = sum(getattr(engine, "alive", []))
+                try:
+                    outs = generate(self._requests(), params)
+                except (TimeoutError, RuntimeError) as exc:  # a replica lost mid-check: the others are checked
+                    if not _lost_while_others_live(engine, alive_before):
+                        raise
+                    logger.warning("weight canary: %s was lost during the check (%s); checking the others", name,
+                                   exc)
+                    continue
                 replies[name] = [(list(o.token_ids), list(o.logprobs)) for o in outs]
         return broadcast_object(replies, "weight canary replies")
 

@@ -102,12 +102,14 @@ def env_factory_for(entry: EnvEntry) -> Callable[[], Env] | None:
     if not urls:
         return None
     token = getattr(entry, "token", None)  # None: $VAGENT_SERVICE_TOKEN (vagent.service.client.service_token)
-    key = (tuple(urls), entry.name, json.dumps(entry.config, sort_keys=True, default=str), token)
+    deadlines = (float(getattr(entry, "timeout_s", 60.0)), float(getattr(entry, "retry_timeout_s", 60.0)))
+    key = (tuple(urls), entry.name, json.dumps(entry.config, sort_keys=True, default=str), token, deadlines)
     with _FACTORIES_LOCK:
         if key not in _FACTORIES:
             from vagent.service.batch import remote_env_factory
 
-            _FACTORIES[key] = remote_env_factory(urls, entry.name, token, **dict(entry.config))
+            _FACTORIES[key] = remote_env_factory(urls, entry.name, token, deadlines[0], retry_timeout=deadlines[1],
+                                                 **dict(entry.config))
         return _FACTORIES[key]
 
 

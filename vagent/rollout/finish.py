@@ -6,6 +6,7 @@ timings (:class:`RolloutClock`) and the engine's counters, gathered into a :clas
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -48,6 +49,29 @@ def engine_metrics(engine_stats: Mapping[str, int] | None, stats_before: Mapping
         reused = engine_stats.get("reused_tokens", 0) - stats_before.get("reused_tokens", 0)
         out["perf/prompt_cache_frac"] = reused / prompt if prompt > 0 else 0.0
     return out
+
+
+def env_service_counters() -> dict[str, int] | None:
+    """This process's env-service client counters (``vagent.service.transport.client_metrics``), or
+    None when no remote env was used (the client module is not even imported)."""
+    transport = sys.modules.get("vagent.service.transport")
+    return None if transport is None else transport.client_metrics()
+
+
+def env_service_metrics(before: Mapping[str, int] | None, after: Mapping[str, int] | None) -> dict[str, float]:
+    """``rollout/env_replays`` (env sessions restored on a server by replay: theirs restarted, hung
+    or was cut off) and ``rollout/env_failovers`` over this rollout, for runs with remote envs
+    (``envs.N.urls``); a warning says when episodes moved."""
+    if after is None:
+        return {}
+    before = before or {}
+    replays = after.get("service/replays", 0) - before.get("service/replays", 0)
+    failovers = after.get("service/failovers", 0) - before.get("service/failovers", 0)
+    if replays:
+        logger.warning("%d env session(s) were restored by replay on a live env server during this rollout "
+                       "(their server restarted, hung past envs.N.timeout_s or was cut off; rollout/env_replays)",
+                       replays)
+    return {"rollout/env_replays": float(replays), "rollout/env_failovers": float(failovers)}
 
 
 def encode_final_observations(episodes: list[Episode], policy: Policy) -> None:
@@ -105,10 +129,13 @@ class RolloutClock:
     gen: float = 0.0
     env: float = 0.0
     stats_before: dict[str, int] | None = field(init=False)
+    #: the env-service client's counters at the start (None: no remote env in this process)
+    service_before: dict[str, int] | None = field(init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
         self.stats_before = dict(self.engine_stats) if isinstance(self.engine_stats, dict) else None
+        self.service_before = env_service_counters()
 
     def timed(self, name: Literal["gen", "env"], fn: Callable[..., T], *args: object) -> T:
         """``fn(*args)``, its seconds added to ``name`` (thread-safe)."""
@@ -142,6 +169,7 @@ def finish_rollout(
         "perf/rollout_tokens_per_s": n_tokens / seconds if seconds > 0 else 0.0,
     })
     metrics.update(engine_metrics(clock.engine_stats, clock.stats_before))
+    metrics.update(env_service_metrics(clock.service_before, env_service_counters()))
     return RolloutResult(episodes, metrics)
 
 

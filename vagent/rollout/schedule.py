@@ -38,6 +38,8 @@ SCHEDULE_FILE = "rollout_schedule.jsonl"
 FORMAT = 1
 #: rollout settings that do not change which episodes a schedule produces
 _FREE = ("replay_schedule", "push_timeout_s", "generate_timeout_s")
+#: env entry settings that do not either (deadlines of env-server calls)
+_FREE_ENV = ("timeout_s", "retry_timeout_s")
 
 
 class ScheduleError(RuntimeError):
@@ -49,7 +51,8 @@ def schedule_digest(config: Mapping[str, Any]) -> str:
     """The sha256 (16 hex digits) of what decides a streaming run's episodes besides its schedule,
     from the run config as a mapping (``dataclasses.asdict(cfg)``)."""
     rollout = {k: v for k, v in dict(config["rollout"]).items() if k not in _FREE}
-    key = {"seed": config["seed"], "recipe": config["recipe"], "envs": config["envs"], "rollout": rollout}
+    envs = [{k: v for k, v in dict(e).items() if k not in _FREE_ENV} for e in config["envs"]]
+    key = {"seed": config["seed"], "recipe": config["recipe"], "envs": envs, "rollout": rollout}
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

@@ -262,13 +262,15 @@ class RemoteEnvPool:
 
 
 def remote_env_factory(url_or_urls: str | Sequence[str], env_name: str, token: str | None = None,
-                       timeout: float = 60.0, *, images: str = "auto", **config: Any) -> Callable[[], RemoteEnv]:
-    """A zero-argument callable making RemoteEnvs that share one connection pool.
+                       timeout: float = 60.0, *, retry_timeout: float = 60.0, images: str = "auto",
+                       **config: Any) -> Callable[[], RemoteEnv]:
+    """A zero-argument callable making RemoteEnvs that share one connection pool (``timeout``
+    seconds per request, ``retry_timeout`` per call across the URLs: :class:`Transport`).
 
     Like ``vagent.envs.env_factory`` it validates now: the first env is created here (the server
     checks the name and config) and handed out by the first call.
     """
-    transport = Transport(url_or_urls, token, timeout, images=images)
+    transport = Transport(url_or_urls, token, timeout, retry_timeout, images=images)
     first: list[RemoteEnv] = [RemoteEnv(transport.urls, env_name, transport=transport, **config)]
 
     def make() -> RemoteEnv:

@@ -92,6 +92,8 @@ RANGES: dict[str, Range] = {
     # envs
     "envs.N.n_train": Range(0, 1_000_000),
     "envs.N.n_val": Range(0, 1_000_000),
+    "envs.N.timeout_s": Range(0, 1e6, lo_open=True, why="seconds per env-server request"),
+    "envs.N.retry_timeout_s": Range(0, 1e6, lo_open=True, why="seconds an env call retries across urls"),
     # rollout
     "rollout.group_size": Range(1, 4096),
     "rollout.max_turns": Range(1, 10_000),

@@ -109,6 +109,12 @@ class EnvEntry:
     #: bearer token of the ``urls`` servers (their ``--token``); null = the environment variable
     #: VAGENT_SERVICE_TOKEN (preferred: a token written here is saved in the run's config.yaml)
     token: str | None = None
+    #: seconds one request to a ``urls`` server may take: a server that stops answering (hung, its
+    #: host cut off) is given up after 3 such tries, and its episodes replay on the next server
+    timeout_s: float = 60.0
+    #: seconds one env call may keep retrying across ``urls`` (servers restarting) before the run
+    #: stops with an error naming them
+    retry_timeout_s: float = 60.0
     #: added env step latency for benchmarks, fields of vagent.envs.latency.StepLatency (dist, median_s,
     #: sigma, alpha, max_s, salt), e.g. {dist: pareto, median_s: 0.05, alpha: 1.5}; training envs only
     #: (validation measures the policy, not the rollout's speed); null = none (docs/envs.md)
