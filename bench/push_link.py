@@ -53,7 +53,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -247,20 +246,6 @@ def ray_start(cl, host: int, node_ip: str, temp_dir: str, log: Path, *args: str,
         raise RuntimeError(f"`{' '.join(cmd)}` on host{host} failed ({code}):\n{log.read_text()[-3000:]}")
 
 
-def stop_host(C, cl, host: int, grace_s: float = 10.0) -> None:
-    """SIGTERM every process of the host's namespace, SIGKILL what is left after ``grace_s``
-    (``ray stop`` would end every Ray process of the machine)."""
-    for pid in C.pids(cl.host(host).netns):
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + grace_s
-    while C.pids(cl.host(host).netns) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    C.kill_all(cl.host(host).netns)
-
-
 def measure(args: argparse.Namespace) -> tuple[dict, list[Row]]:
     from tests.multihost import cluster as C
 
@@ -297,8 +282,8 @@ def measure(args: argparse.Namespace) -> tuple[dict, list[Row]]:
         if run.wait() != 0:
             raise RuntimeError(f"the pushing process failed ({run.returncode}); Ray's logs: {logs}")
     finally:
-        stop_host(C, cl, 1)
-        stop_host(C, cl, 0)
+        C.stop_all(cl.host(1).netns)
+        C.stop_all(cl.host(0).netns)
         C.down(cl)
         for t in temps:
             shutil.rmtree(t, ignore_errors=True)

@@ -90,6 +90,22 @@ SCONTROL = """#!/bin/sh
 """
 
 
+def slurm_folder(tmp: Path, srun: str = SRUN, scontrol: str = SCONTROL) -> tuple[Path, Path, Path]:
+    """docs/distributed.md's SLURM script written to ``tmp/train.sbatch`` and the stand-ins for
+    ``srun`` and ``scontrol`` in ``tmp/bin``; returns (the script, the bin folder, the venv the
+    script activates: this interpreter's)."""
+    script = tmp / "train.sbatch"
+    script.write_text(_sbatch_script())
+    bin_dir = tmp / "bin"
+    bin_dir.mkdir()
+    for name, text in (("srun", srun), ("scontrol", scontrol)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    venv = Path(sys.executable).parent.parent
+    assert (venv / "bin" / "activate").is_file(), "the test runs the script with the venv it activates"
+    return script, bin_dir, venv
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_the_slurm_script_runs_two_nodes_with_rank_0_on_node_rank_0(tmp_path, tiny_vlm_dir):
@@ -97,15 +113,7 @@ def test_the_slurm_script_runs_two_nodes_with_rank_0_on_node_rank_0(tmp_path, ti
     agents, static rendezvous): the job succeeds, global rank 0 (the one that prints the run) is on
     node rank 0 even though torchrun numbers c10d hosts by name, no agent ignores its node rank, the
     end has no store error, and the run says it had 2 ranks on 2 nodes."""
-    script = tmp_path / "train.sbatch"
-    script.write_text(_sbatch_script())
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for name, text in (("srun", SRUN), ("scontrol", SCONTROL)):
-        (bin_dir / name).write_text(text)
-        (bin_dir / name).chmod(0o755)
-    venv = Path(sys.executable).parent.parent
-    assert (venv / "bin" / "activate").is_file(), "the test runs the script with the venv it activates"
+    script, bin_dir, venv = slurm_folder(tmp_path)
     shared = tmp_path / "shared"
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", SRUN_LOGS=str(tmp_path), SLURM_NNODES="2",
                SLURM_JOB_NODELIST="127.0.0.1", VAGENT_VENV=str(venv), SHARED=str(shared), NPROC="1",

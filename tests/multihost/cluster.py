@@ -210,6 +210,21 @@ def kill_all(netns: str, timeout_s: float = 10.0) -> list[int]:
     return sorted(set(killed))
 
 
+def stop_all(netns: str, grace_s: float = 10.0) -> list[int]:
+    """SIGTERM every process in ``netns`` (as ``ray stop`` does to a node, but to this host only:
+    the namespaces share one process table), then SIGKILL what is left after ``grace_s``; returns
+    the pids killed."""
+    for pid in pids(netns):
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace_s
+    while pids(netns) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return kill_all(netns)
+
+
 def down(cluster_or_prefix: Cluster | str) -> list[str]:
     """Kill every process in the cluster's namespaces and delete them (their veths and bridge go
     with them); returns the namespaces deleted. Safe to call twice or on a half-made cluster."""

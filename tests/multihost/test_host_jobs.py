@@ -22,7 +22,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,7 @@ import torch
 import yaml
 
 from tests.distributed.conftest import SMALL, checkpoint_weights, max_rel_diff, metrics, train_cmd
-from tests.distributed.test_launch import _sbatch_script
+from tests.distributed.test_launch import slurm_folder
 from tests.multihost import cluster as C
 from tests.multihost.test_hosts import _env, _on, _start_job, _stop, _tx_bytes, _wait_all
 
@@ -96,15 +95,7 @@ def _config(run: Path) -> dict:
 def slurm_job(netns_cluster: C.Cluster, tmp_path_factory, tiny_vlm_dir) -> SlurmJob:
     """docs/distributed.md's SLURM script run as written, its two tasks on host0 and host1."""
     cl, tmp = netns_cluster, tmp_path_factory.mktemp("slurm")
-    script = tmp / "train.sbatch"
-    script.write_text(_sbatch_script())
-    bin_dir = tmp / "bin"
-    bin_dir.mkdir()
-    for name, text in (("srun", SRUN), ("scontrol", SCONTROL)):
-        (bin_dir / name).write_text(text)
-        (bin_dir / name).chmod(0o755)
-    venv = Path(sys.executable).parent.parent
-    assert (venv / "bin" / "activate").is_file(), "the test runs the script with the venv it activates"
+    script, bin_dir, venv = slurm_folder(tmp, SRUN, SCONTROL)
     shared = tmp / "shared"
     env = _env(PATH=f"{bin_dir}:{os.environ['PATH']}", SRUN_LOGS=str(tmp), NETNS_0=cl.host(0).netns,
                NETNS_1=cl.host(1).netns, HEAD_ADDRESS=cl.host(0).address, SLURM_NNODES="2",

@@ -61,18 +61,9 @@ def _ray_start(cl: C.Cluster, host: int, temp_dir: str, log: Path, *args: str) -
     assert code == 0, f"`{' '.join(cmd)}` on host{host} failed ({code}):\n{log.read_text()[-3000:]}"
 
 
-def _ray_stop(cl: C.Cluster, host: int, grace_s: float = 10.0) -> None:
-    """``ray stop`` of one host's node: SIGTERM to every process in its namespace, SIGKILL to what
-    is left after ``grace_s``."""
-    for pid in C.pids(cl.host(host).netns):
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + grace_s
-    while C.pids(cl.host(host).netns) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    C.kill_all(cl.host(host).netns)
+def _ray_stop(cl: C.Cluster, host: int) -> None:
+    """``ray stop`` of one host's node (``ray stop`` itself would end every Ray process of the machine)."""
+    C.stop_all(cl.host(host).netns)
 
 
 @contextlib.contextmanager
@@ -252,8 +243,9 @@ def test_the_link_to_host1_cut_during_a_generate_or_a_push_ends_at_its_timeout(c
     assert not left0, f"replica processes of the ended run left on host0: {left0}"
     if during == "generate":
         assert run.returncode == 0, text[-4000:]
-        assert ("did not answer generate within rollout.generate_timeout_s=10 s (stuck; killed); sending its" in text
-                or "died (" in text), text[-3000:]
+        # the timeout, not Ray's node health check (15 s or more), caught the cut-off replica
+        assert "did not answer generate within rollout.generate_timeout_s=10 s (stuck; killed); sending its" in text, \
+            text[-3000:]
         records = metrics(next((tmp_path / "runs").iterdir()))
         assert len(records) == 2 and records[-1]["rollout/batch_tokens"] > 0, records
         assert waited < 400

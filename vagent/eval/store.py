@@ -39,7 +39,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -120,60 +120,85 @@ def _mean(xs: list[float]) -> float | None:
     return float(sum(xs) / len(xs)) if xs else None
 
 
+def _turn_record(t: Any, images: list[str]) -> dict[str, Any]:
+    """The JSON record of one ``Turn``; ``images`` are its observation's saved PNG paths."""
+    return {
+        "index": t.index,
+        "observation": {"text": t.observation.text, "images": images, "n_images": len(t.observation.images)},
+        "reply": t.reply,
+        "parsed": plain(t.parsed),
+        "env_reward": t.env_reward, "reward": t.reward,
+        "reasoning_rewards": plain(t.reasoning_rewards), "reasoning_scores": plain(t.reasoning_scores),
+        "judge_reasons": plain(t.judge_reasons),
+        "terminated": t.terminated, "truncated": t.truncated,
+        "info": plain(t.info), "state_before": plain(t.state_before), "state_after": plain(t.state_after),
+        "finish_reason": t.finish_reason, "usage": plain(t.usage),
+    }
+
+
+def _usage_totals(turns: Sequence[Any]) -> dict[str, int]:
+    """Token counts summed over the turns whose backend reported them, and retries over all turns."""
+    reported = [t.usage for t in turns if "prompt_tokens" in t.usage]
+    return {
+        "prompt_tokens": sum(int(u.get("prompt_tokens", 0)) for u in reported),
+        "completion_tokens": sum(int(u.get("completion_tokens", 0)) for u in reported),
+        "retries": sum(int(t.usage.get("retries", 0)) for t in turns),
+        "reported_turns": len(reported),
+    }
+
+
+def _mean_reasoning_scores(turns: Sequence[Any]) -> dict[str, float | None]:
+    """Each judge's mean score over the turns it scored."""
+    judged: dict[str, list[float]] = {}
+    for t in turns:
+        for name, score in t.reasoning_scores.items():
+            judged.setdefault(name, []).append(float(score))
+    return {k: _mean(v) for k, v in judged.items()}
+
+
+class _ImageSaver:
+    """Saves an episode's images as ``<stem>/<prefix>_<i>.png`` once each, remembering each image's path."""
+
+    def __init__(self, out_dir: Path, stem: str, enabled: bool) -> None:
+        self.out_dir, self.stem, self.enabled = out_dir, stem, enabled
+        self.paths: dict[int, str] = {}
+
+    def save(self, images: Iterable[Any], prefix: str) -> list[str]:
+        """Save ``images`` (if saving is on) and return their paths relative to the output folder."""
+        rels: list[str] = []
+        if not self.enabled:
+            return rels
+        for i, im in enumerate(images):
+            rel = f"{self.stem}/{prefix}_{i}.png"
+            _save_png(self.out_dir, rel, im)
+            self.paths[id(im)] = rel
+            rels.append(rel)
+        return rels
+
+    def message_images(self, images: Sequence[Any]) -> list[str]:
+        """The saved paths of a message's images (observation images, saved already)."""
+        rels = []
+        for im in images if self.enabled else ():
+            if id(im) not in self.paths:  # an image that is no observation (should not happen)
+                self.save([im], f"extra{len(self.paths)}")
+            rels.append(self.paths[id(im)])
+        return rels
+
+
 def episode_record(episode: Any, key: EpisodeKey, meta: Mapping[str, Any], out_dir: Path,
                    save_images: bool = True) -> dict[str, Any]:
     """The JSON record of a finished ``Episode`` (schema in the module docstring); writes its PNGs.
 
     ``meta`` holds ``run_config``, ``fingerprint``, ``backend``, ``model_id`` and ``mode``.
     """
-    image_paths: dict[int, str] = {}
-
-    def obs_images(images: Iterable[Any], prefix: str) -> list[str]:
-        rels = []
-        if not save_images:
-            return rels
-        for i, im in enumerate(images):
-            rel = f"{key.stem}/{prefix}_{i}.png"
-            _save_png(out_dir, rel, im)
-            image_paths[id(im)] = rel
-            rels.append(rel)
-        return rels
-
-    turns = []
-    for t in episode.turns:
-        turns.append({
-            "index": t.index,
-            "observation": {"text": t.observation.text, "images": obs_images(t.observation.images, f"t{t.index}"),
-                            "n_images": len(t.observation.images)},
-            "reply": t.reply,
-            "parsed": plain(t.parsed),
-            "env_reward": t.env_reward, "reward": t.reward,
-            "reasoning_rewards": plain(t.reasoning_rewards), "reasoning_scores": plain(t.reasoning_scores),
-            "judge_reasons": plain(t.judge_reasons),
-            "terminated": t.terminated, "truncated": t.truncated,
-            "info": plain(t.info), "state_before": plain(t.state_before), "state_after": plain(t.state_after),
-            "finish_reason": t.finish_reason, "usage": plain(t.usage),
-        })
+    saver = _ImageSaver(out_dir, key.stem, save_images)
+    turns = [_turn_record(t, saver.save(t.observation.images, f"t{t.index}")) for t in episode.turns]
     final = None
     if episode.final_observation is not None:
         fo = episode.final_observation
-        final = {"text": fo.text, "images": obs_images(fo.images, "final"), "n_images": len(fo.images)}
-    samples = []
-    for conv in episode.samples:
-        msgs = []
-        for m in conv.messages:
-            rels = []
-            for im in m.images if save_images else ():
-                if id(im) not in image_paths:  # an image that is no observation (should not happen)
-                    obs_images([im], f"extra{len(image_paths)}")
-                rels.append(image_paths[id(im)])
-            msgs.append({"role": m.role, "text": m.text, "images": rels, "n_images": len(m.images)})
-        samples.append(msgs)
-    judged: dict[str, list[float]] = {}
-    for t in episode.turns:
-        for name, score in t.reasoning_scores.items():
-            judged.setdefault(name, []).append(float(score))
-    reported = [t.usage for t in episode.turns if "prompt_tokens" in t.usage]
+        final = {"text": fo.text, "images": saver.save(fo.images, "final"), "n_images": len(fo.images)}
+    samples = [[{"role": m.role, "text": m.text, "images": saver.message_images(m.images), "n_images": len(m.images)}
+                for m in conv.messages] for conv in episode.samples]
     n_ok = sum(bool(t.parsed.format_ok) for t in episode.turns)
     return {
         "schema": SCHEMA,
@@ -191,13 +216,8 @@ def episode_record(episode: Any, key: EpisodeKey, meta: Mapping[str, Any], out_d
         "terminated": bool(episode.terminated),
         "truncated": bool(episode.truncated),
         "error": episode.error,
-        "usage": {
-            "prompt_tokens": sum(int(u.get("prompt_tokens", 0)) for u in reported),
-            "completion_tokens": sum(int(u.get("completion_tokens", 0)) for u in reported),
-            "retries": sum(int(t.usage.get("retries", 0)) for t in episode.turns),
-            "reported_turns": len(reported),
-        },
-        "reasoning_scores": {k: _mean(v) for k, v in judged.items()},
+        "usage": _usage_totals(episode.turns),
+        "reasoning_scores": _mean_reasoning_scores(episode.turns),
         "turns": turns,
         "final_observation": final,
         "samples": samples,

@@ -1,11 +1,9 @@
 """``RemoteEngine``: engine replicas as Ray actors, behind the ``Engine`` protocol.
 
 Each replica is a Ray actor holding its own copy of the policy and a ``BatchingEngine`` over an
-``HFEngine`` (on CPU here; the vLLM replica is ``vagent.models.vllm_engine``); the actors' bodies
-are in ``vagent.models.replica_actors``. ``RemoteEngine``
-is what the rollout's ``HFPolicy`` calls instead of an in-process engine: the process boundary
-sits at the engine (token ids and pixels in, ``GenerationOutput`` out), because the policy keeps
-and mutates the conversations.
+``HFEngine`` (or vLLM); the actors' bodies are in ``vagent.models.replica_actors``. The rollout's
+``HFPolicy`` calls ``RemoteEngine`` instead of an in-process engine: token ids and pixels in,
+``GenerationOutput`` out; the policy keeps the conversations.
 
 Routing (``generate``):
 
@@ -25,7 +23,7 @@ start) or a generate, canary or stats call within ``generate_timeout_s``
 (``rollout.generate_timeout_s``, 1800 s): it is marked dead and killed (by any process that sees
 it stuck, so that it frees its resources and, after a missed push, never answers with stale
 weights), and its requests go to the other replicas as a dead one's do. With no replica left, the
-call raises one line naming each replica's fate and the setting to raise.
+call raises :class:`NoReplicaLeft`, one line naming each replica's fate and the setting to raise.
 
 Weights: ``update_weights(model)`` sends the trainer's ``state_dict`` (once, through the object
 store) to every live replica and waits for all of them; each replica loads it once its running
@@ -47,10 +45,9 @@ use a cluster started with ``ray start`` (replicas on other hosts); ``resources`
 resources each replica requires, ``rollout.replica_resources``) pins the replicas to the nodes
 started with them (``ray start --resources '{"vagent_replica": 2}'``).
 
-Ray is an optional extra: ``pip install 'vagent[ray]'``. ``import vagent`` never imports it; this
-module imports it when a ``RemoteEngine`` is built. ``start_ray`` starts a small local cluster
-with the settings measured to work on a 2-core machine (256 MB object store, no dashboard, token
-auth off for a loopback cluster).
+Ray is an optional extra (``pip install 'vagent[ray]'``), imported when a ``RemoteEngine`` is built.
+``start_ray`` starts a small local cluster with settings measured on a 2-core machine (256 MB
+object store, no dashboard, token auth off for a loopback cluster).
 """
 
 from __future__ import annotations
