@@ -235,12 +235,21 @@ def test_the_link_to_host1_cut_during_a_generate_or_a_push_ends_at_its_timeout(c
         finally:
             C.ip("-n", br, "link", "set", h1, "up")
             C.ip("netns", "exec", br, "tc", "qdisc", "del", "dev", h1, "root", check=False)
+        # the link back: host1's replicas, killed by the run while they were cut off, must go by
+        # themselves (Ray delivers the kill, or host1's node learns it was declared dead)
+        t_up, left1 = time.monotonic(), _replica_pids(cluster.host(1).netns)
+        while left1 and time.monotonic() - t_up < 120:
+            time.sleep(0.5)
+            left1 = _replica_pids(cluster.host(1).netns)
+        gone_s = time.monotonic() - t_up
     text = log.read_text()
     assert t_cut is not None, f"the {during} to host1 was never seen, so the link was not cut:\n{text[-3000:]}"
     waited = ended - t_cut
     print(f"cut during {during}: the run ended {waited:.1f} s after the cut, exit {run.returncode}")
     print("\n".join(line for line in text.splitlines() if "replica" in line)[-2000:])
+    print(f"host1's replica processes gone {gone_s:.1f} s after the link came back (left: {sorted(left1)})")
     assert not left0, f"replica processes of the ended run left on host0: {left0}"
+    assert not left1, f"replica processes of the ended run still on host1 {gone_s:.0f} s after its link came back"
     if during == "generate":
         assert run.returncode == 0, text[-4000:]
         # the timeout, not Ray's node health check (15 s or more), caught the cut-off replica
