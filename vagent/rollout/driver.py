@@ -133,10 +133,11 @@ def check_rollout_setup(settings: RolloutConfig, distributed: bool) -> None:
 
     from vagent.config import ConfigError
 
-    if distributed and settings.max_staleness:
-        raise ConfigError(f"rollout.max_staleness {settings.max_staleness} (the streaming rollout) runs in one "
-                          "process: its concurrent rollouts would interleave the ranks' episode gathers. Run one "
-                          "process (--nproc 1, its replicas still spread over hosts), or use rollout.overlap 1.")
+    if distributed and settings.replay_schedule:
+        raise ConfigError(f"rollout.replay_schedule {settings.replay_schedule} replays a schedule in one process: a "
+                          "job's ranks each play a share of the trajectories, which the replay's turn gate does not "
+                          "follow. Replay with --nproc 1 (its replicas still spread over hosts), or drop "
+                          "rollout.replay_schedule to stream freely.")
     if distributed and settings.engine == "vllm" and settings.replicas == 0:
         raise ConfigError("rollout.engine vllm in a job of several ranks runs as Ray actor replicas that every rank "
                           "shares (rank 0 pushes the gathered weights): set rollout.replicas N >= 1, or run one "

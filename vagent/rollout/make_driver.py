@@ -82,9 +82,11 @@ def _streaming_driver(cfg: RunConfig, run: RolloutRun, policy: Policy, engine: P
     """The ``StreamingDriver`` of ``rollout.max_staleness``: recording its schedule under
     ``run_root`` (from ``first_step`` on), replaying ``rollout.replay_schedule`` when set."""
     settings = cfg.rollout
+    from vagent.distributed import world
+
     log = (ScheduleLog(run_root, schedule_digest(asdict(cfg)), settings.max_staleness,
                        resume_at=first_step or None)
-           if run_root is not None else None)
+           if run_root is not None and world().is_main else None)  # every rank holds the gathered batch
     replay = read_schedule(settings.replay_schedule) if settings.replay_schedule else None
     return StreamingDriver(run, policy, engine=engine, model=model, max_staleness=settings.max_staleness,
                            steps=cfg.steps, owns_ray=owns_ray, canary=canary, log=log, replay=replay,

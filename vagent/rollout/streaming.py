@@ -25,8 +25,11 @@ against the trainer's log-probs before the update (the proximal policy), times t
 per-token behaviour weight ``min(pi_prox / pi_behav, C)`` (``rollout_correction.is_threshold``).
 
 K = 1 is overlap 1's schedule with pushes that land mid-rollout. Needs engine replicas
-(``rollout.replicas >= 1``) and one process (a job of several ranks gathers each rollout's
-episodes with collectives that concurrent rollouts would interleave).
+(``rollout.replicas >= 1``). In a job of several ranks each rank plays its share of every rollout
+on the shared replicas, and the K + 1 rollouts in flight gather their episodes on K + 1 process
+groups of their own (step ``s`` on group ``s mod (K + 1)``: a group holds one rollout at a time),
+beside the trainer's collectives on the default group; rank 0 records the schedule. A job does not
+replay a schedule (its gate would have to know which rank plays which trajectory).
 """
 
 from __future__ import annotations
@@ -92,13 +95,20 @@ class StreamingDriver(RolloutDriver):
         self.max_staleness, self.log, self.replay = max_staleness, log, replay
         self.gate = VersionGate(replay, first_step, deadline_s) if replay is not None else None
         self._stream = ThreadPoolExecutor(max_workers=max_staleness + 1, thread_name_prefix="vagent-stream")
+        from vagent.distributed import side_group
+
+        # a job's rollouts in flight gather their episodes each on a group of its own (None: one process)
+        self._groups = [side_group(f"streamed rollout {i}") for i in range(max_staleness + 1)]
         self._rollouts: dict[int, Future[RolloutResult]] = {}
         self._done: dict[int, InFlight] = {}  # rollouts a resume handed back
 
     def _rollout(self, step: int) -> RolloutResult:
+        from vagent.distributed import on_group
+
         policy = self.policy if self.gate is None else GatedPolicy(self.policy, self.gate, step)
         try:
-            return self.run(policy, step, False)
+            with on_group(self._groups[step % len(self._groups)]):
+                return self.run(policy, step, False)
         finally:
             if self.gate is not None:
                 self.gate.finished(step)
