@@ -28,37 +28,48 @@ def _suggest(key: str, options: list[str]) -> str:
     return f" Did you mean '{close[0]}'?" if close else ""
 
 
+def _coerce_union(value: Any, args: tuple[Any, ...], where: str) -> Any:
+    """``value`` as the first member type of a union that accepts it (None where the union allows it)."""
+    if value is None and type(None) in args:
+        return None
+    errors = []
+    for arg in args:
+        if arg is type(None):
+            continue
+        try:
+            return _coerce(value, arg, where)
+        except ConfigError as exc:
+            errors.append(str(exc))
+    raise ConfigError(errors[0] if errors else f"{where}: cannot accept {value!r}")
+
+
+def _coerce_sequence(value: Any, origin: type, args: tuple[Any, ...], where: str) -> list[Any] | tuple[Any, ...]:
+    """``value`` (a list or tuple) as ``origin[args]``: a fixed-length tuple, ``tuple[T, ...]`` or ``list[T]``."""
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise ConfigError(f"{where}: expected a list, got {value!r}.")
+    if origin is tuple and args and args[-1] is not Ellipsis:
+        if len(args) != len(value):
+            raise ConfigError(f"{where}: expected {len(args)} items, got {len(value)} ({value!r}).")
+        return tuple(_coerce(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+    inner = args[0] if args else Any
+    items = [_coerce(v, inner, f"{where}[{i}]") for i, v in enumerate(value)]
+    return tuple(items) if origin is tuple else items
+
+
 def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """``value`` checked against, and where simple converted to, the annotation ``tp``; ``where`` names it in errors."""
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if tp is Any:
         return value
     if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(value, arg, where)
-            except ConfigError as exc:
-                errors.append(str(exc))
-        raise ConfigError(errors[0] if errors else f"{where}: cannot accept {value!r}")
+        return _coerce_union(value, args, where)
     if origin is typing.Literal:
         if value not in args:
             raise ConfigError(f"{where}: expected one of {list(args)}, got {value!r}.")
         return value
     if origin in (tuple, list):
-        if isinstance(value, str) or not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{where}: expected a list, got {value!r}.")
-        if origin is tuple and args and args[-1] is not Ellipsis:
-            if len(args) != len(value):
-                raise ConfigError(f"{where}: expected {len(args)} items, got {len(value)} ({value!r}).")
-            return tuple(_coerce(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
-        inner = args[0] if args else Any
-        items = [_coerce(v, inner, f"{where}[{i}]") for i, v in enumerate(value)]
-        return tuple(items) if origin is tuple else items
+        return _coerce_sequence(value, origin, args, where)
     if origin is dict or tp is dict:
         if not isinstance(value, Mapping):
             raise ConfigError(f"{where}: expected a mapping, got {value!r}.")

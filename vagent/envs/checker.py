@@ -312,28 +312,17 @@ def _server_only_source(env: Any, name: str) -> tuple[list[str], str | None] | N
     return source() if callable(source) and name not in list_envs() else None
 
 
-# The checker
-# ---------------------------------------------------------------------------------------------
-
-def check_env(env_or_factory: Any | Callable[[], Any], seeds: tuple[int, ...] = (0, 1), n_steps: int = 6,
-              check_subprocess: bool = True, max_end_steps: int = 500) -> CheckReport:
-    """Check an env (a fresh instance, or a zero-argument factory) against the contract.
-
-    ``seeds``: the seeds of the determinism checks; ``n_steps``: scripted turns per digest
-    episode; ``max_end_steps``: how long an episode may take to end. Raises EnvCheckError.
-    """
-    factory = None if hasattr(env_or_factory, "reset") else env_or_factory
-    env = factory() if factory is not None else env_or_factory
-    name = getattr(env, "spec_name", None) or type(env).__name__
-    report = CheckReport(env=name)
-    _check_declaration(env, name, report)
-
+def _check_step_before_reset(env: Any, name: str, report: CheckReport) -> None:
+    """``step`` on a fresh env raises EnvError."""
     _expect_error(name, lambda: env.step("<answer>x</answer>"), EnvError,
                   "step before reset", "raise vagent.envs.EnvError('call reset(seed) first') when step comes before "
                   "reset (and pass a fresh env or a factory to check_env).")
     report.checks.append("step before reset raises EnvError")
 
-    obs, info = env.reset(seeds[0])
+
+def _check_reset(env: Any, name: str, seed: int, report: CheckReport) -> None:
+    """``reset`` returns (Observation, dict), and ``state()`` and ``system_prompt()`` have their types."""
+    obs, info = env.reset(seed)
     _check_observation(obs, env, name, "reset")
     if not isinstance(info, dict):
         raise _fail(name, f"reset returned info of type {type(info).__name__}.", "return (Observation, dict).")
@@ -343,6 +332,10 @@ def check_env(env_or_factory: Any | Callable[[], Any], seeds: tuple[int, ...] = 
         raise _fail(name, "system_prompt() is empty or not a str.", "return the rules, actions and format instruction.")
     report.checks.append("types of reset/state/system_prompt")
 
+
+def _check_determinism(env: Any, factory: Callable[[], Any] | None, name: str, seeds: tuple[int, ...],
+                       n_steps: int, report: CheckReport) -> dict[int, str]:
+    """Each seed gives one episode on this instance (and on a second one from ``factory``); returns the digests."""
     digests = {s: episode_digest(env, s, n_steps) for s in seeds}
     again = {s: episode_digest(env, s, n_steps) for s in seeds}
     for s in seeds:
@@ -360,31 +353,55 @@ def check_env(env_or_factory: Any | Callable[[], Any], seeds: tuple[int, ...] = 
         report.checks.append("determinism across instances")
     if len(seeds) > 1 and len(set(digests.values())) == 1:
         report.warnings.append(f"seeds {list(seeds)} gave identical episodes: does the env use its seed?")
+    return digests
 
+
+def _check_fresh_process(env: Any, name: str, seeds: tuple[int, ...], n_steps: int, digests: dict[int, str],
+                         report: CheckReport) -> None:
+    """A fresh Python process gives the same ``digests``; a warning where it cannot make the env."""
+    spec_name = getattr(env, "spec_name", None)
+    module = type(env).__module__
+    if spec_name is None:
+        msg = "subprocess determinism skipped: the env was not made by vagent.envs.make (no spec_name)."
+        warnings.warn(msg, stacklevel=3)  # at check_env's caller
+        report.warnings.append(msg)
+    elif module == "__main__":
+        msg = "subprocess determinism skipped: the env class lives in __main__, which a fresh process cannot import."
+        warnings.warn(msg, stacklevel=3)
+        report.warnings.append(msg)
+    else:
+        fresh = subprocess_digests(module, spec_name, dict(env.spec_config), list(seeds), n_steps,
+                                   _server_only_source(env, spec_name))
+        for s, d in zip(seeds, fresh):
+            if d != digests[s]:
+                raise _fail(name, f"seed {s} gave a different episode in a fresh Python process.",
+                            "avoid hash(), set iteration order, global RNGs and time-dependent values; "
+                            "derive everything from numpy.random.default_rng(seed).")
+        report.checks.append("determinism in a fresh process")
+
+
+# The checker
+# ---------------------------------------------------------------------------------------------
+
+def check_env(env_or_factory: Any | Callable[[], Any], seeds: tuple[int, ...] = (0, 1), n_steps: int = 6,
+              check_subprocess: bool = True, max_end_steps: int = 500) -> CheckReport:
+    """Check an env (a fresh instance, or a zero-argument factory) against the contract.
+
+    ``seeds``: the seeds of the determinism checks; ``n_steps``: scripted turns per digest
+    episode; ``max_end_steps``: how long an episode may take to end. Raises EnvCheckError.
+    """
+    factory = None if hasattr(env_or_factory, "reset") else env_or_factory
+    env = factory() if factory is not None else env_or_factory
+    name = getattr(env, "spec_name", None) or type(env).__name__
+    report = CheckReport(env=name)
+    _check_declaration(env, name, report)
+    _check_step_before_reset(env, name, report)
+    _check_reset(env, name, seeds[0], report)
+    digests = _check_determinism(env, factory, name, seeds, n_steps, report)
     _check_garbage(env, name, seeds[0], report)
     _check_end(env, name, seeds[0], max_end_steps, report)
-
     if check_subprocess:
-        spec_name = getattr(env, "spec_name", None)
-        module = type(env).__module__
-        if spec_name is None:
-            msg = "subprocess determinism skipped: the env was not made by vagent.envs.make (no spec_name)."
-            warnings.warn(msg, stacklevel=2)
-            report.warnings.append(msg)
-        elif module == "__main__":
-            msg = "subprocess determinism skipped: the env class lives in __main__, which a fresh process cannot import."
-            warnings.warn(msg, stacklevel=2)
-            report.warnings.append(msg)
-        else:
-            fresh = subprocess_digests(module, spec_name, dict(env.spec_config), list(seeds), n_steps,
-                                       _server_only_source(env, spec_name))
-            for s, d in zip(seeds, fresh):
-                if d != digests[s]:
-                    raise _fail(name, f"seed {s} gave a different episode in a fresh Python process.",
-                                "avoid hash(), set iteration order, global RNGs and time-dependent values; "
-                                "derive everything from numpy.random.default_rng(seed).")
-            report.checks.append("determinism in a fresh process")
-
+        _check_fresh_process(env, name, seeds, n_steps, digests, report)
     env.close()
     env.close()
     report.checks.append("close() twice")

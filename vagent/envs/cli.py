@@ -153,15 +153,11 @@ def _show_images(images: Any, image_dir: Path | None, stem: str) -> None:
         print(f"[<image> {i + 1} of {len(images)}: {path}]")
 
 
-def cmd_play(args: argparse.Namespace) -> int:
-    import numpy as np
-
+def _make_play_env(args: argparse.Namespace) -> Any | None:
+    """The env ``vagent play`` asked for, or None after printing why it cannot be made (or solved)."""
     from vagent.config import ConfigError
     from vagent.envs import make
-    from vagent.envs.formats import parse_response
 
-    if not import_plugins(args):
-        return 2
     config = parse_overrides(args.config)
     if args.format:
         config["format"] = args.format
@@ -171,9 +167,47 @@ def cmd_play(args: argparse.Namespace) -> int:
         env = make(args.env, **config)
     except (ConfigError, KeyError) as exc:
         print(f"error: {exc.args[0] if isinstance(exc, KeyError) else exc}", file=sys.stderr)
-        return 2
+        return None
     if args.policy == "solver" and not callable(getattr(env, "optimal_actions", None)):
         print(f"error: env '{args.env}' has no solver (optimal_actions); use --policy human or random.", file=sys.stderr)
+        return None
+    return env
+
+
+def _policy_reply(env: Any, policy: str, rng: Any) -> str | None:
+    """The next reply of ``policy`` (human, random or solver); None when the human quits (end of input)."""
+    if policy == "solver":
+        from vagent.rollout.scripted import solver_reply
+
+        return solver_reply(env)
+    if policy == "random":
+        return _random_reply(env, rng)
+    try:
+        return _human_reply(env)
+    except EOFError:
+        return None
+
+
+def _print_step(env: Any, reply: str, res: Any, total: float) -> None:
+    """Print a reply, its parsed fields, the reward with the return so far, and the info."""
+    from vagent.envs.formats import parse_response
+
+    parsed = parse_response(reply, env.config.format, getattr(env, "action_sep", ","), env.config.max_actions_per_turn)
+    print(f"--- reply ---\n{reply}")
+    for name in ("observation", "reasoning", "prediction", "answer"):
+        if getattr(parsed, name):
+            print(f"  {name}: {getattr(parsed, name)}")
+    print(f"  reward {res.reward:+.3f} (return {total:+.3f})  terminated={res.terminated} truncated={res.truncated}")
+    print(f"  info {json.dumps(res.info, default=repr)}")
+
+
+def cmd_play(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    if not import_plugins(args):
+        return 2
+    env = _make_play_env(args)
+    if env is None:
         return 2
     rng = np.random.default_rng(args.seed)
     print("=== system prompt ===\n" + env.system_prompt())
@@ -183,28 +217,14 @@ def cmd_play(args: argparse.Namespace) -> int:
     for turn in range(args.max_turns):
         print(f"\n=== turn {turn} observation ===\n{obs.text}")
         _show_images(obs.images, image_dir, f"turn_{turn:03d}")
-        if args.policy == "solver":
-            from vagent.rollout.scripted import solver_reply
-
-            reply = solver_reply(env)
-        elif args.policy == "random":
-            reply = _random_reply(env, rng)
-        else:
-            try:
-                reply = _human_reply(env)
-            except EOFError:
-                print("quit")
-                break
+        reply = _policy_reply(env, args.policy, rng)
+        if reply is None:
+            print("quit")
+            break
         state_before = env.state()
         res = env.step(reply)
-        parsed = parse_response(reply, env.config.format, getattr(env, "action_sep", ","), env.config.max_actions_per_turn)
         total += res.reward
-        print(f"--- reply ---\n{reply}")
-        for name in ("observation", "reasoning", "prediction", "answer"):
-            if getattr(parsed, name):
-                print(f"  {name}: {getattr(parsed, name)}")
-        print(f"  reward {res.reward:+.3f} (return {total:+.3f})  terminated={res.terminated} truncated={res.truncated}")
-        print(f"  info {json.dumps(res.info, default=repr)}")
+        _print_step(env, reply, res, total)
         log.append({"turn": turn, "reply": reply, "reward": res.reward, "terminated": res.terminated,
                     "truncated": res.truncated, "info": res.info, "state_before": state_before,
                     "state_after": env.state(), "observation": obs.text})

@@ -73,20 +73,10 @@ def _csv(text: str) -> list[str]:
     return [x.strip() for x in text.split(",") if x.strip()]
 
 
-def build_mapping(args: argparse.Namespace) -> dict[str, Any]:
-    """The config mapping: the YAML file (if any) with the quick flags applied."""
+def _apply_model_flags(m: dict[str, Any], args: argparse.Namespace) -> None:
+    """``--model`` replaces the models; without it ``--backend``/``--base-url``/``--concurrency`` apply to each."""
     from vagent.config import ConfigError
-    from vagent.eval.config import load_yaml
 
-    m: dict[str, Any] = {}
-    base: dict[str, Any] = {}
-    if getattr(args, "run", None):
-        from vagent.eval.from_run import run_mapping
-
-        base, rc = run_mapping(args.run, getattr(args, "imports", None) or ())
-        m = dict(base)
-    if args.config:
-        m.update(load_yaml(args.config))
     model_fields = {k: v for k, v in (("backend", args.backend), ("base_url", args.base_url),
                                       ("concurrency", args.concurrency)) if v is not None}
     if args.model:
@@ -98,12 +88,24 @@ def build_mapping(args: argparse.Namespace) -> dict[str, Any]:
         if args.name:
             raise ConfigError("--name needs --model (it labels the model given on the command line).")
         m["models"] = [{**dict(x), **model_fields} for x in m.get("models", [])]
+
+
+def _env_config_flags(items: Sequence[str]) -> dict[str, Any]:
+    """The ``--env-config KEY=VALUE`` items as a mapping, each value read as a YAML scalar."""
+    from vagent.config import ConfigError
+
     env_cfg = {}
-    for item in args.env_config:
+    for item in items:
         if "=" not in item:
             raise ConfigError(f"--env-config {item!r}: expected KEY=VALUE, e.g. render=text.")
         k, v = item.split("=", 1)
         env_cfg[k.strip()] = _scalar(v)
+    return env_cfg
+
+
+def _apply_env_flags(m: dict[str, Any], args: argparse.Namespace) -> None:
+    """``--env`` replaces the envs, ``--env-config`` sets fields on each, ``--seeds`` replaces every seed list."""
+    env_cfg = _env_config_flags(args.env_config)
     if args.env:
         m["envs"] = [{"name": n, "config": dict(env_cfg)} for n in _csv(args.env)]
     elif env_cfg:
@@ -111,6 +113,23 @@ def build_mapping(args: argparse.Namespace) -> dict[str, Any]:
     if args.seeds:
         m["seeds"] = _csv(args.seeds)
         m["envs"] = [{k: v for k, v in dict(e).items() if k != "seeds"} for e in m.get("envs", [])]
+
+
+def build_mapping(args: argparse.Namespace) -> dict[str, Any]:
+    """The config mapping: the YAML file (if any) with the quick flags applied."""
+    from vagent.eval.config import load_yaml
+
+    m: dict[str, Any] = {}
+    base: dict[str, Any] = {}
+    if getattr(args, "run", None):
+        from vagent.eval.from_run import run_mapping
+
+        base, rc = run_mapping(args.run, getattr(args, "imports", None) or ())
+        m = dict(base)
+    if args.config:
+        m.update(load_yaml(args.config))
+    _apply_model_flags(m, args)
+    _apply_env_flags(m, args)
     if args.format:
         m["formats"] = _csv(args.format)
     for key, value in (("out_dir", args.out), ("max_turns", args.max_turns), ("group_size", args.group_size)):

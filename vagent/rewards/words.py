@@ -68,32 +68,43 @@ def tokenize(text: str) -> list[str]:
     return TOKEN.findall(text.lower().replace("-", " ").replace("_", " ").replace("/", " "))
 
 
-def _build_vocabulary(spec: JudgeSpec, legend: str | None) -> Vocabulary:
-    voc = Vocabulary(spec, legend)
+def _name_forms(toks: tuple[str, ...], names: set[str]) -> dict[tuple[str, ...], bool]:
+    """The token forms of one object name ``toks`` -> plural?: the name itself and its English plurals."""
+    forms = {toks: False}
+    last = toks[-1]
+    if not last.endswith("s"):
+        forms[toks[:-1] + (last + "s",)] = True
+        if last.endswith(("x", "ch", "sh")):
+            forms[toks[:-1] + (last + "es",)] = True
+    else:
+        # a synonym given in plural form ("holes", "boxes")
+        for stem in (last[:-1], last[:-2]):
+            if tuple(tokenize(stem)) and any(tuple(tokenize(n)) == toks[:-1] + (stem,) for n in names):
+                forms[toks] = True
+    return forms
+
+
+def _add_objects(voc: Vocabulary, spec: JudgeSpec) -> None:
+    """Enter every form of each object type's name and synonyms in ``voc.objects``; one form names one type."""
     for kind in spec.object_weights:
         names = {kind, *spec.synonyms.get(kind, ())}
         for name in names:
             toks = tuple(tokenize(name))
             if not toks:
                 continue
-            forms = {toks: False}
-            last = toks[-1]
-            if not last.endswith("s"):
-                forms[toks[:-1] + (last + "s",)] = True
-                if last.endswith(("x", "ch", "sh")):
-                    forms[toks[:-1] + (last + "es",)] = True
-            else:
-                # a synonym given in plural form ("holes", "boxes")
-                for stem in (last[:-1], last[:-2]):
-                    if tuple(tokenize(stem)) and any(tuple(tokenize(n)) == toks[:-1] + (stem,) for n in names):
-                        forms[toks] = True
-            for form, plural in forms.items():
+            for form, plural in _name_forms(toks, names).items():
                 prev = voc.objects.get(form)
                 if prev is not None and prev[0] != kind:
                     raise ValueError(f"JudgeSpec: the word {' '.join(form)!r} names both '{prev[0]}' and '{kind}'; "
                                      "give each object type its own synonyms.")
                 if prev is None or plural:
                     voc.objects[form] = (kind, plural)
+
+
+def _build_vocabulary(spec: JudgeSpec, legend: str | None) -> Vocabulary:
+    """The word tables of ``spec``: object forms, direction words, and the legend's grid symbols."""
+    voc = Vocabulary(spec, legend)
+    _add_objects(voc, spec)
     voc.max_phrase = max((len(k) for k in voc.objects), default=1)
     for axis, words in (("v", spec.vertical_words), ("h", spec.horizontal_words)):
         for word in words:

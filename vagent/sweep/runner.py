@@ -165,6 +165,46 @@ def _quiet_trial_tracebacks() -> None:
             source.addFilter(_TrialTraceback())
 
 
+def _prepare_trial_environment() -> None:
+    """Environment variables and log levels the trials run under (set before Ray starts)."""
+    os.environ["RAY_CHDIR_TO_TRIAL_DIR"] = "0"  # relative paths in run configs keep meaning the sweep's cwd
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    # with Tune's result files off, its result grid warns once per trial that it found none; the
+    # sweep reads each trial's own run directory instead, so that warning says nothing
+    logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
+    _quiet_trial_tracebacks()
+    os.environ.setdefault("RAY_worker_niceness", "0")  # trials run at the sweep's priority (Ray's default: +15)
+
+
+def _tuner(tune: Any, sweep: Sweep, sweep_dir: Path, say: Callable[[str], None]) -> Any:
+    """The Tune experiment of ``sweep``: restored from ``sweep_dir`` where it ran before, else a new grid."""
+    res = sweep.config.resources
+    trainable = tune.with_resources(tune_trial, {"cpu": res.cpu, "gpu": res.gpu})
+    name = f"tune-{sweep.fingerprint()}"
+    path = sweep_dir / name
+    if tune.Tuner.can_restore(str(path)):
+        say(f"restoring the Tune experiment {path}: finished trials are skipped, the others resume")
+        return tune.Tuner.restore(str(path), trainable, resume_unfinished=True, resume_errored=True)
+    return tune.Tuner(
+        trainable,
+        param_space={"sweep_dir": str(sweep_dir),
+                     "trial": tune.grid_search([t.trial_id for t in sweep.trials])},
+        tune_config=tune.TuneConfig(max_concurrent_trials=sweep.config.max_concurrent or None),
+        run_config=tune.RunConfig(name=name, storage_path=str(sweep_dir), verbose=0,
+                                  failure_config=tune.FailureConfig(max_failures=0)),
+    )
+
+
+def _trial_errors(results: Any) -> dict[str, str]:
+    """Trial id -> the last line of its error and where Tune keeps the traceback, for each failed trial."""
+    errors = {}
+    for r in results:
+        if r.error is not None:
+            traceback = f"traceback: {Path(r.path) / 'error.txt'}" if r.path else "Tune kept no traceback"
+            errors[(r.config or {}).get("trial", "?")] = f"{str(r.error).strip().splitlines()[-1]} ({traceback})"
+    return errors
+
+
 def run_sweep(sweep: Sweep, sweep_dir: Path, num_cpus: int | None = None, num_gpus: int | None = None,
               say: Callable[[str], None] = print) -> SweepOutcome:
     """Run (or continue) every trial of ``sweep`` on a local Ray cluster of ``num_cpus`` CPUs
@@ -183,13 +223,7 @@ def run_sweep(sweep: Sweep, sweep_dir: Path, num_cpus: int | None = None, num_gp
     done = count_finished(sweep, sweep_dir)
     say(f"sweep {sweep.config.name}: {len(sweep.rows)} rows x {len(sweep.config.seeds)} seeds = {n_total} trials "
         f"({done} finished already), {res.cpu:g} CPU / {res.gpu:g} GPU each; directory {sweep_dir}")
-    os.environ["RAY_CHDIR_TO_TRIAL_DIR"] = "0"  # relative paths in run configs keep meaning the sweep's cwd
-    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
-    # with Tune's result files off, its result grid warns once per trial that it found none; the
-    # sweep reads each trial's own run directory instead, so that warning says nothing
-    logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
-    _quiet_trial_tracebacks()
-    os.environ.setdefault("RAY_worker_niceness", "0")  # trials run at the sweep's priority (Ray's default: +15)
+    _prepare_trial_environment()
     started = not ray.is_initialized()
     if started:
         try:
@@ -197,27 +231,7 @@ def run_sweep(sweep: Sweep, sweep_dir: Path, num_cpus: int | None = None, num_gp
         except RuntimeError as exc:
             raise RuntimeError(f"{exc} (then run the sweep again: finished trials are kept)") from exc
     try:
-        trainable = tune.with_resources(tune_trial, {"cpu": res.cpu, "gpu": res.gpu})
-        name = f"tune-{sweep.fingerprint()}"
-        path = sweep_dir / name
-        if tune.Tuner.can_restore(str(path)):
-            say(f"restoring the Tune experiment {path}: finished trials are skipped, the others resume")
-            tuner = tune.Tuner.restore(str(path), trainable, resume_unfinished=True, resume_errored=True)
-        else:
-            tuner = tune.Tuner(
-                trainable,
-                param_space={"sweep_dir": str(sweep_dir),
-                             "trial": tune.grid_search([t.trial_id for t in sweep.trials])},
-                tune_config=tune.TuneConfig(max_concurrent_trials=sweep.config.max_concurrent or None),
-                run_config=tune.RunConfig(name=name, storage_path=str(sweep_dir), verbose=0,
-                                          failure_config=tune.FailureConfig(max_failures=0)),
-            )
-        results = tuner.fit()
-        errors = {}
-        for r in results:
-            if r.error is not None:
-                traceback = f"traceback: {Path(r.path) / 'error.txt'}" if r.path else "Tune kept no traceback"
-                errors[(r.config or {}).get("trial", "?")] = f"{str(r.error).strip().splitlines()[-1]} ({traceback})"
+        errors = _trial_errors(_tuner(tune, sweep, sweep_dir, say).fit())
     finally:
         if started:
             ray.shutdown()

@@ -164,22 +164,8 @@ def _override(key: str, value: Any) -> str:
     return f"{key}={json.dumps(value)}"  # JSON is YAML: the run config parses it back exactly
 
 
-def load_sweep(path: str | Path) -> Sweep:
-    """Read and check a sweep file; every trial's run config is built and validated."""
-    import yaml
-
-    from vagent.recipes.config import default_preset_dict, load_config
-    from vagent.config import to_dict
-
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"sweep file {str(path)!r} does not exist. Pass a sweep YAML file, e.g. "
-                          "configs/sweeps/vagent_ablation.yaml.")
-    try:
-        tree = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({exc}).") from exc
-    cfg = from_mapping(SweepConfig, tree, where="sweep")
+def _check_limits(cfg: SweepConfig) -> None:
+    """The seeds are distinct, the resources hold a CPU or a GPU, ``max_concurrent`` is not negative."""
     if not cfg.seeds or len(set(cfg.seeds)) != len(cfg.seeds):
         raise ConfigError(f"sweep seeds must be a non-empty list of distinct integers, got {cfg.seeds}.")
     if cfg.resources.cpu < 0 or cfg.resources.gpu < 0 or cfg.resources.cpu + cfg.resources.gpu <= 0:
@@ -187,18 +173,28 @@ def load_sweep(path: str | Path) -> Sweep:
                           f"cpu={cfg.resources.cpu}, gpu={cfg.resources.gpu}.")
     if cfg.max_concurrent < 0:
         raise ConfigError(f"sweep max_concurrent must be >= 0 (0 = no limit), got {cfg.max_concurrent}.")
+
+
+def _base_tree(cfg: SweepConfig, sweep_path: Path) -> dict[str, Any]:
+    """The run config every trial starts from: the ``base`` file (relative to the sweep file) or the default preset."""
+    import yaml
+
+    from vagent.recipes.config import default_preset_dict
+
     if cfg.base is None:
-        base_tree = default_preset_dict()
-    else:
-        base_path = Path(cfg.base) if Path(cfg.base).is_absolute() else path.parent / cfg.base
-        if not base_path.is_file():
-            raise ConfigError(f"sweep base {cfg.base!r}: no file at {base_path} (base is relative to the sweep "
-                              "file's folder; null = the default preset).")
-        base_tree = yaml.safe_load(base_path.read_text()) or {}
-    rows = expand_rows(cfg)
-    baseline = cfg.baseline or rows[0].name
-    if baseline not in [r.name for r in rows]:
-        raise ConfigError(f"sweep baseline {baseline!r} is not a row; rows: {', '.join(r.name for r in rows)}.")
+        return default_preset_dict()
+    base_path = Path(cfg.base) if Path(cfg.base).is_absolute() else sweep_path.parent / cfg.base
+    if not base_path.is_file():
+        raise ConfigError(f"sweep base {cfg.base!r}: no file at {base_path} (base is relative to the sweep "
+                          "file's folder; null = the default preset).")
+    return yaml.safe_load(base_path.read_text()) or {}
+
+
+def _trials(cfg: SweepConfig, rows: list[Row], base_tree: dict[str, Any]) -> list[Trial]:
+    """One trial per row and seed, its run config built from ``base_tree`` with the overrides and validated."""
+    from vagent.config import to_dict
+    from vagent.recipes.config import load_config
+
     common = [_override(str(k), v) for k, v in cfg.overrides.items()]
     trials = []
     for row in rows:
@@ -210,4 +206,26 @@ def load_sweep(path: str | Path) -> Sweep:
             except ConfigError as exc:
                 raise ConfigError(f"sweep row {row.name!r}: {exc}") from exc
             trials.append(Trial(row.name, int(seed), to_dict(run_cfg)))
-    return Sweep(cfg, rows, trials, baseline)
+    return trials
+
+
+def load_sweep(path: str | Path) -> Sweep:
+    """Read and check a sweep file; every trial's run config is built and validated."""
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"sweep file {str(path)!r} does not exist. Pass a sweep YAML file, e.g. "
+                          "configs/sweeps/vagent_ablation.yaml.")
+    try:
+        tree = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({exc}).") from exc
+    cfg = from_mapping(SweepConfig, tree, where="sweep")
+    _check_limits(cfg)
+    base_tree = _base_tree(cfg, path)
+    rows = expand_rows(cfg)
+    baseline = cfg.baseline or rows[0].name
+    if baseline not in [r.name for r in rows]:
+        raise ConfigError(f"sweep baseline {baseline!r} is not a row; rows: {', '.join(r.name for r in rows)}.")
+    return Sweep(cfg, rows, _trials(cfg, rows, base_tree), baseline)
