@@ -129,3 +129,15 @@ def test_vagent_train_refuses_streaming_without_replicas_in_one_line(tmp_path):
     assert "set rollout.replicas >= 1" in err[0]
     assert not list(tmp_path.iterdir())  # refused before a run directory was made
     assert took < 60, f"the refusal took {took:.0f} s: it should come before any model work"
+
+
+def test_interrupt_needs_a_streaming_run_on_hf_replicas_and_no_replay(tmp_path):
+    msg = _refused(["rollout.interrupt=true", "rollout.replicas=2"])
+    assert msg.startswith("rollout.interrupt stops replies mid-generation when a weight push lands") and \
+        "got max_staleness 0, engine hf" in msg, msg
+    msg = _refused([*STREAM, "rollout.interrupt=true", "rollout.engine=vllm"])
+    assert "vLLM's request abort is not wired" in msg and "engine vllm" in msg, msg
+    run = _recorded(tmp_path / "run", STREAM, max_staleness=1)
+    msg = _refused([*STREAM, "rollout.interrupt=true", f"rollout.replay_schedule={run}"])
+    assert msg.startswith("rollout.interrupt splits replies where pushes happen to land"), msg
+    assert load_config(None, [*STREAM, "rollout.interrupt=true"]).rollout.interrupt is True

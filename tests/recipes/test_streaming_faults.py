@@ -196,3 +196,22 @@ def test_streaming_rollouts_play_on_a_remote_env_server(tmp_path: Path, tiny_vlm
     _assert_full_batches(run, 3)
     config = (run / "config.yaml").read_text()
     assert url in config and token not in config
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_interrupted_replies_continue_on_the_pushed_weights_in_a_streaming_run(tmp_path: Path, tiny_vlm_dir: Path,
+                                                                             monkeypatch):
+    """``rollout.interrupt``: replies of 64 tokens are running when the pushes land, so some stop
+    and continue on the new weights. Every batch is whole and within K; the replies a push split
+    are counted (``rollout/split_replies``) and their tokens carry the versions that sampled them
+    in the saved rollouts' token data, which the decoupled loss trains on."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    steps = 4
+    run = train(tmp_path, tiny_vlm_dir, None, "interrupt", *STREAM, f"steps={steps}", "rollout.interrupt=true",
+                "rollout.max_new_tokens=64", timeout=600)
+    rl = _assert_full_batches(run, steps)
+    split = [r["rollout/split_replies"] for r in rl]
+    print(f"replies split by a push per step: {split}; staleness max {[r['rollout/staleness_max'] for r in rl]}")
+    assert sum(split) >= 1, f"no push landed mid-reply in {steps} steps of 64-token replies: {split}"
+    assert all(r["actor/grad_norm"] > 0 and r["actor/updated"] for r in rl), rl

@@ -246,9 +246,17 @@ def test_staleness_is_per_sampled_token_and_counts_trajectories_spanning_version
     assert got == {"rollout/staleness_min": 0.0,
                    "rollout/staleness_mean": pytest.approx((2 * 4 + 1 * 3 + 1 * 5 + 0 * 1 + 0 * 4) / 17),
                    "rollout/staleness_max": 2.0,
-                   "rollout/multi_version_frac": pytest.approx(1 / 3)}
+                   "rollout/multi_version_frac": pytest.approx(1 / 3),
+                   "rollout/split_replies": 0.0}
     assert staleness([_episode(0, [None])], 5) == {}
     assert turn_versions(episodes) == {0: [3, 4], 1: [4], 2: [-1], 3: [5, 5]}
+    # a reply a push split (rollout.interrupt): each token counts with its own version
+    split = _episode(4, [4], tokens=[4])
+    split.turns[0].token_versions = [4, 4, 5, 5]
+    got = staleness([split, _episode(1, [4], tokens=[2])], 5)
+    assert got["rollout/split_replies"] == 1.0 and got["rollout/staleness_min"] == 0.0
+    assert got["rollout/staleness_mean"] == pytest.approx((1 + 1 + 0 + 0 + 1 + 1) / 6)
+    assert got["rollout/multi_version_frac"] == pytest.approx(1 / 2)
 
 
 def _driver(sampled: list[int], version: int, max_staleness: int = 2, **kw) -> StreamingDriver:

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
@@ -45,7 +45,7 @@ from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria
 from vagent.models.forward import explicit_position_ids, mrope_image_token_id, unwrap
 # the records and the protocol, and the HF sampling pieces, live beside this module; importable from here
 from vagent.models.generation import (  # noqa: F401
-    FINISH_REASONS, Engine, GenerationOutput, GenerationRequest, SamplingParams,
+    FINISH_REASONS, INTERRUPTED, Engine, GenerationOutput, GenerationRequest, SamplingParams,
 )
 from vagent.models.hf_sampling import (  # noqa: F401
     LogprobRecorder, StopOnStrings, SuppressTokens, placeholder_token_ids, request_seeds, row_generators,
@@ -97,6 +97,10 @@ class HFEngine:
         self._held: _HeldCache | None = None
         #: counters since construction: prompt tokens fed to the model vs. taken from the cache
         self.stats = {"prompt_tokens": 0, "reused_tokens": 0}
+        #: asked between decode steps of the prefix-reusing path: True stops every unfinished reply
+        #: with finish reason ``"interrupted"`` and the tokens so far (an engine replica sets it to
+        #: "a weight push is waiting" under ``rollout.interrupt``; the caller continues the reply)
+        self.interrupt: Callable[[], bool] | None = None
 
     def reset_cache(self) -> None:
         """Forget the held KV cache (the next call prefills every prompt whole)."""
@@ -174,11 +178,13 @@ class HFEngine:
         return self._outputs(generated, logprobs, params)
 
     def _outputs(self, generated: list[list[int]], logprobs: list[list[float]],
-                 params: SamplingParams) -> list[GenerationOutput]:
+                 params: SamplingParams, stopped: set[int] = frozenset()) -> list[GenerationOutput]:  # type: ignore[assignment]
         results = []
-        for row, lps in zip(generated, logprobs):
+        for k, (row, lps) in enumerate(zip(generated, logprobs)):
             n, reason = cut_reply(row, self.encoder.eos_token_ids, self.decode, params.stop_strings)
-            if reason == "length" and n < params.max_new_tokens:
+            if k in stopped and reason == "length":  # stopped by ``interrupt`` before any end
+                reason = INTERRUPTED
+            elif reason == "length" and n < params.max_new_tokens:
                 raise RuntimeError(f"generation ended after {n} < max_new_tokens tokens without eos or stop "
                                    "string; this is a bug in HFEngine")
             ids = row[:n]
@@ -304,6 +310,7 @@ class HFEngine:
         generated: list[list[int]] = [[] for _ in requests]
         logprobs: list[list[float]] = [[] for _ in requests]
         active = [True] * b
+        stopped: set[int] = set()  # rows stopped by ``interrupt`` (their reply continues elsewhere)
         was_training = self.model.training
         self.model.eval()
         try:
@@ -336,6 +343,9 @@ class HFEngine:
                             active[i] = False
                     if not any(active):
                         break
+                    if self.interrupt is not None and self.interrupt():  # a push waits: stop here
+                        stopped = {i for i in range(b) if active[i]}
+                        break
                     feed = torch.tensor(fresh, device=device)
                     token = torch.where(feed, token, torch.full_like(token, self.encoder.pad_token_id))
                     mask = torch.cat([mask, feed.long()[:, None]], 1)
@@ -349,4 +359,4 @@ class HFEngine:
         finally:
             self.model.train(was_training)
         self._held = _HeldCache(out.past_key_values, mask, [tuple(f) for f in fed], version)
-        return self._outputs(generated, logprobs, params)
+        return self._outputs(generated, logprobs, params, stopped)

@@ -11,6 +11,9 @@ from typing import Any, Protocol, Sequence
 import torch
 
 FINISH_REASONS = ("stop", "eos", "length")
+#: an engine's own finish reason for a reply stopped between decode steps (``HFEngine.interrupt``):
+#: never a finished reply; the caller continues it (``RemoteEngine`` under ``rollout.interrupt``)
+INTERRUPTED = "interrupted"
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,9 @@ class GenerationOutput:
     finish_reason: str
     text: str
     weights_version: int | None = None
+    #: the weights version of each sampled token when the reply spans versions (stopped by a push
+    #: and continued on the new weights: ``rollout.interrupt``); None: every token is ``weights_version``
+    token_versions: list[int] | None = None
 
 
 class Engine(Protocol):

@@ -59,10 +59,10 @@ import time
 from typing import Any, Mapping, Sequence
 
 from vagent.models.engine import GenerationOutput, GenerationRequest, SamplingParams
-from vagent.runs.errors import TrainingError
 # the actors' bodies and the push helpers live beside this module; importable from here
 from vagent.models.replica_actors import (  # noqa: F401
-    EngineReplica, PushGate, VLLMReplica, adapter_names, check_adapter_push, pushed_state, token_logprobs,
+    EngineReplica, NoReplicaLeft, PushGate, ReplicaLost, VLLMReplica, adapter_names, check_adapter_push, pushed_state,
+    token_logprobs,
 )
 
 logger = logging.getLogger(__name__)
@@ -209,16 +209,6 @@ def _left(deadline: float) -> float:
     return max(0.0, deadline - time.monotonic())
 
 
-class NoReplicaLeft(TrainingError):
-    """Every engine replica is dead (died, or stuck past its deadline and killed): the run stops; the
-    message names each replica's fate and the deadline to raise if they were only slow."""
-
-
-class ReplicaLost(RuntimeError):
-    """A replica asked by index (``generate_on``, ``replica_logprobs``) died during the call; it is
-    marked dead, so routing skips it from then on."""
-
-
 def _dead_errors(ray: Any) -> tuple[type[BaseException], ...]:
     errs: list[type[BaseException]] = [ray.exceptions.RayActorError]
     if hasattr(ray.exceptions, "ActorUnavailableError"):
@@ -247,6 +237,8 @@ class RemoteEngine:
             others (``rollout.generate_timeout_s``).
         resources: Ray custom resources each replica requires (``rollout.replica_resources``, e.g.
             ``{"vagent_replica": 1}``): the replicas start only on nodes that offer them.
+        interrupt: a waiting push stops the running replies, continued on the new weights
+            (``rollout.interrupt``, :mod:`vagent.models.interrupt`).
     """
 
     #: ``generate`` may be called from many threads at once
@@ -255,13 +247,14 @@ class RemoteEngine:
     def __init__(self, model: Any, encoder: Any, *, replicas: int = 2, prefix_cache: bool = True,
                  threads: int = 1, num_cpus: float = 0, max_concurrency: int = 64,
                  names: Sequence[str] | None = None, dtype: Any = None, push_timeout_s: float = PUSH_TIMEOUT_S,
-                 generate_timeout_s: float = GENERATE_TIMEOUT_S, resources: Mapping[str, float] | None = None):
+                 generate_timeout_s: float = GENERATE_TIMEOUT_S, resources: Mapping[str, float] | None = None,
+                 interrupt: bool = False):
         named = _replica_options(replicas, names, resources)
         ray = _running_ray()
         actor = ray.remote(EngineReplica)
         model_ref = ray.put(_cpu_copy(model, dtype))
         handles = [actor.options(num_cpus=num_cpus, max_concurrency=max_concurrency, **kw).remote(
-            model_ref, encoder, prefix_cache, threads) for kw in named]
+            model_ref, encoder, prefix_cache, threads, interrupt=interrupt) for kw in named]
         self._setup(ray, encoder, handles, owner=True, timeouts=(push_timeout_s, generate_timeout_s),
                     resources=resources)
 
@@ -412,7 +405,13 @@ class RemoteEngine:
         return f"every engine replica is dead ({fates}); {what}.{hint}"
 
     def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[GenerationOutput]:
-        """Route, run on the replicas in parallel, retry a dead replica's requests elsewhere."""
+        """Route, run on the replicas in parallel, retry a dead replica's requests elsewhere; replies a
+        push stopped (``rollout.interrupt``) continue on the new weights (``vagent.models.interrupt``)."""
+        from vagent.models.interrupt import continue_interrupted
+
+        return continue_interrupted(self._routed, requests, params, self._routed(requests, params), self.encoder)
+
+    def _routed(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[GenerationOutput]:
         ray = self._ray
         results: list[GenerationOutput | None] = [None] * len(requests)
         todo = list(range(len(requests)))

@@ -23,6 +23,17 @@ from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
 from vagent.models.generation import GenerationOutput, GenerationRequest, SamplingParams
+from vagent.runs.errors import TrainingError
+
+
+class NoReplicaLeft(TrainingError):
+    """Every engine replica is dead (died, or stuck past its deadline and killed): the run stops; the
+    message names each replica's fate and the deadline to raise if they were only slow."""
+
+
+class ReplicaLost(RuntimeError):
+    """A replica asked by index (``generate_on``, ``replica_logprobs``) died during the call; it is
+    marked dead, so routing skips it from then on."""
 
 
 class PushGate:
@@ -73,7 +84,7 @@ class EngineReplica:
     """One replica (the body of the Ray actor): a model copy, its HFEngine, a batching front."""
 
     def __init__(self, model: Any, encoder: Any, prefix_cache: bool = True, threads: int = 1,
-                 max_batch: int = 64) -> None:
+                 max_batch: int = 64, interrupt: bool = False) -> None:
         import torch
 
         from vagent.models.batching import BatchingEngine
@@ -87,6 +98,8 @@ class EngineReplica:
         self.version = 0
         #: generate calls against weight pushes (module docstring)
         self.gate = PushGate()
+        if interrupt:  # rollout.interrupt: a waiting push stops the running replies between decode steps
+            self.engine.engine.interrupt = lambda: self.gate.pushes_waiting > 0
 
     def ready(self) -> tuple[int, bool]:
         """(this actor's pid, whether its engine needs the raw images)."""
@@ -221,5 +234,5 @@ def token_logprobs(model: Any, input_ids: Sequence[int], n_prompt: int, temperat
         model.train(was_training)
 
 
-__all__ = ["EngineReplica", "VLLMReplica", "PushGate", "adapter_names", "check_adapter_push", "pushed_state",
+__all__ = ["EngineReplica", "VLLMReplica", "PushGate", "NoReplicaLeft", "ReplicaLost", "adapter_names", "check_adapter_push", "pushed_state",
            "token_logprobs"]

@@ -208,6 +208,7 @@ class HFPolicy:
             finish_reason=out.finish_reason,
             usage={"prompt_tokens": len(req.input_ids), "completion_tokens": len(out.token_ids)},
             weights_version=getattr(out, "weights_version", None),
+            token_versions=getattr(out, "token_versions", None),
         )
 
 

@@ -96,8 +96,11 @@ class Reply:
     finish_reason: str = "stop"
     usage: dict[str, int] = field(default_factory=dict)  # prompt_tokens, completion_tokens
     error: str | None = None
-    #: the weights version of the engine that sampled it (engines with pushed weights; else None)
+    #: the weights version of the engine that sampled it (engines with pushed weights; else None):
+    #: its first token's when ``token_versions`` is set
     weights_version: int | None = None
+    #: per sampled token, when the reply spans weights versions (``rollout.interrupt``); else None
+    token_versions: list[int] | None = None
 
 
 @runtime_checkable

@@ -52,8 +52,12 @@ class Turn:
     finish_reason: str = "stop"
     usage: dict[str, int] = field(default_factory=dict)
     #: the weights version that sampled the reply (engines with pushed weights, e.g. RemoteEngine;
-    #: None for an in-process engine, which always has the trainer's current weights)
+    #: None for an in-process engine, which always has the trainer's current weights); its first
+    #: token's when ``token_versions`` is set
     weights_version: int | None = None
+    #: per sampled token, when a push stopped the reply and it continued on the new weights
+    #: (``rollout.interrupt``); None: every token is ``weights_version``
+    token_versions: list[int] | None = None
 
 
 @dataclass

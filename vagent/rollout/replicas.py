@@ -207,7 +207,7 @@ def _new_replicas(cfg: RunConfig, loaded: LoadedModel, model: torch.nn.Module | 
     dtype = None if settings.engine_dtype == "auto" else getattr(torch, settings.engine_dtype)
     return RemoteEngine(model, loaded.encoder, replicas=settings.replicas, prefix_cache=settings.prefix_cache,
                         threads=settings.replica_threads, names=names, dtype=dtype, push_timeout_s=push_s,
-                        generate_timeout_s=generate_s, resources=pinned)
+                        generate_timeout_s=generate_s, resources=pinned, interrupt=settings.interrupt)
 
 
 def _full_model(loaded: LoadedModel, full: dict[str, torch.Tensor] | None,

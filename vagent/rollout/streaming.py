@@ -57,21 +57,25 @@ logger = logging.getLogger(__name__)
 
 def staleness(episodes: Sequence[Episode], step: int) -> dict[str, float]:
     """The batch's staleness against a trainer that made ``step`` updates
-    (:func:`vagent.rl.decoupled.staleness_metrics` on one row per versioned turn, its tokens all of
-    the turn's version; a turn without sampled tokens weighs as one): ``rollout/staleness_min`` /
-    ``_mean`` / ``_max`` and ``rollout/multi_version_frac``. Empty when no turn has a version."""
+    (:func:`vagent.rl.decoupled.staleness_metrics` on one row per versioned turn: each token's
+    version, the turn's unless a push split the reply (``token_versions``); a turn without sampled
+    tokens weighs as one): ``rollout/staleness_min`` / ``_mean`` / ``_max``,
+    ``rollout/multi_version_frac`` and ``rollout/split_replies`` (replies a push stopped and that
+    continued on newer weights: ``rollout.interrupt``). Empty when no turn has a version."""
     import torch
 
     from vagent.rl.decoupled import staleness_metrics
 
-    turns = [(e.traj_id, t.weights_version, max(1, len(t.sampled_token_ids))) for e in episodes for t in e.turns
-             if t.weights_version is not None]
-    if not turns:
+    rows = [(e.traj_id, getattr(t, "token_versions", None) or [t.weights_version] * max(1, len(t.sampled_token_ids)))
+            for e in episodes for t in e.turns if t.weights_version is not None]
+    if not rows:
         return {}
-    width = max(n for _, _, n in turns)
-    versions = torch.tensor([[v] * width for _, v, _ in turns])
-    mask = torch.tensor([[1] * n + [0] * (width - n) for _, _, n in turns])
-    return staleness_metrics(versions, mask, step, torch.tensor([traj for traj, _, _ in turns]))
+    width = max(len(v) for _, v in rows)
+    versions = torch.tensor([v + [v[-1]] * (width - len(v)) for _, v in rows])
+    mask = torch.tensor([[1] * len(v) + [0] * (width - len(v)) for _, v in rows])
+    out = staleness_metrics(versions, mask, step, torch.tensor([traj for traj, _ in rows]))
+    out["rollout/split_replies"] = float(sum(len(set(v)) > 1 for _, v in rows))
+    return out
 
 
 class StreamingDriver(RolloutDriver):

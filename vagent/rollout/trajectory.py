@@ -347,6 +347,7 @@ def record_turn(live: Live, t: int, reply: Reply, stepped: Stepped, max_turns: i
         sampled_token_ids=list(reply.token_ids or []), sampled_logprobs=list(reply.logprobs or []),
         n_images=len(obs.images), finish_reason=reply.finish_reason, usage=dict(reply.usage),
         weights_version=getattr(reply, "weights_version", None),
+        token_versions=getattr(reply, "token_versions", None),
     ))
     assistant = conv.messages[-1]
     live.blocks.append(_Block(conv.messages[-2], assistant, user_segs[-1:], reply_segs))

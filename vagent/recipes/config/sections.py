@@ -178,6 +178,10 @@ class RolloutConfig:
     #: each update and in-flight trajectories continue on them, so a batch's tokens are 0..K updates
     #: old (decoupled PPO corrects it). Needs replicas >= 1 and overlap 0; 0 = off
     max_staleness: int = 0
+    #: streaming with hf replicas: a weight push stops the replies being generated between two decode
+    #: steps, and each continues from its tokens on the new weights (one reply spans versions; every
+    #: token keeps its own log-prob and version). false = a push waits for the running replies
+    interrupt: bool = False
     #: a streaming run's directory (or its rollout_schedule.jsonl) whose recorded schedule (which
     #: weights version sampled each turn) this run follows: same config, same episodes and weights;
     #: null = free-running (the schedule is recorded in this run's directory)
