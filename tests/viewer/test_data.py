@@ -81,3 +81,30 @@ def test_a_turn_shows_the_weights_version_that_sampled_it(tmp_path):
     assert [v["weights_version"] for v in views] == [3] + [4] * (len(ep.turns) - 1)
     rec["turns"][0].pop("weights_version")
     assert turn_view(rec["turns"][0], "frozenlake", {}, [], "")["weights_version"] is None
+    assert all(v["token_versions"] is None for v in views)  # no reply was split by a push
+
+
+def test_a_reply_split_by_a_push_keeps_each_tokens_version_in_the_record_and_the_view(tmp_path):
+    """``rollout.interrupt``: a push stopped the reply and it continued on the next weights; the
+    saved record and the viewer's turn carry the version of each sampled token."""
+    import torch
+
+    from tests.viewer._run import episode
+    from vagent.runs.samples import save_rollouts
+
+    ep = episode(0, 0, 0, torch.Generator().manual_seed(0))
+    turn = ep.turns[0]
+    n = len(turn.sampled_token_ids)
+    assert n >= 2
+    turn.weights_version, turn.token_versions = 2, [2] * (n // 2) + [3] * (n - n // 2)
+    folder = tmp_path / "rollouts"
+    folder.mkdir()
+    rec = json.loads(save_rollouts(folder, 0, [ep], 1, 50.0).read_text().splitlines()[0])
+    assert rec["turns"][0]["token_versions"] == turn.token_versions
+    view = turn_view(rec["turns"][0], "frozenlake", {}, [], "")
+    assert view["weights_version"] == 2 and view["token_versions"] == turn.token_versions
+    from vagent.viewer.files import TURN_TYPES, BadFile, _check_types
+
+    rec["turns"][0]["token_versions"] = "v2"  # a damaged record: refused, naming the field
+    with pytest.raises(BadFile, match="token_versions"):
+        _check_types(rec["turns"][0], TURN_TYPES, "turn 0")

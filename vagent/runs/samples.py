@@ -70,7 +70,8 @@ def episode_record(ep: Any, frames: list[list[str]] | None = None, final_frames:
             "info": _plain(t.info),
             "finish_reason": t.finish_reason,
             "n_sampled_tokens": len(t.sampled_token_ids),
-            "weights_version": t.weights_version,  # every token of the reply was sampled by it
+            "weights_version": t.weights_version,  # the reply's first token's (all of them, unless split)
+            "token_versions": getattr(t, "token_versions", None),  # per token when a push split the reply
         })
     return {
         "env_name": ep.env_name, "env_config": _plain(ep.env_config), "seed": ep.seed,

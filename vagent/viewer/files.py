@@ -64,7 +64,7 @@ RECORD_TYPES = {"turns": (list,), "env_name": _STR, "seed": (int, _NONE), "key":
 TURN_TYPES = {"index": (int,), "reply": _STR, "reward": _NUM, "env_reward": _NUM, "format_ok": (bool, _NONE),
               "parsed": (dict, _NONE), "info": (dict, _NONE), "frames": (list, _NONE), "finish_reason": _STR,
               "reasoning_scores": (dict, _NONE), "reasoning_rewards": (dict, _NONE), "judge_reasons": (dict, _NONE),
-              "weights_version": (int, _NONE)}
+              "weights_version": (int, _NONE), "token_versions": (list, _NONE)}
 PARSED_TYPES = {"actions": (list, _NONE), "error": _STR, "format_ok": (bool, _NONE)}
 
 

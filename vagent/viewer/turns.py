@@ -92,6 +92,7 @@ def turn_view(turn: Mapping[str, Any], env_name: str, env_config: Mapping[str, A
         "reward_parts": {"env": env_r - (fmt or 0.0), "format": fmt, "judge": sum(j["reward"] for j in judge)},
         "judge": judge, "info": turn.get("info") or {}, "tokens": None,
         "weights_version": turn.get("weights_version"),
+        "token_versions": turn.get("token_versions"),
     }
 
 

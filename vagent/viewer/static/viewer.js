@@ -327,8 +327,10 @@ function renderTurn(key, ep, t) {
     : el("span", { class: "badge warn", text: `format error${t.format_error ? ": " + t.format_error : ""}` }),
   t.actions.length ? el("span", { class: "badge", text: "actions: " + t.actions.join(", ") }) : null,
   t.finish_reason && t.finish_reason !== "stop" ? el("span", { class: "badge warn", text: `finish: ${t.finish_reason}` }) : null,
-  t.weights_version != null ? el("span", { class: "badge", text: `weights v${t.weights_version}`,
-    title: "the weights version that sampled every token of this reply (engines with pushed weights)" }) : null);
+  t.token_versions ? el("span", { class: "badge warn", text: `weights v${t.token_versions[0]}→v${t.token_versions[t.token_versions.length - 1]}, split at token ${t.token_versions.findIndex((v) => v !== t.token_versions[0])}`,
+    title: "a weight push stopped this reply and it continued on the new weights (rollout.interrupt): hover a reply token for the version that sampled it" })
+    : t.weights_version != null ? el("span", { class: "badge", text: `weights v${t.weights_version}`,
+      title: "the weights version that sampled every token of this reply (engines with pushed weights)" }) : null);
   let body;
   // a text env's board is in its observation: shown in full, not only inside the collapsed prompt
   const seen = !t.images.length && t.observation
@@ -347,7 +349,12 @@ function renderTurn(key, ep, t) {
     det.addEventListener("toggle", () => {  // built when opened: long prompts stay out of the DOM
       if (det.open && det.childElementCount === 1) det.append(el("div", { class: "tokens" }, tokenRun(key, td, r, ctx[0], cut)));
     }, { once: false });
-    body = [det, el("div", { class: "tokens reply-block" }, tokenRun(key, td, r, cut, ctx[1]), tokenRun(key, td, r, reply[0], reply[1]))];
+    const replyToks = tokenRun(key, td, r, reply[0], reply[1]);
+    replyToks.forEach((s, i) => {  // the version that sampled each reply token (engines with pushed weights)
+      const v = t.token_versions ? t.token_versions[i] : t.weights_version;
+      if (v != null && td.rows[r].mask[reply[0] + i]) s.dataset.v = v;
+    });
+    body = [det, el("div", { class: "tokens reply-block" }, tokenRun(key, td, r, cut, ctx[1]), replyToks)];
   } else {
     body = [el("details", { class: "prompt" }, el("summary", { text: "prompt (text)" }), el("pre", { text: t.prompt })),
       el("pre", { class: "plain reply-block", text: t.reply })];
@@ -467,6 +474,7 @@ function tooltip(ev) {
     `advantage              ${signed(v("advantages"), 4)}`,
     `return                 ${td.fields.includes("returns") ? fmt(v("returns"), 4) : "—"}`,
   ];
+  if (t.dataset.v !== undefined) lines.push(`weights version        v${t.dataset.v} (sampled it)`);
   tip.textContent = lines.join("\n");
   tip.hidden = false;
   tip.style.left = Math.min(ev.clientX + 12, window.innerWidth - 380) + "px";
