@@ -99,6 +99,8 @@ def test_the_env_host_cut_off_mid_run_moves_its_episodes_or_stops_naming_it(clus
         assert all(r["rollout/errors"] == 0 for r in records), "an episode was lost when its env host went"
         assert "env session(s) were restored by replay on a live env server" in log, log[-3000:]
         assert served1.get("service/sessions_created", 0) >= 1, served1
+        # moved within the deadlines (3 tries of timeout_s), not the OS's connect timeout (~2 min)
+        assert waited < 3 * TIMEOUT_S + 60, f"the run ended {waited:.0f} s after the cut"
     else:
         assert code == 1 and "Traceback" not in log, log[-4000:]
         (line,) = [ln for ln in log.splitlines() if ln.startswith("error:")]
