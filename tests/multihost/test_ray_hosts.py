@@ -252,12 +252,12 @@ def test_the_link_to_host1_cut_during_a_generate_or_a_push_ends_at_its_timeout(c
     assert not left1, f"replica processes of the ended run still on host1 {gone_s:.0f} s after its link came back"
     if during == "generate":
         assert run.returncode == 0, text[-4000:]
-        # the timeout, not Ray's node health check (15 s or more), caught the cut-off replica
+        # the timeout caught the cut-off replica (one Ray's node health check declared dead logs `died (...)`)
         assert "did not answer generate within rollout.generate_timeout_s=10 s (stuck; killed); sending its" in text, \
             text[-3000:]
         records = metrics(next((tmp_path / "runs").iterdir()))
         assert len(records) == 2 and records[-1]["rollout/batch_tokens"] > 0, records
-        assert waited < 400
+        assert waited < generate_s + 60, f"the run ended {waited:.0f} s after the cut (generate timeout {generate_s} s)"
     else:
         assert run.returncode == 1 and "Traceback" not in text, text[-4000:]
         assert "error: every engine replica is dead (" in text and "the weight push of version 1 reached none" in text, text[-3000:]

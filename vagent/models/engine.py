@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import AbstractSet, Any, Callable, Sequence
 
 import torch
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
@@ -178,7 +178,7 @@ class HFEngine:
         return self._outputs(generated, logprobs, params)
 
     def _outputs(self, generated: list[list[int]], logprobs: list[list[float]],
-                 params: SamplingParams, stopped: set[int] = frozenset()) -> list[GenerationOutput]:  # type: ignore[assignment]
+                 params: SamplingParams, stopped: AbstractSet[int] = frozenset()) -> list[GenerationOutput]:
         results = []
         for k, (row, lps) in enumerate(zip(generated, logprobs)):
             n, reason = cut_reply(row, self.encoder.eos_token_ids, self.decode, params.stop_strings)

@@ -44,7 +44,7 @@ def joined(head: GenerationOutput, tail: GenerationOutput, params: SamplingParam
     if n == len(ids) and tail.finish_reason == INTERRUPTED:
         reason = INTERRUPTED  # stopped again by the next push: continued once more
     ids, lps, versions = ids[:n], lps[:n], versions[:n]
-    spans = len(set(versions)) > 1
+    spans = None not in versions and len(set(versions)) > 1
     return GenerationOutput(ids, lps, reason, decode(ids), versions[0] if versions else head.weights_version,
                             [int(v) for v in versions if v is not None] if spans else None)
 

@@ -59,6 +59,7 @@ import time
 from typing import Any, Mapping, Sequence
 
 from vagent.models.engine import GenerationOutput, GenerationRequest, SamplingParams
+from vagent.models.interrupt import continue_interrupted
 # the actors' bodies and the push helpers live beside this module; importable from here
 from vagent.models.replica_actors import (  # noqa: F401
     EngineReplica, NoReplicaLeft, PushGate, ReplicaLost, VLLMReplica, adapter_names, check_adapter_push, pushed_state,
@@ -407,8 +408,6 @@ class RemoteEngine:
     def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[GenerationOutput]:
         """Route, run on the replicas in parallel, retry a dead replica's requests elsewhere; replies a
         push stopped (``rollout.interrupt``) continue on the new weights (``vagent.models.interrupt``)."""
-        from vagent.models.interrupt import continue_interrupted
-
         return continue_interrupted(self._routed, requests, params, self._routed(requests, params), self.encoder)
 
     def _routed(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[GenerationOutput]:
