@@ -306,5 +306,6 @@ def test_host1_gone_mid_run_stops_host0_within_the_collective_timeout(cluster, t
         assert waited >= timeout_s - 1, f"host0 stopped after {waited:.1f} s, before dist.timeout_s={timeout_s}"
         assert f"the ranks on other hosts: rank 1 (host {cluster.host(1).address})" in text, text[-4000:]
     else:
-        assert f"Connection closed by peer [{cluster.host(1).address}]" in text, "host0's error does not name host1"
+        # gloo words a lost peer as "Connection closed by peer [ADDR]" or "Read error [ADDR]:PORT:
+        # Connection reset by peer", by timing; vagent's own line names the host either way
         assert f": rank 1 (host {cluster.host(1).address}) closed the connection" in text, text[-4000:]
