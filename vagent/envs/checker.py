@@ -23,13 +23,13 @@ It checks (in this order):
    ``reset`` works again afterwards; ``close()`` twice is fine.
 
 The scripted replies use the env's solver (``optimal_actions``) when it has one, else cycle over
-its ``action_names``, rendered in its reasoning format with ``formats.render_response``.
+its ``action_names``, rendered in its reasoning format with ``formats.render_response``
+(:mod:`vagent.envs.digest`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -41,7 +41,8 @@ from typing import Any, Callable
 
 from vagent.config import field_docs
 from vagent.envs.base import IMAGE_PLACEHOLDER, Env, EnvError, EpisodeOverError, Observation, StepResult
-from vagent.envs.formats import FORMATS, render_response
+# the scripted episodes and their digests live beside this module; importable from here
+from vagent.envs.digest import config_value, episode_digest, scripted_reply  # noqa: F401
 
 DOCSTRING_SECTIONS = ("Action format", "Observation", "Rewards", "Episode end", "Arguments", "Version")
 REQUIRED_INFO_BOOLS = ("format_ok", "action_is_valid", "success")
@@ -65,67 +66,14 @@ def _fail(env_name: str, what: str, fix: str) -> EnvCheckError:
 
 
 # ---------------------------------------------------------------------------------------------
-# Scripted episodes and digests (also run in the subprocess)
+# The digests of a fresh process (scripted episodes: vagent.envs.digest)
 # ---------------------------------------------------------------------------------------------
-
-def _config_value(env: Any, name: str, default: Any) -> Any:
-    return getattr(getattr(env, "config", None), name, default)
-
-
-def scripted_reply(env: Any, turn: int) -> str:
-    """A deterministic reply for ``turn``: solver actions, else cycling ``action_names``."""
-    fmt = _config_value(env, "format", "grounding_worldmodeling")
-    fmt = fmt if fmt in FORMATS else "grounding_worldmodeling"
-    max_actions = int(_config_value(env, "max_actions_per_turn", 1))
-    actions: list[str] = []
-    if callable(getattr(env, "optimal_actions", None)):
-        actions = list(env.optimal_actions())[:max_actions]
-    names = list(getattr(env, "action_names", ()) or ())
-    if not actions and names:
-        actions = [names[(turn * 3 + i) % len(names)] for i in range(min(max_actions, 2))]
-    if not actions:
-        return "<answer></answer>"
-    answer = getattr(env, "action_sep", ",").join(actions)
-    text = "the checker describes the state"
-    return render_response(fmt, {"think": text, "observation": text, "reasoning": text, "prediction": text,
-                                 "answer": answer})
-
-
-def _obs_digest(h: "hashlib._Hash", obs: Observation) -> None:
-    h.update(obs.text.encode("utf-8", errors="surrogatepass"))
-    for im in obs.images:
-        h.update(f"{im.mode}{im.size}".encode())
-        h.update(im.tobytes())
-
-
-def _json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, default=repr)
-
-
-def episode_digest(env: Any, seed: int, n_steps: int) -> str:
-    """sha256 of one scripted episode: observations (text and pixels), states, rewards, flags, infos."""
-    h = hashlib.sha256()
-    obs, info = env.reset(seed)
-    _obs_digest(h, obs)
-    h.update(_json(info).encode())
-    h.update(_json(env.state()).encode())
-    h.update(env.system_prompt().encode())
-    for turn in range(n_steps):
-        res = env.step(scripted_reply(env, turn))
-        _obs_digest(h, res.obs)
-        h.update(repr((float(res.reward), res.terminated, res.truncated)).encode())
-        h.update(_json(res.info).encode())
-        h.update(_json(env.state()).encode())
-        if res.terminated or res.truncated:
-            break
-    return h.hexdigest()
-
 
 _SUBPROCESS_CODE = """
 import importlib, json, sys
 importlib.import_module(sys.argv[1])
 from vagent.envs import make
-from vagent.envs.checker import episode_digest
+from vagent.envs.digest import episode_digest
 urls = json.loads(sys.argv[6])
 if urls:  # an env registered only on its server: a new RemoteEnv (token from VAGENT_SERVICE_TOKEN)
     from vagent.service.client import RemoteEnv
@@ -199,7 +147,7 @@ def _check_observation(obs: Any, env: Any, name: str, where: str) -> None:
     for im in obs.images:
         if im.mode != "RGB":
             raise _fail(name, f"{where}: an image has mode {im.mode!r}.", "convert it with image.convert('RGB').")
-    render = _config_value(env, "render", None)
+    render = config_value(env, "render", None)
     if render == "text" and obs.images:
         raise _fail(name, f"{where}: render='text' but the observation has {len(obs.images)} image(s).",
                     "with render='text' show the state as text only.")

@@ -5,7 +5,7 @@ Each replica is a Ray actor holding its own copy of the policy and a ``BatchingE
 ``HFPolicy`` calls ``RemoteEngine`` instead of an in-process engine: token ids and pixels in,
 ``GenerationOutput`` out; the policy keeps the conversations.
 
-Routing (``generate``):
+Routing (``generate``; the routing state is a :class:`~vagent.models.replica_routing.ReplicaTable`):
 
 - a request with a ``key`` (the rollout sets the trajectory id) goes to the replica that served
   that key before, so a trajectory's turns meet their own KV cache (prefix reuse);
@@ -45,163 +45,37 @@ use a cluster started with ``ray start`` (replicas on other hosts); ``resources`
 resources each replica requires, ``rollout.replica_resources``) pins the replicas to the nodes
 started with them (``ray start --resources '{"vagent_replica": 2}'``).
 
-Ray is an optional extra (``pip install 'vagent[ray]'``), imported when a ``RemoteEngine`` is built.
-``start_ray`` starts a small local cluster with settings measured on a 2-core machine (256 MB
-object store, no dashboard, token auth off for a loopback cluster).
+The Ray cluster the replicas run in (``start_ray``, ``join_ray``, the actors' options) is
+:mod:`vagent.models.ray_cluster`; its names are importable from here too.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import threading
 import time
 from typing import Any, Mapping, Sequence
 
 from vagent.models.engine import GenerationOutput, GenerationRequest, SamplingParams
 from vagent.models.interrupt import continue_interrupted
+# the cluster the replicas run in lives beside this module; importable from here (old private names too)
+from vagent.models.ray_cluster import (  # noqa: F401
+    NAMESPACE, RAY_HINT, _kill_own_ray_processes, actor_resources, import_ray, join_ray, ray_session_processes,
+    replica_options, running_ray, start_ray,
+)
+from vagent.models.ray_cluster import replica_options as _replica_options  # noqa: F401
 # the actors' bodies and the push helpers live beside this module; importable from here
 from vagent.models.replica_actors import (  # noqa: F401
     EngineReplica, NoReplicaLeft, PushGate, ReplicaLost, VLLMReplica, adapter_names, check_adapter_push, pushed_state,
     token_logprobs,
 )
+from vagent.models.replica_routing import ReplicaTable
 
 logger = logging.getLogger(__name__)
 
-RAY_HINT = "pip install 'vagent[ray]'"
-#: Ray namespace of named replicas (shared by the ranks of a job)
-NAMESPACE = "vagent"
 #: default seconds a weight push (and the replicas' start) may take: ``rollout.push_timeout_s``
 PUSH_TIMEOUT_S = 600.0
 #: default seconds a replica may take to answer a generate call: ``rollout.generate_timeout_s``
 GENERATE_TIMEOUT_S = 1800.0
-
-
-def import_ray() -> Any:
-    """``import ray``, or an ImportError naming the pip install that fixes it."""
-    try:
-        import ray
-    except ImportError as exc:
-        raise ImportError(f"engine replicas run as Ray actors, and Ray is not installed: {RAY_HINT} "
-                          "(or set rollout.replicas: 0 to generate in the training process)") from exc
-    return ray
-
-
-def start_ray(num_cpus: int | None = None, object_store_mb: int = 256, *, num_gpus: int | None = None,
-              tries: int = 5, **kwargs: Any) -> Any:
-    """Start (or join, when already started) a local Ray cluster; returns the ``ray`` module.
-
-    Token auth is turned off (``RAY_AUTH_MODE=disabled``) unless the caller set it: the cluster
-    listens on loopback only and Ray 2.60 would otherwise write a token file. On a busy machine
-    Ray's raylet may not register within Ray's fixed 30 s: the start is then tried again (``tries``
-    times in all), after killing the failed attempt's processes. Call ``ray.shutdown()`` when done
-    (``RemoteEngine.close(shutdown=True)`` does).
-
-    No Ray process outlives this process (:mod:`vagent.models.ray_reaper`): a started cluster's
-    session folder is marked with this driver, a watchdog process kills what is left of it when
-    this process ends (a SIGKILL included), and every start first kills the leftovers of marked
-    sessions whose driver has ended (the crashed run a resume follows).
-    """
-    ray = import_ray()
-    if ray.is_initialized():
-        return ray
-    if os.environ.get("RAY_ADDRESS"):  # a cluster the user started (`ray start --head` on several hosts)
-        join_ray(os.environ["RAY_ADDRESS"])
-        return ray
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    _reap_and_watch(kwargs.get("_temp_dir"))
-    from vagent.omp import without_own_wait_settings
-
-    for attempt in range(1, tries + 1):
-        try:
-            with without_own_wait_settings():  # the cluster's workers inherit none; each replica decides
-                ray.init(num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False,
-                         object_store_memory=object_store_mb * 2**20, log_to_driver=False, configure_logging=False,
-                         **kwargs)
-            _mark_own_session()
-            return ray
-        except Exception as exc:  # Ray raises a bare Exception for the startup timeout
-            ray.shutdown()
-            _kill_own_ray_processes()  # the failed start's GCS, monitor and dashboard (ray.shutdown leaves them)
-            if "timed out during startup" not in str(exc) or attempt == tries:
-                raise RuntimeError(f"the local Ray cluster did not start ({exc}); on a busy machine try again when "
-                                   "the load is lower, or start one yourself (`ray start --head`) and set "
-                                   "RAY_ADDRESS") from exc
-            logger.warning("the local Ray cluster did not start in time (attempt %d of %d); trying again",
-                           attempt, tries)
-    raise AssertionError("unreachable")
-
-
-def ray_session_processes(driver_pid: int) -> list[Any]:
-    """The live processes (``psutil.Process``) of the local Ray cluster that the process
-    ``driver_pid`` started (:func:`vagent.models.ray_reaper.ray_session_processes`: Ray names the
-    session folder after that driver, ``session_<time>_<pid>``; its daemons name it in their command
-    lines, and every process of the cluster, the retitled ``ray::`` workers and agents too, holds
-    its log files open)."""
-    from vagent.models.ray_reaper import ray_session_processes as found
-
-    return found(driver_pid)
-
-
-def _reap_and_watch(temp_dir: str | None) -> None:
-    """Before this process starts a local cluster: kill the leftovers of crashed drivers' marked
-    sessions, and start this process's watchdog (see :mod:`vagent.models.ray_reaper`)."""
-    from vagent.models.ray_reaper import reap_dead_sessions, start_watchdog
-
-    if temp_dir is None:
-        try:
-            from ray._common.utils import get_default_ray_temp_dir
-
-            temp_dir = get_default_ray_temp_dir()
-        except ImportError:  # another Ray layout: /tmp/ray is Ray's default
-            import tempfile
-
-            temp_dir = os.path.join(tempfile.gettempdir(), "ray")
-    sessions, n = reap_dead_sessions(temp_dir)
-    if n:
-        logger.warning("killed %d leftover process(es) of Ray session(s) %s, whose vagent driver ended without "
-                       "stopping them (a crashed run)", n, ", ".join(sessions))
-    start_watchdog()
-
-
-def _mark_own_session() -> None:
-    """Mark the session folder of the cluster this process just started as this driver's."""
-    from vagent.models.ray_reaper import mark_session
-
-    try:
-        from ray._private import worker
-
-        session_dir = worker._global_node.get_session_dir_path()
-    except (ImportError, AttributeError):  # another Ray layout: the watchdog still covers this driver
-        return
-    mark_session(session_dir)
-
-
-def _kill_own_ray_processes() -> None:
-    """SIGKILL the processes of this process's own Ray sessions (the agents of a raylet that
-    crashed are orphans by then, so children() alone misses them)."""
-    import psutil
-
-    for proc in ray_session_processes(os.getpid()):
-        try:
-            proc.kill()
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-
-
-def join_ray(address: str) -> bool:
-    """Connect this process to the running Ray cluster at ``address`` (another rank's, or the one in
-    ``RAY_ADDRESS``); returns whether it connected now (False: it already was)."""
-    ray = import_ray()
-    if ray.is_initialized():
-        return False
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    try:
-        ray.init(address=address, log_to_driver=False, configure_logging=False)
-    except ConnectionError as exc:
-        raise ConnectionError(f"could not join the Ray cluster at {address!r} ({exc}); is it running and reachable "
-                              "from this host? (`ray status --address ...` there)") from exc
-    return True
 
 
 def _left(deadline: float) -> float:
@@ -250,8 +124,8 @@ class RemoteEngine:
                  names: Sequence[str] | None = None, dtype: Any = None, push_timeout_s: float = PUSH_TIMEOUT_S,
                  generate_timeout_s: float = GENERATE_TIMEOUT_S, resources: Mapping[str, float] | None = None,
                  interrupt: bool = False):
-        named = _replica_options(replicas, names, resources)
-        ray = _running_ray()
+        named = replica_options(replicas, names, resources)
+        ray = running_ray()
         actor = ray.remote(EngineReplica)
         model_ref = ray.put(_cpu_copy(model, dtype))
         handles = [actor.options(num_cpus=num_cpus, max_concurrency=max_concurrency, **kw).remote(
@@ -266,7 +140,7 @@ class RemoteEngine:
         of a job use rank 0's replicas). It routes and retries like the owner (and kills a replica
         it finds stuck, so that every process sees it dead); ``close()`` leaves the replicas to
         their owner."""
-        ray = _running_ray()
+        ray = running_ray()
         try:
             handles = [ray.get_actor(n, namespace=NAMESPACE) for n in names]
         except ValueError as exc:
@@ -285,8 +159,8 @@ class RemoteEngine:
         ``model_dir`` with ``VLLMEngine(**engine_kwargs)``; they start at the same time. ``num_gpus``:
         GPUs Ray gives each replica (1 on a GPU cluster: one vLLM per GPU; 0 for vLLM's CPU build);
         ``resources``: Ray custom resources each requires, as in the constructor."""
-        named = _replica_options(replicas, names, resources)
-        ray = _running_ray()
+        named = replica_options(replicas, names, resources)
+        ray = running_ray()
         actor = ray.remote(VLLMReplica)
         handles = [actor.options(num_cpus=num_cpus, num_gpus=num_gpus, max_concurrency=max_concurrency, **kw).remote(
             str(model_dir), encoder, dict(engine_kwargs)) for kw in named]
@@ -300,10 +174,9 @@ class RemoteEngine:
                resources: Mapping[str, float] | None = None) -> None:
         self._ray, self.encoder, self.replicas, self.owner = ray, encoder, handles, owner
         #: the Ray custom resources each replica required (empty: none, or attached replicas)
-        self.resources = _resources(resources)
+        self.resources = actor_resources(resources)
         #: (seconds a push or the start may take, seconds a generate call may take)
         self.push_timeout_s, self.generate_timeout_s = (float(t) for t in timeouts)
-        replicas = len(handles)
         ready = self._wait_ready()
         self.pids = [pid for pid, _ in ready]
         #: the replicas' engines take the raw images (vLLM runs its own image processor)
@@ -312,16 +185,13 @@ class RemoteEngine:
         self.takes_merged_weights = self.needs_images
         #: vLLM replicas built with lora_rank: a LoRA policy pushes its adapter (``update_adapter``)
         self.takes_adapters = False
-        self._lock = threading.Lock()
-        self._alive = [True] * replicas
-        #: why each dead replica is dead (one clause each, for the error when none is left)
-        self._fate: list[str | None] = [None] * replicas
-        self._outstanding = [0] * replicas
-        self._home: dict[Any, int] = {}
+        #: the live replicas, each key's home, the requests outstanding (:mod:`vagent.models.replica_routing`)
+        self._table = ReplicaTable(self.pids)
+        self._home, self._outstanding = self._table.home, self._table.outstanding  # read by the tests
         #: trainer-side weights version: the number of ``update_weights`` pushes
         self.weights_version = 0
         #: counters since construction (``retried_requests``: sent again after their replica died)
-        self.stats = {"requests": 0, "retried_requests": 0, "dead_replicas": 0}
+        self.stats = self._table.stats
 
     def _wait_ready(self) -> list[tuple[int, bool]]:
         """Each replica's ``ready()``, all within ``push_timeout_s``; else (a replica still starting,
@@ -351,59 +221,17 @@ class RemoteEngine:
         return out
 
     # ------------------------------------------------------------------ routing
-    def _route(self, requests: Sequence[GenerationRequest]) -> list[int]:
-        """A live replica per request (key affinity, else fewest outstanding); counts them outstanding."""
-        with self._lock:
-            live = [i for i, ok in enumerate(self._alive) if ok]
-            if not live:
-                raise NoReplicaLeft(self._none_left("the rollout cannot continue"))
-            chosen = []
-            for r in requests:
-                home = self._home.get(r.key) if r.key is not None else None
-                if home is None or not self._alive[home]:
-                    home = min(live, key=lambda i: (self._outstanding[i], i))
-                    if r.key is not None:
-                        self._home[r.key] = home
-                self._outstanding[home] += 1
-                chosen.append(home)
-            return chosen
-
-    def _release(self, replica: int, n: int) -> None:
-        with self._lock:
-            self._outstanding[replica] -= n
-
-    def _mark_dead(self, replica: int, fate: str, n_requests: int) -> None:
-        """Route nothing more to ``replica``; ``fate``: what happened to it (a clause, logged)."""
-        with self._lock:
-            if self._alive[replica]:
-                self._alive[replica] = False
-                self._fate[replica] = fate
-                self.stats["dead_replicas"] += 1
-            self.stats["retried_requests"] += n_requests
-        logger.warning("engine replica %d (pid %s) %s; sending its %d request(s) to the other replicas",
-                       replica, self.pids[replica], fate, n_requests)
-
     def _drop_stuck(self, replica: int, call: str, setting: str, timeout_s: float, n_requests: int) -> str:
         """Mark ``replica`` dead for not answering ``call`` within ``timeout_s`` (``setting``), then
         kill its actor: a stuck replica frees its resources and never answers later (with stale
         weights, after a missed push); returns the clause that says so."""
         fate = f"did not answer {call} within {setting}={timeout_s:g} s (stuck; killed)"
-        self._mark_dead(replica, fate, n_requests)
+        self._table.mark_dead(replica, fate, n_requests)
         try:
             self._ray.kill(self.replicas[replica], no_restart=True)
         except Exception as exc:  # noqa: BLE001 -- already gone (its host lost): dead either way; logged
             logger.warning("killing stuck engine replica %d failed: %s", replica, exc)
         return f"engine replica {replica} (pid {self.pids[replica]}) {fate}"
-
-    def _none_left(self, what: str) -> str:
-        """The one-line error when no replica is left: each replica's fate and the timeouts to raise."""
-        fates = "; ".join(f"replica {i} {f or 'died'}" for i, f in enumerate(self._fate))
-        slow = sorted({s for s in ("rollout.push_timeout_s", "rollout.generate_timeout_s")
-                       if any(s in (f or "") for f in self._fate)})
-        hint = (f" If the replicas were only slow (a large push on a slow link, a long generate on a slow "
-                f"machine), raise {' / '.join(slow)} (seconds; docs/distributed.md, 'Timeouts of remote calls')."
-                if slow else "")
-        return f"every engine replica is dead ({fates}); {what}.{hint}"
 
     def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[GenerationOutput]:
         """Route, run on the replicas in parallel, retry a dead replica's requests elsewhere; replies a
@@ -416,7 +244,7 @@ class RemoteEngine:
         todo = list(range(len(requests)))
         self.stats["requests"] += len(requests)
         while todo:
-            homes = self._route([requests[i] for i in todo])
+            homes = self._table.route([requests[i] for i in todo])
             groups: dict[int, list[int]] = {}
             for i, h in zip(todo, homes):
                 groups.setdefault(h, []).append(i)
@@ -428,7 +256,7 @@ class RemoteEngine:
                 try:
                     outs = ray.get(ref, timeout=_left(deadline))
                 except _dead_errors(ray) as exc:
-                    self._mark_dead(h, f"died ({type(exc).__name__})", len(groups[h]))
+                    self._table.mark_dead(h, f"died ({type(exc).__name__})", len(groups[h]))
                     todo += groups[h]
                     continue
                 except ray.exceptions.GetTimeoutError:
@@ -437,7 +265,7 @@ class RemoteEngine:
                     todo += groups[h]
                     continue
                 finally:
-                    self._release(h, len(groups[h]))
+                    self._table.release(h, len(groups[h]))
                 for i, out in zip(groups[h], outs):
                     results[i] = out
             todo.sort()
@@ -474,18 +302,18 @@ class RemoteEngine:
         ray = self._ray
         version = self.weights_version + 1 if version is None else int(version)
         refs_in = [ray.put(a) for a in ray_args]
-        live = [i for i, ok in enumerate(self._alive) if ok]
+        live = self._table.live()
         refs = {i: getattr(self.replicas[i], method).remote(*refs_in, version) for i in live}
         deadline = time.monotonic() + self.push_timeout_s  # the pushes run at once: one deadline
         for i, ref in refs.items():
             try:
                 ray.get(ref, timeout=_left(deadline))
             except _dead_errors(ray) as exc:
-                self._mark_dead(i, f"died ({type(exc).__name__}) during the weight push", 0)
+                self._table.mark_dead(i, f"died ({type(exc).__name__}) during the weight push", 0)
             except ray.exceptions.GetTimeoutError:
                 self._drop_stuck(i, f"the weight push ({method})", "rollout.push_timeout_s", self.push_timeout_s, 0)
-        if not any(self._alive):
-            raise NoReplicaLeft(self._none_left(f"the weight push of version {version} reached none"))
+        if not any(self._table.alive):
+            raise NoReplicaLeft(self._table.none_left(f"the weight push of version {version} reached none"))
         self.weights_version = version
         return version
 
@@ -506,7 +334,7 @@ class RemoteEngine:
     def replica_stats(self) -> list[dict | None]:
         """Each replica's counters (None for a dead one); within ``generate_timeout_s`` each, or a
         TimeoutError, as ``generate_on``."""
-        refs = {i: r.stats.remote() for i, r in enumerate(self.replicas) if self._alive[i]}
+        refs = {i: r.stats.remote() for i, r in enumerate(self.replicas) if self._table.alive[i]}
         return [self._answer(i, refs[i], "stats") if i in refs else None for i in range(len(self.replicas))]
 
     def _answer(self, replica: int, ref: Any, call: str) -> Any:
@@ -520,13 +348,13 @@ class RemoteEngine:
             raise TimeoutError(f"{why}; if it is only slow, raise rollout.generate_timeout_s (seconds; "
                                "docs/distributed.md, 'Timeouts of remote calls')") from None
         except _dead_errors(self._ray) as exc:
-            self._mark_dead(replica, f"died ({type(exc).__name__}) during {call}", 0)
+            self._table.mark_dead(replica, f"died ({type(exc).__name__}) during {call}", 0)
             raise ReplicaLost(f"engine replica {replica} (pid {self.pids[replica]}) died during {call}: "
                               f"{type(exc).__name__}") from None
 
     @property
     def alive(self) -> list[bool]:
-        return list(self._alive)
+        return list(self._table.alive)
 
     def kill_replica(self, replica: int) -> None:
         """Kill a replica's actor (failure drills and tests); routing notices on its next call."""
@@ -536,46 +364,14 @@ class RemoteEngine:
         """Kill the replicas this engine created (an attached one leaves them to their owner), and
         ``ray.shutdown()`` when ``shutdown``."""
         for i, r in enumerate(self.replicas):
-            if self._alive[i] and self.owner:
+            if self._table.alive[i] and self.owner:
                 try:
                     self._ray.kill(r, no_restart=True)
                 except Exception as exc:  # noqa: BLE001 -- closing must go on; logged
                     logger.warning("killing engine replica %d failed: %s", i, exc)
-            self._alive[i] = False
+            self._table.alive[i] = False
         if shutdown:
             self._ray.shutdown()
-
-
-def _resources(resources: Mapping[str, float] | None) -> dict[str, float]:
-    """``resources`` as Ray's ``resources`` actor option (names to float quantities; {} for None)."""
-    return {str(k): float(v) for k, v in (resources or {}).items()}
-
-
-def _replica_options(replicas: int, names: Sequence[str] | None,
-                     resources: Mapping[str, float] | None = None) -> list[dict]:
-    """Each replica's extra actor options (a name in vagent's namespace when ``names`` is given;
-    the OpenMP wait settings of a process vagent starts, :func:`vagent.omp.child_wait_env`, in its
-    runtime env; the Ray custom ``resources`` it requires, which pin it to the nodes that offer
-    them), after checking the count."""
-    from vagent.omp import child_wait_env
-
-    if replicas < 1:
-        raise ValueError(f"RemoteEngine needs replicas >= 1, got {replicas}")
-    if names is not None and len(names) != replicas:
-        raise ValueError(f"RemoteEngine: {len(names)} names for {replicas} replicas")
-    runtime_env = {"env_vars": child_wait_env(os.environ)}  # decided once, as the replicas start
-    each: list[str | None] = list(names) if names is not None else [None] * replicas
-    pinned = {"resources": _resources(resources)} if resources else {}
-    return [{"runtime_env": runtime_env, **pinned, **({} if n is None else {"name": n, "namespace": NAMESPACE})}
-            for n in each]
-
-
-def _running_ray() -> Any:
-    ray = import_ray()
-    if not ray.is_initialized():
-        raise RuntimeError("RemoteEngine needs a running Ray cluster: call "
-                           "vagent.models.remote.start_ray() (or ray.init(...)) first")
-    return ray
 
 
 def _unwrap(model: Any) -> Any:

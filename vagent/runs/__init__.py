@@ -5,6 +5,8 @@ Recipes (``vagent.recipes``) call these small pieces; none of them knows about a
 - :mod:`vagent.runs.rundir`     the run directory layout and step convention, new and resumed runs
 - :mod:`vagent.runs.metrics`    ``metrics.jsonl`` + TensorBoard (+ optional W&B), fixed prefixes
 - :mod:`vagent.runs.checkpoint` atomic checkpoints with RNG states, keep-last-N, exact resume
+- :mod:`vagent.runs.checkpoint_check`  what a checkpoint folder holds and whether it can be trusted
+- :mod:`vagent.runs.checkpoint_select` which checkpoint a resume starts from (identity, lineage, in-flight)
 - :mod:`vagent.runs.manifest`   checkpoint manifests (size + SHA-256 of each file), writer locks, stale folders
 - :mod:`vagent.runs.samples`    sampled rollouts as JSONL + PNG frames, size-capped
 - :mod:`vagent.runs.tokens`     the sampled rows' tokens, masks, log-probs, values, advantages (``vagent view``)

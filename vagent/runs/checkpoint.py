@@ -41,6 +41,11 @@ A job of several ranks (torchrun) writes the sharded layout instead (:func:`_sav
 
 A sharded checkpoint resumes with any number of ranks, one included (DCP re-shards on load); a
 one-process checkpoint resumes in one process.
+
+This module saves and loads; the checks (:func:`check_checkpoint`, :class:`CheckpointError`,
+:func:`list_checkpoints`) are in :mod:`vagent.runs.checkpoint_check`, the choice of the checkpoint
+a resume starts from (:func:`select_checkpoint`) in :mod:`vagent.runs.checkpoint_select`; their
+names are importable from here too.
 """
 
 from __future__ import annotations
@@ -50,69 +55,41 @@ import os
 import re
 import shutil
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
-from vagent.runs.errors import DiskFullError, TrainingError, is_disk_full
-from vagent.runs.dcp_state import module_of, sharded_state
-from vagent.runs.identity import (
-    CHECKPOINT_FILE, RUN_FILES, IdentityError, RunIdentity, checkpoint_identity, in_flight_problem,
-    read_checkpoint_identity, read_run_identity, run_file_problem, run_files_problem,
+from vagent.runs.checkpoint_check import (
+    PHASES, CheckpointError, check_checkpoint, damaged_message, first_line, list_checkpoints, read_state,
 )
+from vagent.runs.dcp_state import module_of, sharded_state
+from vagent.runs.errors import DiskFullError, is_disk_full
+from vagent.runs.identity import CHECKPOINT_FILE, RUN_FILES, IdentityError, checkpoint_identity, read_run_identity
 from vagent.runs.manifest import (
-    MANIFEST, WriterLock, check_zip_files, file_sha256, fsync_dir, read_manifest, remove_stale_temporaries,
-    replace_folder, verify_manifest, write_manifest,
+    MANIFEST, WriterLock, file_sha256, read_manifest, remove_stale_temporaries, replace_folder, write_manifest,
 )
 from vagent.runs.rng import capture_rng, restore_rng
-from vagent.runs.safe_load import (
-    LEGACY_RNG, RECORDS, UnsafeFileError, data_problem, load_data, load_dcp, load_pickle_data,
+from vagent.runs.safe_load import LEGACY_RNG, RECORDS, UnsafeFileError, data_problem, load_data, load_dcp
+
+# importable from here as before: the checks, the choice of the checkpoint a resume starts from, and
+# what this module imported from its neighbours
+from vagent.runs.checkpoint_check import STATE_KEYS, _VERIFIED, CheckpointInfo, is_verified  # noqa: F401
+from vagent.runs.checkpoint_select import (  # noqa: F401
+    identity_problem, recorded_run_file, select_checkpoint, trained_from,
 )
-
-PHASES = ("sft", "rl")
-_NAME = re.compile(r"^(sft|step)_(\d{6,})$")
-
-
-class CheckpointError(TrainingError):
-    """A checkpoint cannot be loaded (damaged, truncated, another schema); the message names the
-    file and the intact checkpoints beside it."""
-
-
-#: the keys of ``state.pt`` (the schema ``load_checkpoint`` reads)
-STATE_KEYS = ("phase", "step", "data_position", "rng", "optimizers", "schedulers", "extra")
-
-
-@dataclass(frozen=True)
-class CheckpointInfo:
-    path: Path
-    phase: str
-    step: int
-
-    @property
-    def order(self) -> tuple[int, int]:
-        return (PHASES.index(self.phase), self.step)
+from vagent.runs.errors import TrainingError  # noqa: F401
+from vagent.runs.identity import (  # noqa: F401
+    RunIdentity, in_flight_problem, read_checkpoint_identity, run_file_problem, run_files_problem,
+)
+from vagent.runs.manifest import check_zip_files, fsync_dir, verify_manifest  # noqa: F401
+from vagent.runs.safe_load import load_pickle_data  # noqa: F401
 
 
 def _folder_name(phase: str, step: int) -> str:
     if phase not in PHASES:
         raise ValueError(f"checkpoint phase must be one of {PHASES}, got {phase!r}")
     return f"{'sft' if phase == 'sft' else 'step'}_{step:06d}"
-
-
-def list_checkpoints(ckpt_dir: str | Path) -> list[CheckpointInfo]:
-    """Complete checkpoints in ``ckpt_dir``, oldest first (temporary folders are ignored; a
-    complete one has its manifest, or state.pt when written before manifests)."""
-    d = Path(ckpt_dir)
-    if not d.is_dir():
-        return []
-    out = []
-    for p in d.iterdir():
-        m = _NAME.match(p.name)
-        if m and ((p / MANIFEST).is_file() or (p / "state.pt").is_file()):
-            out.append(CheckpointInfo(p, "sft" if m.group(1) == "sft" else "rl", int(m.group(2))))
-    return sorted(out, key=lambda c: c.order)
 
 
 def save_checkpoint(
@@ -290,8 +267,8 @@ def load_checkpoint(
     if not world().distributed:  # a job's rank 0 checked it when it chose it (vagent.recipes.run)
         problem = check_checkpoint(p)
         if problem is not None:
-            raise CheckpointError(_damaged(p, problem))
-    state = _read_state(p)
+            raise CheckpointError(damaged_message(p, problem))
+    state = read_state(p)
     if (p / "dcp").is_dir():
         return _load_sharded(p, state, modules, optimizers, schedulers, restore_rng_state)
     if world().distributed:
@@ -321,250 +298,11 @@ def _load_into(f: Path, load: Callable[[], Any]) -> None:
     try:
         load()
     except UnsafeFileError as exc:
-        raise CheckpointError(_damaged(f.parent, str(exc))) from None
+        raise CheckpointError(damaged_message(f.parent, str(exc))) from None
     except (RuntimeError, ValueError, KeyError, TypeError, EOFError, OSError, AttributeError,
             IndexError) as exc:
-        raise CheckpointError(_damaged(f.parent, f"{f.name} cannot be loaded into this run's model or optimizer "
-                                                 f"({_first_line(exc)})")) from exc
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"
-
-
-def _read_state(p: Path) -> dict:
-    """``state.pt`` with the schema :data:`STATE_KEYS`; else a CheckpointError naming the file."""
-    state, problem = _state_or_problem(p)
-    if problem is not None:
-        raise CheckpointError(_damaged(p, problem))
-    return state
-
-
-def _state_or_problem(p: Path, mmap: bool = False) -> tuple[Any, str | None]:
-    """(``p/state.pt`` read as data, None), or (None, what is wrong with it). ``mmap``: tensors
-    stay on disk (a schema check)."""
-    try:
-        state = load_data(p / "state.pt", LEGACY_RNG, mmap=mmap)
-    except UnsafeFileError as exc:
-        return None, str(exc)
-    except Exception as exc:  # truncated, empty, not a torch file: whatever torch raises
-        return None, f"state.pt cannot be read ({_first_line(exc)})"
-    missing = [k for k in STATE_KEYS if k not in state] if isinstance(state, dict) else list(STATE_KEYS)
-    if missing or not isinstance(state.get("optimizers"), dict) or not isinstance(state.get("schedulers"), dict):
-        return None, (f"state.pt is not a vagent checkpoint state (missing {missing or 'dicts'}; expected the keys "
-                      f"{list(STATE_KEYS)})")
-    return state, None
-
-
-# ----------------------------------------------------------------------------------------------
-# integrity: which checkpoints can be trusted, and the newest of them
-# ----------------------------------------------------------------------------------------------
-
-_VERIFIED: dict[tuple[str, int, int, str], None] = {}  # manifests verified by this process (a resume verifies once)
-
-
-def check_checkpoint(path: str | Path, under: str = "") -> str | None:
-    """None if checkpoint folder ``path`` is intact; else what is wrong, naming the file. With a
-    manifest: every file's size and SHA-256 (only those under ``under``, e.g. ``policy/`` for an
-    evaluation); without (an older vagent's): each .pt file's CRC-32 and state.pt's schema (nothing
-    for ``under``: the exported policy carries no checksums of its own). Either way (unless
-    ``under``), every pickle in it must be data (:func:`_code_problem`): a manifest proves a file
-    is the one it lists, and anyone who can write the folder can rewrite the manifest."""
-    p = Path(path)
-    m = p / MANIFEST
-    if m.is_file():
-        st = m.stat()
-        key = (str(p.resolve()), st.st_mtime_ns, st.st_size, under)
-        if key in _VERIFIED or (*key[:3], "") in _VERIFIED:
-            return None
-        problem = verify_manifest(p, under) or (None if under else _code_problem(p))
-        if problem is None:
-            _VERIFIED[key] = None
-        return problem
-    if under:
-        return None
-    return check_zip_files(p) or _code_problem(p) or _state_or_problem(p, mmap=True)[1]
-
-
-def _code_problem(p: Path) -> str | None:
-    """None when no pickle in checkpoint ``p`` names a global that vagent does not load (its
-    ``.pt`` files: :data:`~vagent.runs.safe_load.LEGACY_RNG` for state.pt and rng_rank*.pt,
-    :data:`~vagent.runs.safe_load.RECORDS` for the others; ``dcp/.metadata``: DCP's classes); else
-    the file and the global. Nothing is unpickled but ``dcp/.metadata``, by an unpickler that
-    admits DCP's classes only."""
-    for f in sorted(p.glob("*.pt")):
-        problem = data_problem(f, LEGACY_RNG if f.name == "state.pt" or f.name.startswith("rng") else RECORDS)
-        if problem is not None:
-            return problem
-    meta = p / "dcp" / ".metadata"
-    if meta.is_file():
-        try:
-            load_pickle_data(meta, "dcp/.metadata")
-        except UnsafeFileError as exc:
-            return str(exc)
-        except Exception as exc:  # truncated, not a pickle
-            return f"dcp/.metadata cannot be read ({_first_line(exc)})"
-    return None
-
-
-def _damaged(p: Path, problem: str) -> str:
-    intact = [c.path.name for c in list_checkpoints(p.parent) if c.path != p and check_checkpoint(c.path) is None]
-    beside = (f"checkpoints beside it that pass their checks: {', '.join(intact)}; restore {p.name} from a copy of the "
-              f"run directory, or move it out of {p.parent} to resume from {intact[-1]}"
-              if intact else "no intact checkpoint beside it (restore the folder from a copy of the run directory, or "
-              "start a new run with its config: vagent train --config RUN/config.yaml)")
-    return f"checkpoint {p} is damaged: {problem}; {beside}."
-
-
-def is_verified(path: str | Path) -> bool:
-    """Whether checkpoint ``path`` has a manifest (older checkpoints load unverified)."""
-    return (Path(path) / MANIFEST).is_file()
-
-
-def select_checkpoint(ckpt_dir: str | Path, phase: str | None = None, say: Callable[[str], None] = print,
-                      run: RunIdentity | None = None) -> CheckpointInfo | None:
-    """The newest intact checkpoint (of ``phase``, or any) in ``ckpt_dir`` that belongs to ``run``,
-    None if there is none.
-
-    A damaged newer one is reported through ``say`` (which file, what is wrong) and skipped, and so
-    is one that is not this run's state (:func:`identity_problem`: another run's, relabelled, or an
-    RL checkpoint whose SFT checkpoint is gone): the run resumes from the newest one left and
-    writes the later steps again. If every checkpoint is skipped, :class:`CheckpointError` lists
-    them (never a silent start from scratch). A run-level file that the chosen checkpoint recorded
-    (the canary's probe: :func:`run_files_problem`) and that changed since is a CheckpointError
-    too: no other checkpoint would fix it."""
-    found = [c for c in list_checkpoints(ckpt_dir) if phase is None or c.phase == phase]
-    skipped: list[str] = []
-    for c in reversed(found):
-        problem = check_checkpoint(c.path)
-        if problem is not None:
-            skipped.append(f"{c.path.name}: {problem}")
-            say(f"warning: checkpoint {c.path} is damaged ({problem}); it is skipped")
-            continue
-        problem = identity_problem(c, run)
-        if problem is not None:
-            skipped.append(f"{c.path.name}: {problem}")
-            say(f"warning: checkpoint {c.path} is skipped: {problem}")
-            continue
-        if skipped:
-            say(f"warning: resuming from {c.path.name}, the newest intact checkpoint; the steps after it run again")
-        if not is_verified(c.path):
-            say(f"warning: checkpoint {c.path} has no manifest (written by an older vagent): resuming from it "
-                "unverified (its .pt files pass their CRC check)")
-        problem = run_files_problem(c.path)
-        if problem is not None:
-            raise CheckpointError(problem)
-        return c
-    if skipped:
-        raise CheckpointError(f"no intact checkpoint in {ckpt_dir}: " + "; ".join(skipped) + ". Restore the folders "
-                              "from a copy of the run directory, or start a new run with its config (vagent train "
-                              f"--config {Path(ckpt_dir).parent / 'config.yaml'}); nothing in the run was changed.")
-    return None
-
-
-def identity_problem(c: CheckpointInfo, run: RunIdentity | None) -> str | None:
-    """None when checkpoint ``c`` holds the state its folder name says, of run ``run``; else why
-    not. Checked: its ``identity.json`` (run id, config's state hash, phase and step) against the
-    run and the folder name, its ``state.pt`` step against the folder name, its ``inflight.pt``
-    (:func:`_in_flight_problem`) against its step and the run, and for an RL checkpoint that the
-    SFT checkpoint it trained from is there, intact and the same. In a run (``run`` given: its
-    run.json) every checkpoint has ``identity.json``, so one without is refused; a checkpoint
-    saved outside a run directory (``run`` None) is checked by its state.pt and inflight.pt."""
-    ident, problem = read_checkpoint_identity(c.path)
-    if problem is not None:
-        return problem
-    held, problem = _held_step(c.path)
-    if held is None:
-        return problem
-    if held != (c.phase, c.step):
-        return (f"its state.pt holds {held[0]} step {held[1]} but its folder is named {c.path.name} "
-                "(renamed or copied over another step's folder)")
-    if run is not None and ident is None and c.path.name not in run.adopted:
-        return (f"it has no {CHECKPOINT_FILE}, which every checkpoint of a run with run.json has (removed, with its "
-                "manifest rewritten, or copied in from elsewhere); restore the folder from a copy of the run directory")
-    if ident is None or run is None:
-        return _in_flight_problem(c, None)
-    if (ident["phase"], ident["step"]) != (c.phase, c.step):
-        return (f"its {CHECKPOINT_FILE} says {ident['phase']} step {ident['step']} but its folder is named "
-                f"{c.path.name} (renamed or copied over another step's folder)")
-    if ident["run_id"] != run.run_id:
-        return (f"it belongs to another run (run id {ident['run_id'][:12]}, this run's is {run.run_id[:12]}): "
-                "copied in from another run directory?")
-    if ident["state_hash"] != run.state_hash:
-        return ("it was trained under another config (its state hash differs from config.yaml's): a config change, "
-                "not damage; restore the run's config.yaml to resume from it")
-    tf = ident.get("trained_from")
-    return _in_flight_problem(c, run.run_id) or (
-        None if tf is None else _lineage_problem(c.path.parent / tf["checkpoint"], tf["policy_sha256"]))
-
-
-def _in_flight_problem(c: CheckpointInfo, run_id: str | None) -> str | None:
-    """Why ``c``'s ``inflight.pt`` (an overlapped run's rollout in flight) is not the one a resume
-    from ``c`` starts with (:func:`in_flight_problem`), as a reason to skip ``c``; None when it is,
-    or when ``c`` has none. Read as data, memory-mapped."""
-    f = c.path / "inflight.pt"
-    if not f.is_file():
-        return None
-    try:
-        saved = load_data(f, RECORDS, mmap=True)
-    except UnsafeFileError as exc:
-        return str(exc)
-    except Exception as exc:  # damaged: whatever torch raises
-        return f"its inflight.pt cannot be read ({_first_line(exc)})"
-    problem = in_flight_problem(saved, c.step if c.phase == "rl" else -1, run_id)
-    return None if problem is None else f"its {problem}"
-
-
-def recorded_run_file(ckpt_dir: str | Path, name: str) -> tuple[str, str] | None:
-    """(checkpoint name, SHA-256) of run-level file ``name`` as the newest checkpoint in
-    ``ckpt_dir`` of the run in ``ckpt_dir/../run.json`` recorded it; None when none did (no
-    checkpoint since the file was written, a run without run.json, an older vagent's)."""
-    d = Path(ckpt_dir)
-    try:
-        run = read_run_identity(d.parent)
-    except IdentityError:
-        run = None
-    if run is None:
-        return None
-    for c in reversed(list_checkpoints(d)):
-        ident, _ = read_checkpoint_identity(c.path)
-        if ident is not None and ident["run_id"] == run.run_id and name in ident.get("run_files", {}):
-            return c.path.name, ident["run_files"][name]
-    return None
-
-
-def _lineage_problem(sft: Path, policy_sha256: str) -> str | None:
-    """Whether SFT checkpoint ``sft`` is still the one an RL checkpoint trained from."""
-    if not (sft / MANIFEST).is_file():
-        return f"it trained from {sft.name} (its KL reference), which is gone; it falls back with it"
-    problem = check_checkpoint(sft)
-    if problem is not None:
-        return f"it trained from {sft.name} (its KL reference), which is damaged ({problem}); it falls back with it"
-    files, _ = read_manifest(sft)
-    policy = files.get("policy.pt") or files.get("dcp/.metadata")
-    if policy is None or policy[1] != policy_sha256:
-        return f"it trained from another {sft.name} than the one in the run (its policy differs); it falls back with it"
-    return None
-
-
-def _held_step(p: Path) -> tuple[tuple[str, int] | None, str | None]:
-    """((phase, step) that ``p/state.pt`` holds, None) -- read as data, memory-mapped (the optimizer
-    states are not loaded) -- or (None, what is wrong with it)."""
-    state, problem = _state_or_problem(p, mmap=True)
-    if problem is not None:
-        return None, problem
-    if state.get("phase") not in PHASES or type(state.get("step")) is not int:
-        return None, f"state.pt holds no phase and step (phase {state.get('phase')!r}, step {state.get('step')!r})"
-    return (state["phase"], state["step"]), None
-
-
-def trained_from(path: str | Path) -> Path | None:
-    """The SFT checkpoint RL checkpoint ``path`` trained from (its identity's ``trained_from``); None
-    when it names none."""
-    ident, _ = read_checkpoint_identity(Path(path))
-    tf = ident.get("trained_from") if ident else None
-    return Path(path).parent / tf["checkpoint"] if tf else None
+        raise CheckpointError(damaged_message(f.parent, f"{f.name} cannot be loaded into this run's model or "
+                                                        f"optimizer ({first_line(exc)})")) from exc
 
 
 # ----------------------------------------------------------------------------------------------
@@ -626,7 +364,7 @@ def _load_sharded(p: Path, state: dict, modules: Mapping[str, torch.nn.Module],
         refused = exc if isinstance(exc, UnsafeFileError) else exc.__cause__
         if not isinstance(refused, UnsafeFileError):
             raise
-        raise CheckpointError(_damaged(p, str(refused))) from None
+        raise CheckpointError(damaged_message(p, str(refused))) from None
     for k, m in modules.items():
         set_model_state_dict(m, state_dicts[f"model.{k}"])
     for k, o in optimizers.items():
