@@ -23,7 +23,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 #: mypy's errors over the whole package (``python -m mypy vagent``, the config's overrides applied)
 #: when this was last lowered: a change may only lower it (then lower this number with it)
-WHOLE_PACKAGE_ERRORS = 262
+WHOLE_PACKAGE_ERRORS = 240
 
 needs_mypy = pytest.mark.skipif(importlib.util.find_spec("mypy") is None,
                                 reason="mypy is not installed: pip install -e '.[test]' (pyproject.toml pins it)")

@@ -28,7 +28,7 @@ def _suggest(key: str, options: list[str]) -> str:
     return f" Did you mean '{close[0]}'?" if close else ""
 
 
-def _coerce_union(value: Any, args: tuple[Any, ...], where: str) -> Any:
+def _coerce_union(value: object, args: tuple[Any, ...], where: str) -> Any:
     """``value`` as the first member type of a union that accepts it (None where the union allows it)."""
     if value is None and type(None) in args:
         return None
@@ -43,7 +43,7 @@ def _coerce_union(value: Any, args: tuple[Any, ...], where: str) -> Any:
     raise ConfigError(errors[0] if errors else f"{where}: cannot accept {value!r}")
 
 
-def _coerce_sequence(value: Any, origin: type, args: tuple[Any, ...], where: str) -> list[Any] | tuple[Any, ...]:
+def _coerce_sequence(value: object, origin: type, args: tuple[Any, ...], where: str) -> list[Any] | tuple[Any, ...]:
     """``value`` (a list or tuple) as ``origin[args]``: a fixed-length tuple, ``tuple[T, ...]`` or ``list[T]``."""
     if isinstance(value, str) or not isinstance(value, (list, tuple)):
         raise ConfigError(f"{where}: expected a list, got {value!r}.")
@@ -56,7 +56,7 @@ def _coerce_sequence(value: Any, origin: type, args: tuple[Any, ...], where: str
     return tuple(items) if origin is tuple else items
 
 
-def _coerce(value: Any, tp: Any, where: str) -> Any:
+def _coerce(value: object, tp: Any, where: str) -> Any:
     """``value`` checked against, and where simple converted to, the annotation ``tp``; ``where`` names it in errors."""
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
@@ -95,7 +95,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     return value
 
 
-def _number(value: Any, tp: type, where: str) -> int | float:
+def _number(value: object, tp: type, where: str) -> int | float:
     """``value`` as ``tp``: an int from an int, a whole float or a digit string; a float from an int, a
     float or a numeric string; never from a bool."""
     if isinstance(value, str):
@@ -166,8 +166,8 @@ def describe(cls: type) -> list[tuple[str, str, Any, str]]:
     for f in dataclasses.fields(cls):
         if f.default is not dataclasses.MISSING:
             default = f.default
-        elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-            default = f.default_factory()  # type: ignore[misc]
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
         else:
             default = "<required>"
         tp = field_types(cls)[f.name]
@@ -175,10 +175,10 @@ def describe(cls: type) -> list[tuple[str, str, Any, str]]:
     return out
 
 
-def to_dict(cfg: Any) -> dict[str, Any]:
+def to_dict(cfg: object) -> dict[str, Any]:
     """A JSON/YAML-able dict of a dataclass config (tuples become lists)."""
 
-    def conv(v: Any) -> Any:
+    def conv(v: object) -> Any:
         if dataclasses.is_dataclass(v):
             return {f.name: conv(getattr(v, f.name)) for f in dataclasses.fields(v)}
         if isinstance(v, (list, tuple)):

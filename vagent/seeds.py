@@ -7,7 +7,6 @@ non-overlapping ranges and ``split_seeds`` refuses to hand out a seed outside it
 from __future__ import annotations
 
 import hashlib
-from typing import Any
 
 SPLITS: dict[str, range] = {
     "train": range(0, 1_000_000),
@@ -34,7 +33,7 @@ def split_of(seed: int) -> str:
     raise ValueError(f"Seed {seed} belongs to no split; splits: " + ", ".join(f"{k}={v.start}..{v.stop - 1}" for k, v in SPLITS.items()))
 
 
-def derive_seed(*parts: Any) -> int:
+def derive_seed(*parts: object) -> int:
     """A 62-bit seed from any parts (sha256 of their reprs joined by ``|``): same parts, same seed,
     in any process. The one seed derivation of vagent (recipes, rollouts, MCTS)."""
     blob = "|".join(repr(p) for p in parts).encode()

@@ -16,9 +16,15 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from vagent.plugins import add_import_argument
+
+if TYPE_CHECKING:
+    import numpy as np
+    from PIL import Image
+
+    from vagent.envs.base import Observation, StepResult
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -106,7 +112,7 @@ def _human_reply(env: Any) -> str:
                                                "prediction": filler, "answer": text})
 
 
-def _random_reply(env: Any, rng: Any) -> str:
+def _random_reply(env: Any, rng: np.random.Generator) -> str:
     from vagent.envs.formats import render_response
 
     names = list(getattr(env, "action_names", ()))
@@ -130,7 +136,7 @@ def _save_episode(save_dir: Path, frames: list, log: list[dict]) -> None:
     print(f"saved {len(frames)} frame(s){', episode.gif' if frames else ''} and episode.json to {save_dir}")
 
 
-def _image_dir(args: argparse.Namespace, obs: Any) -> Path | None:
+def _image_dir(args: argparse.Namespace, obs: Observation) -> Path | None:
     """Where the observation images go: ``--image-dir``; for a human facing images, a new temporary
     folder (a terminal shows only the ``<image>`` placeholder); else nowhere."""
     import tempfile
@@ -142,7 +148,7 @@ def _image_dir(args: argparse.Namespace, obs: Any) -> Path | None:
     return None
 
 
-def _show_images(images: Any, image_dir: Path | None, stem: str) -> None:
+def _show_images(images: Sequence[Image.Image], image_dir: Path | None, stem: str) -> None:
     """Write ``images`` as ``<stem>_<i>.png`` under ``image_dir`` and print where each is."""
     if image_dir is None or not images:
         return
@@ -174,7 +180,7 @@ def _make_play_env(args: argparse.Namespace) -> Any | None:
     return env
 
 
-def _policy_reply(env: Any, policy: str, rng: Any) -> str | None:
+def _policy_reply(env: Any, policy: str, rng: np.random.Generator) -> str | None:
     """The next reply of ``policy`` (human, random or solver); None when the human quits (end of input)."""
     if policy == "solver":
         from vagent.rollout.scripted import solver_reply
@@ -188,7 +194,7 @@ def _policy_reply(env: Any, policy: str, rng: Any) -> str | None:
         return None
 
 
-def _print_step(env: Any, reply: str, res: Any, total: float) -> None:
+def _print_step(env: Any, reply: str, res: StepResult, total: float) -> None:
     """Print a reply, its parsed fields, the reward with the return so far, and the info."""
     from vagent.envs.formats import parse_response
 

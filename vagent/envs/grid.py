@@ -19,7 +19,7 @@ import difflib
 import json
 from collections import deque
 from dataclasses import dataclass, fields
-from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Iterable, Mapping, Sequence, TypeVar
 
 from PIL import Image
 
@@ -28,6 +28,9 @@ from vagent.envs.base import IMAGE_PLACEHOLDER, EnvError, EpisodeOverError, Obse
 from vagent.envs.formats import DESCRIPTION_STYLES, FORMATS, FormatExample, ParsedResponse, format_instruction, \
     format_reminder, parse_response
 from vagent.envs.tiles import TileDrawer, _tile, fill, inset, render_tiles  # noqa: F401 - re-exported
+
+if TYPE_CHECKING:
+    from vagent.envs.registry import EnvConfig
 
 Cell = tuple[int, int]
 State = TypeVar("State", bound=Hashable)
@@ -93,7 +96,7 @@ def describe_relations(state: Mapping[str, Any], style: str, kinds: Sequence[str
         if rel["object"] in by_kind:
             by_kind[rel["object"]].append((rel["vertical"], rel["horizontal"]))
     if style == "structured":
-        obj = {}
+        obj: dict[str, list] = {}
         for kind, pairs in by_kind.items():
             if len(pairs) == 1:
                 obj[kind] = list(pairs[0])
@@ -147,7 +150,7 @@ def check_cells_fit(cfg: Any, where: str, cells: int, field: str) -> None:
                           f"a smaller {field}, or render='text'.")
 
 
-def resolve_rewards(cfg: Any, presets: Mapping[str, Mapping[str, float]], where: str) -> dict[str, float]:
+def resolve_rewards(cfg: EnvConfig, presets: Mapping[str, Mapping[str, float]], where: str) -> dict[str, float]:
     """Reward terms: the preset ``cfg.rewards`` overridden by every ``reward_<term>`` field not None.
 
     ``presets`` maps preset name -> {term: value}; the config declares ``reward_<term>: float | None``
@@ -226,7 +229,7 @@ def observation(render: str, grid: Sequence[str], image_fn: Callable[[], Image.I
     return Observation("\n".join(parts), images)
 
 
-def prompt_tail(cfg: Any, image_line: str, legend: str, example: FormatExample) -> list[str]:
+def prompt_tail(cfg: EnvConfig, image_line: str, legend: str, example: FormatExample) -> list[str]:
     """The last lines of a grid env's system prompt: what its image shows (``render: vision``), the
     grid legend (a text render or symbolic descriptions) and the format instruction (actions
     separated by ',')."""
@@ -239,7 +242,7 @@ def prompt_tail(cfg: Any, image_line: str, legend: str, example: FormatExample) 
     return lines
 
 
-def reminder_for(cfg: Any) -> str:
+def reminder_for(cfg: EnvConfig) -> str:
     """The per-turn format reminder of a grid env config (actions separated by ',')."""
     return format_reminder(cfg.format, cfg.description_style, ",", cfg.max_actions_per_turn)
 
@@ -256,9 +259,9 @@ def feedback_line(pa: ParsedActions, executed: Sequence[str], effect: str) -> st
 
 
 def step_info(pa: ParsedActions, executed: Sequence[str], effective: bool, success: bool,
-              **extra: Any) -> dict[str, Any]:
+              **extra: object) -> dict[str, Any]:
     """The documented info keys every grid env returns (``docs/envs.md``)."""
-    info = {
+    info: dict[str, Any] = {
         "action_is_valid": pa.all_valid,
         "action_is_effective": bool(effective),
         "n_valid_actions": len(executed),

@@ -45,7 +45,7 @@ def register(name: str, env: str | type, *, overwrite: bool = False) -> None:
     _REGISTRY[name] = env
 
 
-def env_class(name: str) -> type:
+def env_class(name: str) -> type[Any]:
     """The class registered under ``name`` (imported on first use)."""
     if name not in _REGISTRY:
         close = difflib.get_close_matches(name, list(_REGISTRY), n=1)
@@ -60,7 +60,7 @@ def env_class(name: str) -> type:
     return entry
 
 
-def make_config(name: str, **config: Any) -> Any:
+def make_config(name: str, **config: object) -> Any:
     """Validate ``config`` against env ``name``'s declared Config (unknown keys raise) and its
     limits (:func:`vagent.envs.limits.check_limits`: bounds on memory/CPU, finite numbers)."""
     from vagent.envs.limits import check_limits
@@ -71,7 +71,7 @@ def make_config(name: str, **config: Any) -> Any:
     return cfg
 
 
-def make(name: str, **config: Any) -> Any:
+def make(name: str, **config: object) -> Any:
     """Create env ``name`` with ``config``; unknown names and keys raise errors listing what exists."""
     cls = env_class(name)
     env = cls(make_config(name, **config))
@@ -90,7 +90,7 @@ def list_envs(builtin_only: bool = False) -> list[str]:
     return sorted(n for n, e in _REGISTRY.items() if not builtin_only or _is_builtin(e))
 
 
-def env_factory(name: str, **config: Any) -> Callable[[], Any]:
+def env_factory(name: str, **config: object) -> Callable[[], Any]:
     """A zero-argument callable that makes the env (validates the config now, not later)."""
     make_config(name, **config)
     return lambda: make(name, **config)

@@ -74,7 +74,7 @@ class EpisodeKey:
         return dataclasses.asdict(self)
 
 
-def plain(x: Any) -> Any:
+def plain(x: object) -> Any:
     """A JSON-safe copy of a state/info value (numpy arrays and scalars, tuples, sets, dataclasses)."""
     if isinstance(x, Mapping):
         return {str(k): plain(v) for k, v in x.items()}
@@ -106,7 +106,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     write_atomic(path, data)
 
 
-def atomic_write_json(path: Path, obj: Any) -> None:
+def atomic_write_json(path: Path, obj: object) -> None:
     atomic_write_bytes(path, json.dumps(obj, indent=1, ensure_ascii=False).encode("utf-8"))
 
 

@@ -84,7 +84,7 @@ import os
 import tempfile
 from types import SimpleNamespace
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import torch
 
@@ -94,6 +94,12 @@ from vagent.models.processor import ChatEncoder
 from vagent.models.vllm_logprobs import SUPPRESS_BIAS, unsuppressed_logprobs
 from vagent.models.vllm_setup import import_vllm
 from vagent.models.vllm_weights import check_vllm_head_size, weights_to_push, with_tied_head
+
+if TYPE_CHECKING:
+    from peft import LoraConfig
+    from vllm import LLM
+    from vllm.logprobs import FlatLogprobs
+    from vllm.outputs import CompletionOutput
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +122,7 @@ class _LocalSyncClient:
     """vLLM's ``VLLMWeightSyncClient`` protocol over an in-process ``LLM`` (forwarding methods);
     commits ``version`` at the end of each round."""
 
-    def __init__(self, llm: Any) -> None:
+    def __init__(self, llm: LLM) -> None:
         self.llm = llm
         self.version: str | None = None
 
@@ -129,7 +135,7 @@ class _LocalSyncClient:
     def start_weight_update(self) -> None:
         self.llm.start_weight_update()
 
-    def update_weights(self, update_info: Any) -> None:
+    def update_weights(self, update_info: object) -> None:
         self.llm.update_weights({"update_info": update_info})
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
@@ -189,7 +195,7 @@ class VLLMEngine:
                  max_images_per_prompt: int = 8, seed: int = 0, colocate: bool = True,
                  weight_backend: str | None = None, sleep_level: int = 1, nccl_address: str = "127.0.0.1",
                  nccl_port: int = 29551, enforce_eager: bool | None = None, lora_rank: int = 0,
-                 **llm_kwargs: Any):
+                 **llm_kwargs: object):
         vllm = import_vllm()
         from vllm.platforms import current_platform
 
@@ -318,7 +324,7 @@ class VLLMEngine:
             logprob_token_ids=list(self.suppress_token_ids) or None, flat_logprobs=True,
         )
 
-    def _logprobs(self, ids: list[int], flat: Any, params: SamplingParams) -> list[float]:
+    def _logprobs(self, ids: list[int], flat: FlatLogprobs, params: SamplingParams) -> list[float]:
         """The sampled tokens' log-probs without the suppression bias (:func:`unsuppressed_logprobs`;
         greedy: T = 1, vLLM's greedy path applies no temperature)."""
         if not self.suppress_token_ids:
@@ -329,7 +335,7 @@ class VLLMEngine:
             raise RuntimeError(f"vLLM returned log-probs for {len(out)} of {len(ids)} sampled tokens")
         return out
 
-    def _version_of(self, completion: Any) -> int:
+    def _version_of(self, completion: CompletionOutput) -> int:
         """The weights version vLLM stamped on a reply (one version: pushes never overlap a generate)."""
         spans = getattr(completion, "weight_versions", None) or []
         versions = {s.version for s in spans}
@@ -383,7 +389,7 @@ class VLLMEngine:
             return self.update_adapter(model.get_base_model().state_dict(), config, version)
         return self._push(weights_to_push(model), version)
 
-    def update_adapter(self, state: Mapping[str, torch.Tensor], lora_config: Any, version: int | None = None) -> int:
+    def update_adapter(self, state: Mapping[str, torch.Tensor], lora_config: LoraConfig | Mapping[str, Any], version: int | None = None) -> int:
         """Serve a LoRA adapter (the ``lora_`` tensors of ``state``, base-model names as
         ``unwrap(model).state_dict()`` has them; ``lora_config``: its PEFT ``LoraConfig`` or dict) as
         weights ``version``: written as PEFT files (a folder per version, the previous one removed)

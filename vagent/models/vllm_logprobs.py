@@ -5,7 +5,10 @@ being sampled: vLLM's processed log-probs are of ``(logits + bias) / T``; ``HFEn
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:
+    from vllm.logprobs import FlatLogprobs
 
 #: logit bias that keeps vLLM from sampling the image / video placeholder tokens (vLLM clamps biases to
 #: [-100, 100]; HFEngine masks them with -inf)
@@ -27,7 +30,7 @@ def unsuppressed_logprob(logprob: float, suppressed: Sequence[float], temperatur
     return logprob - math.log(total)
 
 
-def unsuppressed_logprobs(flat: Any, n_ids: int, temperature: float) -> list[float]:
+def unsuppressed_logprobs(flat: FlatLogprobs, n_ids: int, temperature: float) -> list[float]:
     """:func:`unsuppressed_logprob` of every position of a reply at once, from vLLM's
     ``FlatLogprobs`` of a request with ``logprob_token_ids`` = the ``n_ids`` suppressed ids: each
     position holds the sampled token's processed log-prob first, then the suppressed ids' (a

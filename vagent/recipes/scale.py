@@ -65,7 +65,7 @@ def read_smoke(path: str | Path = SMOKE_FILE) -> SmokeSpec:
     return SmokeSpec(dict(tree.get("set") or {}), dict(tree.get("cap") or {}), tuple(tree.get("env_defaults") or ()))
 
 
-def _get(cfg: Any, dotted: str) -> Any:
+def _get(cfg: object, dotted: str) -> Any:
     node = cfg
     for part in dotted.split("."):
         if node is None:
@@ -131,6 +131,7 @@ def cached_model_dir(path: str) -> Path | None:
 
     if path == "tiny":
         return None
+    local: Path | None  # the model's folder; None while the hub cache has none
     if not is_hub_id(path):
         local = Path(path).expanduser()
         if not (local / "config.json").is_file():

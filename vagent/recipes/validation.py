@@ -7,13 +7,18 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
 from vagent.recipes.common import sampling_for, val_env_specs
 from vagent.rollout.loop import rollout_on_ranks
 from vagent.rollout.records import Episode
+
+if TYPE_CHECKING:
+    from vagent.recipes.config import RunConfig
+    from vagent.rollout.policy import Policy
+    from vagent.runs.progress import StepProgress
 
 
 @dataclasses.dataclass
@@ -25,13 +30,13 @@ class Validation:
     episodes: list
 
 
-def validation_turns(cfg: Any) -> int:
+def validation_turns(cfg: RunConfig) -> int:
     """The most lockstep turns a validation plays: the turn limit times the env entries it covers
     (the ``total`` of a validation progress display)."""
     return (cfg.val.max_turns or cfg.rollout.max_turns) * sum(e.n_val > 0 for e in cfg.envs)
 
 
-def validation_rollout(policy: Any, cfg: Any, progress: Any = None) -> Validation:
+def validation_rollout(policy: Policy, cfg: RunConfig, progress: StepProgress | None = None) -> Validation:
     """Greedy episodes on the ``val`` split of every env entry (the same seeds at every call).
 
     Metrics per env ``val/<env>/{success_rate, return, turns, format_accuracy}`` and over all
@@ -66,7 +71,8 @@ def validation_rollout(policy: Any, cfg: Any, progress: Any = None) -> Validatio
     return Validation(out, played)
 
 
-def _turn_progress(progress: Any, base: int, max_turns: int, env: str) -> Any:
+def _turn_progress(progress: StepProgress | None, base: int, max_turns: int,
+                   env: str) -> Callable[[int, int], None] | None:
     """``rollout``'s ``on_turn`` for a validation progress display (None without one)."""
     if progress is None:
         return None
@@ -76,7 +82,7 @@ def _turn_progress(progress: Any, base: int, max_turns: int, env: str) -> Any:
     return on_turn
 
 
-def validate(policy: Any, cfg: Any) -> dict[str, float]:
+def validate(policy: Policy, cfg: RunConfig) -> dict[str, float]:
     """The ``val/*`` metrics of :func:`validation_rollout`."""
     return validation_rollout(policy, cfg).metrics
 

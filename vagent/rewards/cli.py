@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
 
 
 def _audit(args: argparse.Namespace) -> int:
@@ -40,7 +39,7 @@ def _audit(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parser(subparsers: Any) -> None:
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "judge-audit", help="compare two reasoning judges on a run's saved descriptions",
         description="Sample judged fields (<observation>/<prediction> with the saved states) from a run's "

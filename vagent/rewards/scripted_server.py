@@ -155,7 +155,7 @@ class ScriptedJudgeServer:
     def __enter__(self) -> "ScriptedJudgeServer":
         return self.start()
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
 

@@ -39,12 +39,12 @@ def load_structured(text: str) -> Any:
     return None
 
 
-def _object_of(key: Any, voc: Vocabulary) -> str | None:
+def _object_of(key: object, voc: Vocabulary) -> str | None:
     mentions = object_mentions(tokenize(str(key)), voc)
     return mentions[0][0] if mentions else None
 
 
-def _is_number(x: Any) -> bool:
+def _is_number(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
@@ -74,7 +74,7 @@ def _n_directions(text: str, voc: Vocabulary) -> int:
     return sum(1 for t in toks if t == "same" or direction_events([t], 0, voc)[0])
 
 
-def _axis_value(value: Any, axis: str, voc: Vocabulary) -> str | None:
+def _axis_value(value: object, axis: str, voc: Vocabulary) -> str | None:
     """The relation word of one axis from a record field ("up" -> "above"); None if contradictory
     or naming the other axis; the axis's "same" when the field is absent."""
     same = voc.v_same if axis == "v" else voc.h_same
@@ -90,7 +90,7 @@ def _axis_value(value: Any, axis: str, voc: Vocabulary) -> str | None:
     return next(iter(words)) if len(words) == 1 else None
 
 
-def _value_claims(kind: str, value: Any, voc: Vocabulary, plural: bool) -> list[Claim]:
+def _value_claims(kind: str, value: object, voc: Vocabulary, plural: bool) -> list[Claim]:
     if isinstance(value, str):
         evs = events(tokenize(value), [], voc)
         return claims_of_subject(kind, plural, evs, voc) or [Claim(kind, None, None)]
@@ -119,14 +119,14 @@ def _value_claims(kind: str, value: Any, voc: Vocabulary, plural: bool) -> list[
     return []
 
 
-def parse_structured(value: Any, voc: Vocabulary) -> ParsedDescription:
+def parse_structured(value: object, voc: Vocabulary) -> ParsedDescription:
     """The claims of a structured description (the value :func:`load_structured` read: objects with
     a name and a position or relation, nested lists and dicts up to depth 4) in ``voc``'s words."""
     claims: list[Claim] = []
     mentioned: set[str] = set()
     notes: list[str] = []
 
-    def visit(v: Any, depth: int = 0) -> None:
+    def visit(v: object, depth: int = 0) -> None:
         if depth > 4:
             return
         if isinstance(v, list):

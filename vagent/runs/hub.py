@@ -28,16 +28,22 @@ import shutil
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from vagent.runs.checkpoint import list_checkpoints
+
+if TYPE_CHECKING:
+    from huggingface_hub import HfApi
+
+    from vagent.recipes.config import HubConfig
+    from vagent.runs.checkpoint_check import CheckpointInfo
 
 
 class HubUploader:
     """Background uploads of new checkpoints in ``ckpt_dir`` (see the module docstring)."""
 
     def __init__(self, repo_id: str, ckpt_dir: str | Path, *, every: int = 1, private: bool = True,
-                 what: str = "policy", say: Callable[[str], Any] = print, poll_s: float = 2.0, api: Any = None):
+                 what: str = "policy", say: Callable[[str], Any] = print, poll_s: float = 2.0, api: HfApi | None = None):
         if what not in ("policy", "checkpoint"):
             raise ValueError(f"hub.what must be policy or checkpoint, got {what!r}")
         if api is None:
@@ -48,7 +54,7 @@ class HubUploader:
         self.every, self.private, self.what, self.say, self.poll_s = max(1, every), private, what, say, poll_s
         self.seen: set[str] = {c.path.name for c in list_checkpoints(self.ckpt_dir)}  # a resume's old ones
         self.n_new = 0
-        self.pending = None  # the newest checkpoint due for upload (the failed one is replaced by a newer)
+        self.pending: CheckpointInfo | None = None  # the newest checkpoint due for upload (the failed one is replaced by a newer)
         self.uploaded: list[str] = []
         self.failures = 0
         self._repo_ready = False
@@ -90,7 +96,7 @@ class HubUploader:
         if final and checkpoints and checkpoints[-1].path.name not in self.uploaded:
             self.pending = checkpoints[-1]  # the last checkpoint always goes up
 
-    def _upload(self, ckpt: Any) -> None:
+    def _upload(self, ckpt: CheckpointInfo) -> None:
         name = ckpt.path.name
         try:
             with tempfile.TemporaryDirectory(prefix="vagent-hub-") as tmp:
@@ -126,7 +132,7 @@ def _link_or_copy(src: str, dst: str) -> None:
         shutil.copy2(src, dst)
 
 
-def start_hub_upload(settings: Any, ckpt_dir: str | Path, say: Callable[[str], Any] = print) -> HubUploader | None:
+def start_hub_upload(settings: HubConfig, ckpt_dir: str | Path, say: Callable[[str], Any] = print) -> HubUploader | None:
     """A started :class:`HubUploader` for the run's ``hub`` settings, or None when ``repo_id`` is empty."""
     if not settings.repo_id:
         return None

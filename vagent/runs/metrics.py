@@ -42,7 +42,7 @@ def check_names(metrics: Mapping[str, Any]) -> None:
         raise ValueError(f"metric name(s) {bad} have no documented prefix; use one of {PREFIXES}.")
 
 
-def _jsonable(v: Any) -> Any:
+def _jsonable(v: object) -> Any:
     if hasattr(v, "item"):
         v = v.item()
     if isinstance(v, float) and not math.isfinite(v):
@@ -52,7 +52,7 @@ def _jsonable(v: Any) -> Any:
 
 def read_metrics(path: str | Path) -> list[dict]:
     """All records of a ``metrics.jsonl`` (a torn last line from a killed process is skipped)."""
-    out = []
+    out: list[dict] = []
     p = Path(path)
     if not p.is_file():
         return out

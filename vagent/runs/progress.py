@@ -18,9 +18,12 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from vagent.runs.identity import flatten
+
+if TYPE_CHECKING:
+    from vagent.recipes.config import RunConfig
 
 
 class Console:
@@ -104,7 +107,7 @@ def _under(key: str, keys: list[str]) -> bool:
     return any(key == g or key.startswith(g + ".") for g in keys)
 
 
-def config_summary(cfg: Any, default: Any, config_path: str | Path, width: int = 110, max_lines: int = 4,
+def config_summary(cfg: RunConfig, default: RunConfig, config_path: str | Path, width: int = 110, max_lines: int = 4,
                    source: ConfigSource | None = None) -> list[str]:
     """A few lines instead of the whole resolved config: where it is written and the keys where
     ``cfg`` differs from ``default`` (the default preset; ``key=value``, dotted as in overrides).
@@ -113,7 +116,7 @@ def config_summary(cfg: Any, default: Any, config_path: str | Path, width: int =
     (``source.smoke``) says so and lists the values ``--smoke`` set apart (they are not the file's)."""
     from vagent.config import to_dict
 
-    now, default = flatten(to_dict(cfg)), flatten(to_dict(default))
+    now, base = flatten(to_dict(cfg)), flatten(to_dict(default))
     smoke = source.smoke_keys() if source is not None and source.smoke else []
     smoking = bool(source is not None and source.smoke)
     lines = [f"config: {config_path} (resolved; {cfg.recipe}, seed {cfg.seed}, model {cfg.model.path}"
@@ -129,8 +132,8 @@ def config_summary(cfg: Any, default: Any, config_path: str | Path, width: int =
             return lines + [f"  0 set by {by}"]
         return lines + _wrapped(f"  {len(changed)} set by {by}:", changed, width, max_lines - 1)
     changed = [f"{k}={_short(v)}" for k, v in now.items()
-               if (k not in default or default[k] != v) and not _under(k, smoke)]
-    changed += [f"{k}=(unset)" for k in default if k not in now]
+               if (k not in base or base[k] != v) and not _under(k, smoke)]
+    changed += [f"{k}=(unset)" for k in base if k not in now]
     if not changed:
         return lines + ["  the default preset, unchanged"]
     return lines + _wrapped(f"  {len(changed)} changed from the default preset:", changed, width, max_lines - 1)
@@ -151,12 +154,12 @@ def _wrapped(title: str, items: list[str], width: int, max_lines: int) -> list[s
     return lines + [line]
 
 
-def _short(v: Any, limit: int = 40) -> str:
+def _short(v: object, limit: int = 40) -> str:
     text = {True: "true", False: "false", None: "null"}.get(v, str(v)) if v is None or isinstance(v, bool) else str(v)
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def startup_arithmetic(cfg: Any, run_root: str | Path, n_params: int | None = None,
+def startup_arithmetic(cfg: RunConfig, run_root: str | Path, n_params: int | None = None,
                        n_trainable: int | None = None, ranks: int = 1, nodes: int = 1) -> list[str]:
     """The numbers a reader checks before waiting (STYLE practice 5); ``ranks``: the processes of
     the job (``nodes`` hosts), and a warning when PPO's critic warm-up leaves the actor untrained."""
@@ -197,7 +200,7 @@ def startup_arithmetic(cfg: Any, run_root: str | Path, n_params: int | None = No
     return lines
 
 
-def validation_line(cfg: Any) -> str:
+def validation_line(cfg: RunConfig) -> str:
     """What validation the run does: ``validation: off (val.every=0)``, or how often and on what."""
     if cfg.val.every == 0:
         return "validation: off (val.every=0)"
@@ -205,7 +208,7 @@ def validation_line(cfg: Any) -> str:
             + " val-split episodes (greedy)")
 
 
-def _fmt(v: Any) -> str:
+def _fmt(v: object) -> str:
     if isinstance(v, float):
         return f"{v:.3g}"
     return str(v)

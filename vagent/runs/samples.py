@@ -28,7 +28,7 @@ from typing import Any, Sequence
 import numpy as np
 
 
-def _plain(x: Any) -> Any:
+def _plain(x: object) -> Any:
     """JSON-safe copy of a state/info value (numpy arrays and scalars, tuples, sets)."""
     if isinstance(x, dict):
         return {str(k): _plain(v) for k, v in x.items()}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from vagent.envs.base import EnvError, Observation, StepResult
 from vagent.service import protocol as P
@@ -20,6 +20,9 @@ from vagent.service.client import (
     RemoteEnv, RemoteEnvException, ServiceUnavailable, Transport, _count, _decode, _raise_error, _reset_result,
     _SessionLost, _step_result, config_diff, mismatch_error,
 )
+
+if TYPE_CHECKING:
+    from vagent.rollout.trajectory import EnvSpec
 
 
 def _batch(transport: Transport, base: int, route: str, items: list[dict]) -> tuple[list[P.ItemResult], list[bytes]]:
@@ -208,7 +211,7 @@ class RemoteEnvPool:
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
         self.transport = Transport(url_or_urls, token, timeout, retry_timeout, images=images)
-        item = {"env": env_name, "config": config, "seed": None, "replay": []}
+        item: dict[str, Any] = {"env": env_name, "config": config, "seed": None, "replay": []}
         self.envs: list[RemoteEnv] = []
         try:
             for start in range(0, n, P.MAX_BATCH):
@@ -257,7 +260,7 @@ class RemoteEnvPool:
     def __enter__(self) -> "RemoteEnvPool":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -291,7 +294,7 @@ def remote_spec_factory(url_or_urls: str | Sequence[str], token: str | None = No
     """
     transport = Transport(url_or_urls, token, timeout, images=images)
 
-    def make(spec: Any) -> RemoteEnv:
+    def make(spec: EnvSpec) -> RemoteEnv:
         return RemoteEnv(transport.urls, spec.name, transport=transport, **dict(spec.config))
 
     make.transport = transport  # type: ignore[attr-defined]

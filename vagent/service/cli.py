@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 
 from vagent.service.config import StartupError, add_arguments, config_from_args, validate_config
 
@@ -26,7 +25,7 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parser(subparsers: Any) -> None:
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("serve-env", help="serve envs over HTTP for remote rollouts",
                               description="Serve registered envs over HTTP (docs/service.md).")
     add_arguments(p)

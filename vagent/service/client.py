@@ -318,7 +318,7 @@ class RemoteEnv:
     def __enter__(self) -> "RemoteEnv":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:

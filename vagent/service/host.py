@@ -31,14 +31,17 @@ import re
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PIL import Image
 
 from vagent.config import ConfigError, to_dict
-from vagent.envs.base import EnvError, EpisodeOverError, Observation, StepResult
+from vagent.envs.base import Env, EnvError, EpisodeOverError, Observation, StepResult
 from vagent.service.protocol import config_hash as config_hash_of
 from vagent.service.protocol import encode_image
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
 
 Result = tuple  # ("ok", payload) | ("err", status, {"error", "detail", "session_closed"})
 
@@ -52,7 +55,7 @@ def import_plugins(modules: tuple[str, ...] | list[str]) -> None:
     import_modules(modules)
 
 
-def to_jsonable(x: Any) -> Any:
+def to_jsonable(x: object) -> Any:
     """JSON-able copy of ``x``: numpy scalars/arrays become numbers/lists, tuples lists, other
     unknown objects their ``str`` (``info`` is diagnostics; documented in docs/service.md)."""
     if x is None or isinstance(x, (bool, int, str)):
@@ -68,7 +71,7 @@ def to_jsonable(x: Any) -> Any:
     return str(x)
 
 
-def env_spec(env: Any, hidden: tuple[str, ...] = ()) -> dict[str, Any]:
+def env_spec(env: Env, hidden: tuple[str, ...] = ()) -> dict[str, Any]:
     """What a client needs to mirror a local env: its resolved config (without the ``hidden``
     server-only fields), action names and separator, and its judge spec (the checker and the
     reasoning judges read these)."""
@@ -165,7 +168,7 @@ class SessionHost:
             raise TypeError(f"the env returned {type(obs).__name__} where an Observation was expected")
         return {"text": obs.text, "images": list(obs.images)}
 
-    def _encode(self, x: Any, codec: str) -> Any:
+    def _encode(self, x: object, codec: str) -> Any:
         """A copy of payload ``x`` whose observation images are bytes in ``codec`` (with
         ``formats`` unless PNG); stored payloads (a retried step's) keep their PIL images."""
         if isinstance(x, dict):
@@ -195,7 +198,7 @@ class SessionHost:
             "info": to_jsonable(res.info),
         }
 
-    def _reset_payload(self, out: Any) -> dict:
+    def _reset_payload(self, out: tuple[Observation, dict]) -> dict:
         obs, info = out
         return {"obs": self._obs(obs), "info": to_jsonable(info)}
 
@@ -339,7 +342,7 @@ class SessionHost:
             self._close(sid)
 
 
-def _strings(x: Any) -> list[str]:
+def _strings(x: object) -> list[str]:
     """Every string in a config value (nested lists and dicts included)."""
     if isinstance(x, str):
         return [x]
@@ -355,7 +358,7 @@ def _unknown(sid: str) -> str:
             "Create a new session (RemoteEnv does this and replays the episode by itself).")
 
 
-def worker_main(conn_in: Any, conn_out: Any, imports: tuple[str, ...], allowed: tuple[str, ...], png_level: int,
+def worker_main(conn_in: Connection, conn_out: Connection, imports: tuple[str, ...], allowed: tuple[str, ...], png_level: int,
                 env_config: dict[str, dict[str, Any]], index: int = 0) -> None:
     """Entry point of a worker process: run pickled ``(request_id, ops)`` messages from ``conn_in``
     in order and answer ``(request_id, results)`` on ``conn_out`` (``None`` stops the worker).

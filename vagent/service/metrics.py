@@ -6,7 +6,7 @@ import math
 import os
 import time
 from collections import Counter, deque
-from typing import Any
+from typing import Any, Collection
 
 
 class Metrics:
@@ -32,7 +32,7 @@ class Metrics:
         self.all_latency.append(seconds)
 
     @staticmethod
-    def _pct(values: Any, q: float) -> float | None:
+    def _pct(values: Collection[float], q: float) -> float | None:
         """Nearest-rank percentile: the ceil(q * n)-th smallest value."""
         if not values:
             return None

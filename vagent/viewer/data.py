@@ -21,6 +21,7 @@ import json
 import math
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from vagent.runs.tokens import read_token_rows
 from vagent.viewer.files import (  # noqa: F401 -- the checks stay importable from here
@@ -67,7 +68,7 @@ class RunSource:
     rewards with a note naming the size (``vagent view --max-token-mb``).
     """
 
-    kind = "run"
+    kind: Literal["run"] = "run"
 
     def __init__(self, root: Path, max_token_mb: float = MAX_TOKEN_MB):
         self.root = root
@@ -280,7 +281,7 @@ class RunSource:
 class EvalSource:
     """An evaluation directory (``vagent.eval.store``): groups are its (model, env, format) cells."""
 
-    kind = "eval"
+    kind: Literal["eval"] = "eval"
 
     def __init__(self, root: Path):
         self.root = root

@@ -35,11 +35,18 @@ import mimetypes
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union
 from urllib.parse import parse_qs, unquote, urlparse
 
 from vagent.authority import host_name
 from vagent.viewer.data import ViewerError
+
+if TYPE_CHECKING:
+    from vagent.viewer.data import EvalSource, RunSource
+    from vagent.viewer.sweep import SweepSource
+
+    #: what a viewer serves: a run or evaluation directory, or a sweep directory
+    Source = Union[RunSource, EvalSource, SweepSource]
 
 #: the Host names the viewer answers to, besides those passed with ``--allow-host``
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "[::1]")
@@ -54,7 +61,7 @@ _TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=
 _CURVES_LOCK = threading.Lock()
 
 
-def _json_bytes(obj: Any) -> bytes:
+def _json_bytes(obj: object) -> bytes:
     return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
 
 
@@ -62,7 +69,7 @@ class _Redirect(Exception):
     """Answer 301 to ``location`` (a trial's prefix without its closing slash)."""
 
 
-def _run_route(source: Any, path: str, q: dict[str, str], extra_index: dict | None = None) -> tuple[bytes, str]:
+def _run_route(source: RunSource | EvalSource, path: str, q: dict[str, str], extra_index: dict | None = None) -> tuple[bytes, str]:
     """(body, content type) of a run or evaluation viewer's ``path`` (module docstring); ViewerError: 404."""
     if path in ("/", "/index.html"):
         return (STATIC / "index.html").read_bytes(), _TYPES[".html"]
@@ -90,7 +97,7 @@ def _static(name: str) -> tuple[bytes, str]:
     return path.read_bytes(), _TYPES.get(path.suffix, "application/octet-stream")
 
 
-def _sweep_route(sweep: Any, path: str, q: dict[str, str]) -> tuple[bytes, str]:
+def _sweep_route(sweep: SweepSource, path: str, q: dict[str, str]) -> tuple[bytes, str]:
     """The sweep page's ``path``: ``/`` (sweep.html), ``/api/sweep``, ``/curves/<png>``, and a trial's
     run viewer under ``/trial/<row>/seed_<k>/`` (its own ``/``, ``/api/...``, ``/files/...``)."""
     if path in ("/", "/index.html"):
@@ -121,7 +128,7 @@ class _Handler(BaseHTTPRequestHandler):
     source: Any = None  # set on the subclass made by make_server
     allowed_hosts: frozenset[str] = frozenset(LOCAL_HOSTS)
 
-    def log_message(self, fmt: str, *args: Any) -> None:  # quiet: the command prints the URL once
+    def log_message(self, fmt: str, *args: object) -> None:  # quiet: the command prints the URL once
         pass
 
     def _send(self, code: int, body: bytes, ctype: str, location: str | None = None) -> None:
@@ -159,7 +166,7 @@ class _Handler(BaseHTTPRequestHandler):
                        "application/json")
 
 
-def make_server(source: Any, port: int = 8765, allow_hosts: tuple[str, ...] = ()) -> ThreadingHTTPServer:
+def make_server(source: Source, port: int = 8765, allow_hosts: tuple[str, ...] = ()) -> ThreadingHTTPServer:
     """An HTTP server for ``source`` on 127.0.0.1:``port`` (0: any free port); not yet serving.
 
     allow_hosts: Host names answered besides :data:`LOCAL_HOSTS` (the module docstring says why)."""
@@ -170,7 +177,7 @@ def make_server(source: Any, port: int = 8765, allow_hosts: tuple[str, ...] = ()
     return server
 
 
-def serve_in_thread(source: Any, port: int = 0, allow_hosts: tuple[str, ...] = ()) -> tuple[ThreadingHTTPServer, str]:
+def serve_in_thread(source: Source, port: int = 0, allow_hosts: tuple[str, ...] = ()) -> tuple[ThreadingHTTPServer, str]:
     """Start serving in a daemon thread; returns (server, base URL). ``server.shutdown()`` stops it."""
     server = make_server(source, port, allow_hosts)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -183,13 +190,15 @@ def _data_uri(path: Path, data: bytes | None = None) -> str:
     return f"data:{ctype};base64,{base64.b64encode(path.read_bytes() if data is None else data).decode()}"
 
 
-def static_html(source: Any, max_episodes: int | None = None) -> str:
+def static_html(source: RunSource | EvalSource, max_episodes: int | None = None) -> str:
     """The self-contained page: HTML, CSS, JS, the documents and frames inline (see the module docstring).
 
     max_episodes: at most this many episodes per group (the first ones); None = all.
     """
     index = source.index()
-    episodes, details, files = {}, {}, {}
+    episodes: dict[str, list[dict]] = {}
+    details: dict[str, dict[str, dict]] = {}
+    files: dict[str, str | None] = {}
     for g in index["groups"]:
         summaries = source.episodes(g["id"])
         if max_episodes is not None:
@@ -209,14 +218,14 @@ def static_html(source: Any, max_episodes: int | None = None) -> str:
                    {"index": index, "episodes": episodes, "details": details, "files": files})
 
 
-def static_sweep_html(sweep: Any) -> str:
+def static_sweep_html(sweep: SweepSource) -> str:
     """The sweep's self-contained page: its document with the curves as data: URIs inline."""
     index = sweep.index()
     curves = {c["file"]: _data_uri(Path(c["file"]), sweep.curve_png(Path(c["file"]).name)) for c in index["curves"]}
     return _inline(STATIC / "sweep.html", "sweep.js", {"sweep": index, "files": curves})
 
 
-def embed_json(data: Any) -> str:
+def embed_json(data: object) -> str:
     """``data`` as JSON that is safe inside ``<script type="application/json">`` whatever its strings
     hold: every ``<``, ``>`` and ``&`` written as a \\u escape, so no text (``</script>``, ``<!--<script>``)
     can end the block or switch the HTML parser's script state; ``JSON.parse`` reads the same data."""

