@@ -11,7 +11,10 @@ tiny model: a timing run, not a learning one) on FrozenLake whose every step tak
   rollout waits for the update;
 - ``overlap1``: ``rollout.overlap 1``: step k+1's rollout runs while step k updates (staleness 1);
 - ``stream-K`` (K = 1, 2, 4): ``rollout.max_staleness K``: rollouts of the next K steps keep
-  generating while the trainer updates, weights pushed right after each update.
+  generating while the trainer updates, weights pushed right after each update;
+- ``stream-K-interrupt``: the same with ``rollout.interrupt: true``: a push stops the replies being
+  generated between decode steps and they continue on the new weights (the push does not wait for
+  them); ``split replies`` counts the replies a push split.
 
 Reported per mode, from the run's ``metrics.jsonl`` with the first RL step left out (it pays the
 start-up): the median ``perf/step_time_s``, trajectories/s (``rollout/episodes`` summed over
@@ -51,6 +54,9 @@ MODES = {
     "stream-1": ["rollout.overlap=0", "rollout.max_staleness=1"],
     "stream-2": ["rollout.overlap=0", "rollout.max_staleness=2"],
     "stream-4": ["rollout.overlap=0", "rollout.max_staleness=4"],
+    "stream-1-interrupt": ["rollout.overlap=0", "rollout.max_staleness=1", "rollout.interrupt=true"],
+    "stream-2-interrupt": ["rollout.overlap=0", "rollout.max_staleness=2", "rollout.interrupt=true"],
+    "stream-4-interrupt": ["rollout.overlap=0", "rollout.max_staleness=4", "rollout.interrupt=true"],
 }
 
 
@@ -63,6 +69,7 @@ class Result:
     step_s: float = float("nan")  # median perf/step_time_s
     traj_per_s: float = float("nan")  # episodes / step time, summed over the steps
     max_lag: float = float("nan")  # the largest rollout/weights_lag
+    split: float = float("nan")  # rollout/split_replies summed over the steps
     wall_s: float = float("nan")  # the whole vagent train process
     load: float = float("nan")  # 1-minute load average after the run
     note: str = ""  # skipped or failed: the reason
@@ -112,6 +119,7 @@ def measure(run_dir: Path, res: Result) -> Result:
     res.step_s = statistics.median(r["perf/step_time_s"] for r in recs)
     res.traj_per_s = sum(r["rollout/episodes"] for r in recs) / sum(r["perf/step_time_s"] for r in recs)
     res.max_lag = max((r.get("rollout/weights_lag", float("nan")) for r in recs), default=float("nan"))
+    res.split = sum(r.get("rollout/split_replies", 0.0) for r in recs)
     return res
 
 
@@ -146,20 +154,21 @@ def report(args: argparse.Namespace, modes: list[str], results: list[Result]) ->
           f"{args.dist} median {args.median_s:g} s, p90 {lat.quantile(0.9):.3f} s, p99 {lat.quantile(0.99):.3f} s, "
           f"cut at {args.max_s:g} s; {args.rounds} round(s), the order alternated")
     print("| mode | median step s | trajectories/s | step speed-up vs overlap1 | trajectories/s vs overlap1 | "
-          "max weights lag | wall s | load after |\n|---|---|---|---|---|---|---|---|")
+          "max weights lag | split replies | wall s | load after |\n|---|---|---|---|---|---|---|---|---|")
     for mode in modes:
         mine = [r for r in results if r.mode == mode]
         notes = sorted({r.note for r in mine if r.note})
         ok = [r for r in mine if not r.note]
         if not ok:
-            print(f"| {mode} | - | - | - | - | - | - | - |  {'; '.join(notes)}")
+            print(f"| {mode} | - | - | - | - | - | - | - | - |  {'; '.join(notes)}")
             continue
         base = [r for r in results if r.mode == BASELINE and not r.note]
         step_s, tps = statistics.median(r.step_s for r in ok), statistics.median(r.traj_per_s for r in ok)
         b_step = statistics.median(r.step_s for r in base) if base else float("nan")
         b_tps = statistics.median(r.traj_per_s for r in base) if base else float("nan")
         print(f"| {mode} | {step_s:.2f} | {tps:.2f} | {ratio(b_step, step_s)} | {ratio(tps, b_tps)} | "
-              f"{max(r.max_lag for r in ok):g} | {statistics.median(r.wall_s for r in ok):.1f} | "
+              f"{max(r.max_lag for r in ok):g} | {statistics.median(r.split for r in ok):g} | "
+              f"{statistics.median(r.wall_s for r in ok):.1f} | "
               f"{statistics.median(r.load for r in ok):.2f} |" + (f"  {'; '.join(notes)}" if notes else ""))
 
 
