@@ -121,16 +121,16 @@ def field_class(cls: type | None, name: str) -> type | None:
     if cls is None or not dataclasses.is_dataclass(cls):
         return None
     field_type = field_types(cls).get(name)
-    if dataclasses.is_dataclass(field_type):
+    if isinstance(field_type, type) and dataclasses.is_dataclass(field_type):
         return field_type
     if typing.get_origin(field_type) in (list, tuple):
-        return field_type  # resolved to the item class when indexed
+        return field_type  # a list[...] alias: resolved to the item class when indexed
     return None
 
 
 def _list_item_class(list_type: Any) -> type | None:
     args = typing.get_args(list_type) if list_type is not None else ()
-    return args[0] if args and dataclasses.is_dataclass(args[0]) else None
+    return args[0] if args and isinstance(args[0], type) and dataclasses.is_dataclass(args[0]) else None
 
 
 def default_run_name(cfg: RunConfig) -> str:

@@ -5,7 +5,7 @@ model is caption-pretrained on, against its env's declared Config)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from vagent.config import ConfigError, field_types, from_mapping
 from vagent.recipes.config.ranges import check_name, check_ranges
@@ -289,7 +289,7 @@ def check_reasoning_reward(cfg: RunConfig) -> None:
     from vagent.rewards.reasoning import ReasoningRewardConfig  # not at the top: vagent --help stays light
 
     parsed = from_mapping(ReasoningRewardConfig, cfg.reasoning_reward, where="reasoning_reward")
-    stack = [("reasoning_reward", dataclasses.asdict(parsed))]
+    stack: list[tuple[str, dict[str, Any] | list[Any]]] = [("reasoning_reward", dataclasses.asdict(parsed))]
     while stack:
         where, node = stack.pop()
         for key, value in (node.items() if isinstance(node, dict) else enumerate(node)):
