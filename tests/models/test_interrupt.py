@@ -14,7 +14,7 @@ import torch
 
 from vagent.models.engine import INTERRUPTED, GenerationRequest, HFEngine, SamplingParams
 from vagent.models.interrupt import continue_interrupted, joined
-from vagent.models.replica_actors import token_logprobs
+from vagent.models.replica_actors import sequence_token_logprobs as token_logprobs
 
 GREEDY = SamplingParams(do_sample=False, max_new_tokens=10)
 

@@ -13,6 +13,7 @@ import torch
 
 from vagent.models.inputs import backbone_of, explicit_position_ids, model_inputs, mrope_image_token_id, unwrap
 from vagent.models.packing import pack, packable, packed_inputs, row_attention
+from vagent.rl.losses import entropy_from_logits, logprobs_from_logits
 
 __all__ = ["backbone_of", "explicit_position_ids", "forward_hidden", "forward_logits", "model_inputs",
            "mrope_image_token_id", "token_entropy", "token_logprobs", "unwrap"]
@@ -67,22 +68,17 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, temperature: f
     """out[b, t] = log p(input_ids[b, t] | input_ids[b, :t]), float32 [B, L]; out[:, 0] = 0.
 
     logits: [B, L, V] from ``forward_logits`` on the same ``input_ids``. ``temperature`` divides
-    the logits first (1.0 = the model's own distribution, what ``HFEngine`` reports). Computed
-    row by row in float32 (``logit[target] - logsumexp(logits)``) to bound memory.
+    the logits first (1.0 = the model's own distribution, what ``HFEngine`` reports). The math is
+    :func:`vagent.rl.losses.logprobs_from_logits` (``logit[target] - logsumexp(logits)`` in
+    float32), applied row by row to bound memory.
     """
     out = torch.zeros(input_ids.shape, dtype=torch.float32, device=logits.device)
-    targets = input_ids[:, 1:]
-    for b in range(logits.shape[0]):
-        row = logits[b, :-1].float() / temperature  # [L-1, V]
-        picked = row.gather(-1, targets[b].unsqueeze(-1)).squeeze(-1)
-        out[b, 1:] = picked - torch.logsumexp(row, dim=-1)
+    for b in range(logits.shape[0]):  # row b's logits at t predict its token t + 1
+        out[b, 1:] = logprobs_from_logits(logits[b, :-1].float() / temperature, input_ids[b, 1:])
     return out
 
 
 def token_entropy(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of the next-token distribution at every position, float32 [B, L]."""
-    out = torch.empty(logits.shape[:2], dtype=torch.float32, device=logits.device)
-    for b in range(logits.shape[0]):
-        logp = torch.log_softmax(logits[b].float(), dim=-1)
-        out[b] = -(logp.exp() * logp).sum(-1)
-    return out
+    """Entropy of the next-token distribution at every position, float32 [B, L]
+    (:func:`vagent.rl.losses.entropy_from_logits`)."""
+    return entropy_from_logits(logits)

@@ -127,9 +127,9 @@ class EngineReplica:
         return self.version
 
     def logprobs(self, input_ids: list[int], n_prompt: int, temperature: float = 1.0) -> list[float]:
-        """``token_logprobs`` of this replica's model (weight checks)."""
+        """``sequence_token_logprobs`` of this replica's model (weight checks)."""
         with self.engine.exclusive():
-            return token_logprobs(self.model, input_ids, n_prompt, temperature)
+            return sequence_token_logprobs(self.model, input_ids, n_prompt, temperature)
 
     def stats(self) -> dict:
         return {**self.engine.stats, **self.engine.engine.stats, "version": self.version}
@@ -218,9 +218,12 @@ def check_adapter_push(state: dict, own: dict) -> None:
             + ". The trainer's LoRA settings (model.lora_rank, target modules) must be the replicas'.")
 
 
-def token_logprobs(model: Any, input_ids: Sequence[int], n_prompt: int, temperature: float = 1.0) -> list[float]:
+def sequence_token_logprobs(model: Any, input_ids: Sequence[int], n_prompt: int,
+                            temperature: float = 1.0) -> list[float]:
     """log pi(token_t | tokens before t) / temperature-softmax of ``input_ids[n_prompt:]``: one
-    text-only forward in eval mode without grad (the trainer-vs-replica weight check)."""
+    text-only forward of ``model`` on one token sequence, in eval mode without grad (the
+    trainer-vs-replica weight check). Not ``vagent.models.forward.token_logprobs``, which reads
+    log-probs off logits already computed."""
     import torch
 
     was_training = model.training
@@ -234,5 +237,8 @@ def token_logprobs(model: Any, input_ids: Sequence[int], n_prompt: int, temperat
         model.train(was_training)
 
 
+#: the old name of :func:`sequence_token_logprobs`, still importable here and from ``vagent.models.remote``
+token_logprobs = sequence_token_logprobs
+
 __all__ = ["EngineReplica", "VLLMReplica", "PushGate", "NoReplicaLeft", "ReplicaLost", "adapter_names", "check_adapter_push", "pushed_state",
-           "token_logprobs"]
+           "sequence_token_logprobs", "token_logprobs"]

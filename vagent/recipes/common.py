@@ -40,15 +40,15 @@ from vagent.service.preflight import check_env_servers, remote_env_info
 # ----------------------------------------------------------------------------------------------
 
 
-def train_env_specs(cfg: RunConfig, step: int) -> list:
-    """The envs of RL step ``step``: for each entry, ``n_train`` consecutive seeds of the ``train``
-    split at an offset derived from (run seed, entry index, step), so a resumed run replays the same
-    envs and steps never share a seed by construction within 1e6 / n_train steps. An entry with a
-    ``latency`` makes its envs through ``with_latency`` (each step takes a drawn time)."""
+def train_env_specs(cfg: RunConfig, updates_done: int) -> list:
+    """The envs of RL step ``updates_done + 1``: for each entry, ``n_train`` consecutive seeds of the
+    ``train`` split at an offset derived from (run seed, entry index, updates_done), so a resumed run
+    replays the same envs and steps never share a seed by construction within 1e6 / n_train steps.
+    An entry with a ``latency`` makes its envs through ``with_latency`` (each step takes a drawn time)."""
     specs = []
     size = len(SPLITS["train"])
     for i, e in enumerate(cfg.envs):
-        start = (derive_seed(cfg.seed, i) % size + step * e.n_train) % (size - e.n_train)
+        start = (derive_seed(cfg.seed, i) % size + updates_done * e.n_train) % (size - e.n_train)
         factory = env_factory_for(e)  # None for in-process envs; RemoteEnv on e.urls otherwise
         latency = env_latency(e, i)
         if latency is not None:
@@ -96,12 +96,14 @@ def check_remote_envs(cfg: RunConfig, say: Callable[[str], None]) -> None:
                           f"reasoning_reward: null, or register the env here too. {IMPORT_HINT}")
 
 
-def sampling_for(cfg: RunConfig, step: int, greedy: bool = False):
-    """The rollout's SamplingConfig at ``step`` (seed derived from the run seed and the step)."""
+def sampling_for(cfg: RunConfig, updates_done: int, greedy: bool = False):
+    """The rollout's SamplingConfig of RL step ``updates_done + 1`` (seed derived from the run seed and
+    ``updates_done``; validation passes 0)."""
     rollout_cfg = cfg.rollout
     return SamplingConfig(
         temperature=0.0 if greedy else rollout_cfg.temperature, top_p=rollout_cfg.top_p, top_k=rollout_cfg.top_k,
-        max_new_tokens=rollout_cfg.max_new_tokens, stop=stop_strings(cfg), seed=derive_seed(cfg.seed, "sample", step),
+        max_new_tokens=rollout_cfg.max_new_tokens, stop=stop_strings(cfg),
+        seed=derive_seed(cfg.seed, "sample", updates_done),
     )
 
 

@@ -118,13 +118,14 @@ def train_ppo(session: Session, start_step: int = 0, resume_from: str | None = N
             clock.stop()
 
             # 6. log, validate, save samples and checkpoint
+            announce_warmup_end(session.console, ppo_cfg, ctx.rl_step, actor_on)
             loop.finish(StepOutcome(
                 ctx.rl_step, episodes, batch, scores, estimate, clock,
                 stage_metrics=(kept.metrics, off.metrics, critic_stats.metrics, actor_stats, lrs),
                 own=critic_metrics(batch, scores, estimate, actor_on),
                 # backbones trained: the actor's (after warm-up) and a separate critic's (a shared one trains its head)
                 backbones=int(actor_on) + int(ppo_cfg.critic_backbone == "separate"),
-                values=scores.values, returns=estimate.returns, shown=warmup_state(session.console, ppo_cfg, ctx.rl_step, actor_on),
+                values=scores.values, returns=estimate.returns, shown=warmup_field(ppo_cfg, ctx.rl_step, actor_on),
             ), nets.state)
     return loop.last_val
 
@@ -141,15 +142,18 @@ def ppo_models(session: Session) -> tuple[RLModels, ValueModel]:
     return nets, nets.critic
 
 
-def warmup_state(console: Console, ppo_cfg: PPOConfig, rl_step: int, actor_on: bool) -> dict[str, str]:
+def warmup_field(ppo_cfg: PPOConfig, rl_step: int, actor_on: bool) -> dict[str, str]:
     """The progress bar's ``actor`` field: ``updated``, or ``critic-warm-up(k/N)`` while the critic
-    warms up (``ppo.critic_warmup_steps``); the console says when the warm-up is over (at its
-    first actor update)."""
+    warms up (``ppo.critic_warmup_steps``)."""
+    return {"actor": "updated" if actor_on else f"critic-warm-up({rl_step}/{ppo_cfg.critic_warmup_steps})"}
+
+
+def announce_warmup_end(console: Console, ppo_cfg: PPOConfig, rl_step: int, actor_on: bool) -> None:
+    """Say on the console that the critic's warm-up is over, at the actor's first update after one."""
     warmup = ppo_cfg.critic_warmup_steps
     if warmup and actor_on and rl_step == warmup + 1:
         console.print(f"RL step {rl_step}: the critic's warm-up is over ({warmup} step(s)); the actor "
                       "updates from this step on")
-    return {"actor": "updated" if actor_on else f"critic-warm-up({rl_step}/{warmup})"}
 
 
 #: an estimator: (ppo config, batch, token rewards, values, final values) -> (advantages, returns,

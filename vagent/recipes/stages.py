@@ -5,7 +5,7 @@ and the stages PPO and GRPO run alike on them (``token_batch``, ``filter_groups`
 One RL step of ``ppo.py`` / ``grpo.py`` reads::
 
     episodes  = loop.rollout(updates_done)            rollout      -> RolloutResult (list of Episode)
-    kept      = filter_groups(loop.token_batch(...))  token rows   -> Filtered (TokenBatch [B, L], scale, filter/)
+    kept      = filter_groups(token_batch(...), ...)  token rows   -> Filtered (TokenBatch [B, L], scale, filter/)
     scores    = score_batch(...)                      scoring      -> Scores (PPO: PPOScores, with V_old)
     estimate  = ppo_advantages / group_advantages     advantages   -> Advantages (PPO: PPOAdvantages)
     off       = off_policy(...)                       mismatch     -> OffPolicy (ratio anchor, IS weights, rejections)
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Filtered:
-    """The token batch after the reward-variance filter (``vagent.recipes.step.filter_groups``)."""
+    """The token batch after the reward-variance filter (:func:`filter_groups`)."""
 
     batch: TokenBatch  # the kept rows (all of them with ``filter: none``)
     scale: float  # the advantages' scale (top_p: sqrt(kept / all groups)); 1.0 otherwise

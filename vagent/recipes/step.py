@@ -139,7 +139,7 @@ class TrainRollout:
     last_checkpoint: LastCheckpoint
 
     def __call__(self, policy: Policy, step: int, unshard: bool) -> RolloutResult:
-        cfg, updates_done = self.cfg, step
+        cfg, updates_done = self.cfg, step  # the driver's `step` (RolloutRun): the updates done
         try:
             with generation_mode(self.model) if unshard else contextlib.nullcontext():
                 return rollout_on_ranks(train_env_specs(cfg, updates_done), policy, sampling_for(cfg, updates_done),
@@ -323,9 +323,9 @@ class StepLoop:
         self.last_checkpoint.path = str(ck)
 
 
-def resume_in_flight(session: Session, driver: RolloutDriver, checkpoint: str, step: int) -> None:
+def resume_in_flight(session: Session, driver: RolloutDriver, checkpoint: str, updates_done: int) -> None:
     """Give an overlapped run's driver the rollout its checkpoint had in flight (``inflight.pt``,
-    read as data), so RL step ``step + 1`` (``step`` updates done) trains on the episodes the
+    read as data), so RL step ``updates_done + 1`` trains on the episodes the
     uninterrupted run trained on, sampled with the same (one update older) weights. A checkpoint
     without one (the last step of a run whose ``steps`` the resume raised, or an older vagent's)
     resumes with fresh episodes, and the console says so; a record of another step or another run
@@ -335,19 +335,20 @@ def resume_in_flight(session: Session, driver: RolloutDriver, checkpoint: str, s
 
     saved = load_object(checkpoint, "inflight")
     if saved is None:
-        if step < session.cfg.steps:
+        if updates_done < session.cfg.steps:
             session.console.print(f"note: {checkpoint} holds no in-flight rollout (it was the run's last step before "
-                                  f"`steps` was raised, or an older vagent wrote it): step {step + 1} samples with the "
+                                  "`steps` was raised, or an older vagent wrote it): "
+                                  f"step {updates_done + 1} samples with the "
                                   "checkpoint's weights (rollout/weights_lag 0), where an uninterrupted run would have "
                                   "sampled it one update earlier")
         return
-    problem = in_flight_problem(saved, step, _run_id(session.run.root))
+    problem = in_flight_problem(saved, updates_done, _run_id(session.run.root))
     if problem is None and not all(isinstance(rec, InFlight) for rec in (saved if isinstance(saved, list) else [saved])):
         problem = f"inflight.pt holds a {type(saved).__name__}, not the in-flight rollout vagent saves"
     if problem is not None:
         raise CheckpointError(f"{checkpoint}: its {problem}; the checkpoint was not written by this run. Restore it "
                               "from a copy of the run directory, or resume from an earlier checkpoint.")
-    driver.resume_in_flight(saved, step)
+    driver.resume_in_flight(saved, updates_done)
 
 
 def _run_id(run_root: Path) -> str | None:

@@ -157,8 +157,8 @@ class _Mean:
 
 
 @dataclass(frozen=True)
-class _Step:
-    """What every mini-batch step of one update shares."""
+class _Shared:
+    """What every mini-batch of one update shares."""
 
     learner: Learner
     loss: LossFn
@@ -184,7 +184,7 @@ def update_loop(
     the positions the loss aggregates over, which set the micro-batches' accumulation weights.
     Returns the mean stats (``<role>/grad_norm`` over optimizer steps).
     """
-    step = _Step(learner, loss, settings, ctx, _Mean())
+    shared = _Shared(learner, loss, settings, ctx, _Mean())
     model = learner.module
     model.train()
     for epoch in range(settings.epochs):
@@ -192,29 +192,30 @@ def update_loop(
         for rows in mini_batches(batch.batch_size, settings.mini_batches, seed):
             mini = batch.select(rows)
             length = mini.input_ids.shape[1]
-            _mini_batch_step(step, mini, take_all(inputs, rows, length), take(mask, rows, length))
+            _mini_batch(shared, mini, take_all(inputs, rows, length), take(mask, rows, length))
     model.zero_grad(set_to_none=True)
-    return step.stats.result()
+    return shared.stats.result()
 
 
-def _mini_batch_step(step: _Step, mini: TokenBatch, inputs: tuple, mask: Tensor) -> None:
+def _mini_batch(shared: _Shared, mini: TokenBatch, inputs: tuple, mask: Tensor) -> None:
     """Accumulate the gradient over this rank's micro-batches of ``mini``, then one optimizer step."""
-    settings, where, learner = step.settings, ("rl", step.ctx.rl_step, step.ctx.last_checkpoint), step.learner
+    settings, learner = shared.settings, shared.learner
+    where = ("rl", shared.ctx.rl_step, shared.ctx.last_checkpoint)  # errors name the RL step (1..steps)
     learner.module.zero_grad(set_to_none=True)
     for sub in rank_micro_batches(mini, settings.micro_batch_tokens):  # one process: all micro-batches
         mb = mini.select(sub)
         length = mb.input_ids.shape[1]
         mb_mask = take(mask, sub, length)
         w = 0.0 if isinstance(sub, Padding) else accumulation_weight(mb_mask, mask, settings.loss_agg)
-        out = step.loss(mb, take_all(inputs, sub, length), mb_mask)
+        out = shared.loss(mb, take_all(inputs, sub, length), mb_mask)
         check_finite(out.checked, *where)
         (out.loss * w).backward()
-        step.stats.add(out.stats, w)
+        shared.stats.add(out.stats, w)
     grad_norm = clip_grads(learner.params, settings.grad_clip)
-    check_finite({f"{step.loss.role}/grad_norm": grad_norm}, *where)
-    step.stats.add({f"{step.loss.role}/grad_norm": grad_norm}, 1.0)
+    check_finite({f"{shared.loss.role}/grad_norm": grad_norm}, *where)
+    shared.stats.add({f"{shared.loss.role}/grad_norm": grad_norm}, 1.0)
     learner.opt.step()
-    check_module_finite(learner.module, f"{step.loss.trained} after the update", *where)
+    check_module_finite(learner.module, f"{shared.loss.trained} after the update", *where)
 
 
 class ActorInputs(NamedTuple):
