@@ -14,7 +14,7 @@ import torch
 
 from vagent.models.engine import INTERRUPTED, GenerationRequest, HFEngine, SamplingParams
 from vagent.models.interrupt import continue_interrupted, joined
-from vagent.models.replica_actors import sequence_token_logprobs as token_logprobs
+from vagent.models.replica_actors import sequence_token_logprobs
 
 GREEDY = SamplingParams(do_sample=False, max_new_tokens=10)
 
@@ -117,8 +117,8 @@ def test_a_push_stops_a_replicas_running_reply_which_continues_on_the_new_weight
     assert 0 < split < len(out.token_ids) and set(out.token_versions[split:]) == {1}, out.token_versions
     assert out.weights_version == 0 and out.finish_reason in ("eos", "length")
     ids, n = list(request.input_ids) + list(out.token_ids), len(request.input_ids)
-    assert out.logprobs[:split] == pytest.approx(token_logprobs(old, ids, n)[:split], abs=1e-4)
-    assert out.logprobs[split:] == pytest.approx(token_logprobs(new, ids, n)[split:], abs=1e-4)
+    assert out.logprobs[:split] == pytest.approx(sequence_token_logprobs(old, ids, n)[:split], abs=1e-4)
+    assert out.logprobs[split:] == pytest.approx(sequence_token_logprobs(new, ids, n)[split:], abs=1e-4)
     print(f"the push took {pushed_s:.2f} s; the reply split at token {split} of {len(out.token_ids)}; "
           f"the reply took {time.monotonic() - t_start:.1f} s")
     assert pushed_s < 30

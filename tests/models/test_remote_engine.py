@@ -16,7 +16,7 @@ import torch
 pytest.importorskip("ray", reason="RemoteEngine needs the ray extra: pip install 'vagent[ray]'")
 
 from vagent.models.engine import HFEngine  # noqa: E402
-from vagent.models.remote import RemoteEngine, start_ray, token_logprobs  # noqa: E402
+from vagent.models.remote import RemoteEngine, start_ray, sequence_token_logprobs  # noqa: E402
 from vagent.rollout import EnvSpec, HFPolicy, SamplingConfig, rollout  # noqa: E402
 
 from tests.models.replica_kill import check_killed_replica_loses_no_episode, ids  # noqa: E402
@@ -75,11 +75,11 @@ def test_replica_logprobs_equal_the_trainers_after_a_weight_push(remote, tiny_vl
             p.add_(0.02 * torch.randn_like(p))
     tokens = tiny_vlm.encoder.tokenizer("The goal is below and to the right of you.")["input_ids"]
     before = remote.replica_logprobs(0, tokens, 3)
-    assert before == pytest.approx(token_logprobs(tiny_vlm.model, tokens, 3), abs=1e-5)
+    assert before == pytest.approx(sequence_token_logprobs(tiny_vlm.model, tokens, 3), abs=1e-5)
     t0 = time.perf_counter()
     assert remote.update_weights(trainer) == 1
     push_s = time.perf_counter() - t0
-    want = token_logprobs(trainer, tokens, 3)
+    want = sequence_token_logprobs(trainer, tokens, 3)
     for replica in (0, 1):
         got = remote.replica_logprobs(replica, tokens, 3)
         assert got == pytest.approx(want, abs=1e-5), replica

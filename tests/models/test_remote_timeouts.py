@@ -26,7 +26,7 @@ pytest.importorskip("ray", reason="RemoteEngine needs the ray extra: pip install
 
 from vagent.models.engine import GenerationRequest, HFEngine, SamplingParams  # noqa: E402
 from vagent.models.remote import (  # noqa: E402
-    NAMESPACE, EngineReplica, RemoteEngine, _cpu_copy, _replica_options, start_ray, token_logprobs,
+    NAMESPACE, EngineReplica, RemoteEngine, _cpu_copy, _replica_options, start_ray, sequence_token_logprobs,
 )
 from vagent.rollout import EnvSpec, HFPolicy, SamplingConfig, rollout  # noqa: E402
 
@@ -185,7 +185,7 @@ def test_a_stuck_push_marks_the_replica_dead_and_the_other_generates_with_the_ne
     assert engine.alive == [False, True]
     assert killed(ray_cluster, handles[0])  # a replica with stale weights never answers again
     tokens = tiny_vlm.encoder.tokenizer("The goal is below and to the right of you.")["input_ids"]
-    assert engine.replica_logprobs(1, tokens, 3) == pytest.approx(token_logprobs(trainer, tokens, 3), abs=1e-5)
+    assert engine.replica_logprobs(1, tokens, 3) == pytest.approx(sequence_token_logprobs(trainer, tokens, 3), abs=1e-5)
     ref = rollout(specs(), HFPolicy(HFEngine(trainer, tiny_vlm.encoder)), GREEDY, max_turns=2)
     got, err, _ = within(TIMEOUT_S + MARGIN_S, lambda: rollout(specs(), HFPolicy(engine), GREEDY, max_turns=2))
     assert err is None, err

@@ -66,7 +66,7 @@ from vagent.models.ray_cluster import replica_options as _replica_options  # noq
 # the actors' bodies and the push helpers live beside this module; importable from here
 from vagent.models.replica_actors import (  # noqa: F401
     EngineReplica, NoReplicaLeft, PushGate, ReplicaLost, VLLMReplica, adapter_names, check_adapter_push, pushed_state,
-    token_logprobs,
+    sequence_token_logprobs,
 )
 from vagent.models.replica_routing import ReplicaTable
 
@@ -389,5 +389,5 @@ def _cpu_copy(model: Any, dtype: Any = None) -> Any:
 
 
 __all__ = ["RemoteEngine", "NoReplicaLeft", "ReplicaLost", "EngineReplica", "VLLMReplica", "PushGate", "start_ray", "join_ray", "import_ray",
-           "token_logprobs", "RAY_HINT", "adapter_names", "check_adapter_push", "pushed_state", "PUSH_TIMEOUT_S",
+           "sequence_token_logprobs", "RAY_HINT", "adapter_names", "check_adapter_push", "pushed_state", "PUSH_TIMEOUT_S",
            "GENERATE_TIMEOUT_S"]

@@ -237,8 +237,5 @@ def sequence_token_logprobs(model: Any, input_ids: Sequence[int], n_prompt: int,
         model.train(was_training)
 
 
-#: the old name of :func:`sequence_token_logprobs`, still importable here and from ``vagent.models.remote``
-token_logprobs = sequence_token_logprobs
-
-__all__ = ["EngineReplica", "VLLMReplica", "PushGate", "NoReplicaLeft", "ReplicaLost", "adapter_names", "check_adapter_push", "pushed_state",
-           "sequence_token_logprobs", "token_logprobs"]
+__all__ = ["EngineReplica", "VLLMReplica", "PushGate", "NoReplicaLeft", "ReplicaLost", "adapter_names",
+           "check_adapter_push", "pushed_state", "sequence_token_logprobs"]
