@@ -20,7 +20,7 @@ slowdown over the fair share (k busy processes and our 2 threads on C cores get
 is a fair share, the goal is <= 1.3. Also the idle cost of each policy against ``default``.
 
 ``--workload train`` times a whole run instead: the default pipeline scaled down (the golden
-test's run, ``vagent.recipes.config.presets.SCALED_DEFAULT_OVERRIDES``: caption pretraining 12 + 8
+test's run, ``vagent.runconfig.presets.SCALED_DEFAULT_OVERRIDES``: caption pretraining 12 + 8
 steps, 4 SFT steps, 2 PPO steps, 3 validations; a fresh model cache each time, so pretraining is
 timed too), ``vagent train`` in a subprocess as a user starts it. ``--workload default`` times README command 1's run itself: the
 embedded default (``vagent train`` with no overrides: caption pretraining, SFT 300 x 8, PPO 20 x 16,
@@ -44,7 +44,7 @@ import subprocess
 import sys
 import time
 
-from vagent.recipes.config.presets import SCALED_DEFAULT_OVERRIDES
+from vagent.runconfig.presets import SCALED_DEFAULT_OVERRIDES
 
 WORKLOAD = r"""
 import sys, time

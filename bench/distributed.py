@@ -76,7 +76,7 @@ def gpu(args: argparse.Namespace) -> None:
     from vagent.distributed import init_world, shard_model, shutdown_world, world
     from vagent.models.loading import count_parameters, load_policy
     from vagent.models.tiny import build_tiny_vlm
-    from vagent.recipes.config import UpdateConfig
+    from vagent.runconfig import UpdateConfig
     from vagent.recipes.scoring import policy_forward
     from vagent.recipes.stages import Advantages, OffPolicy, Scores
     from vagent.recipes.update import Learner, UpdateContext, actor_update

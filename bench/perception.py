@@ -36,7 +36,7 @@ def main() -> int:
 
     import vagent.seeds as seeds
     from vagent.models.loading import load_policy
-    from vagent.recipes.config import EnvEntry
+    from vagent.runconfig import EnvEntry
     from vagent.recipes.pretrain import caption_records
     from vagent.rollout.hf_policy import HFPolicy
     from vagent.rollout.policy import Conversation, Message, SamplingConfig

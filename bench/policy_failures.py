@@ -73,7 +73,7 @@ def main() -> int:
     import torch
 
     from vagent.models import load_policy
-    from vagent.recipes.config import load_config
+    from vagent.runconfig import load_config
     from vagent.rollout import EnvSpec, HFPolicy, SamplingConfig, rollout
     from vagent.seeds import split_seeds
 

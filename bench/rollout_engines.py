@@ -123,7 +123,7 @@ def bench_schedule(args, loaded, specs, sampling, rows):
 
 
 def bench_overlap(args, rows):
-    from vagent.recipes.config import load_config
+    from vagent.runconfig import load_config
     from vagent.recipes.run import train
 
     tmp = Path(tempfile.mkdtemp(prefix="bench_overlap_"))

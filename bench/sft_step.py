@@ -43,7 +43,7 @@ def main() -> int:
 
     from vagent.models import load_policy
     from vagent.recipes.tiny_cache import prepare_model
-    from vagent.recipes.config import load_config
+    from vagent.runconfig import load_config
     from vagent.recipes.demos import write_demos
     from vagent.recipes.sft import SFTForward, batch_rows, demo_settings, encode_chat, read_chats, sft_batch, sft_loss
 

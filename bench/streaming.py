@@ -91,7 +91,7 @@ def base_overrides(args: argparse.Namespace, tmp: Path) -> list[str]:
 def refused(overrides: list[str]) -> str:
     """Why the installed vagent refuses this config ('' when it loads)."""
     from vagent.config import ConfigError
-    from vagent.recipes.config import load_config
+    from vagent.runconfig import load_config
 
     try:
         load_config(None, overrides)

@@ -44,7 +44,7 @@ def one(name: str, steps: int, threads: int, device: str, workdir: Path) -> dict
     import torch
 
     from vagent.models.tiny import build_tiny_lm, build_tiny_vlm
-    from vagent.recipes.config import load_config
+    from vagent.runconfig import load_config
     from vagent.recipes.run import train
     from vagent.runs import read_metrics
 

@@ -71,7 +71,7 @@ def main() -> int:
 
     from vagent.models import load_policy
     from vagent.models.forward import forward_hidden
-    from vagent.recipes.config import load_config
+    from vagent.runconfig import load_config
     from vagent.rl.advantages import bi_level_gae
     from vagent.rollout import EnvSpec, HFPolicy, SamplingConfig, rollout
     from vagent.rollout.batch import build_token_batch

@@ -143,4 +143,26 @@ def test_a_config_error_is_said_before_torch_loads(tmp_path, job):
     errors = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
     assert errors and "unknown key 'bogus' in UpdateConfig" in errors[0], out.stderr[-2000:]
     loaded = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
-    assert "vagent.recipes.config" in loaded and not {"torch", "transformers"} & loaded, sorted(loaded)[:40]
+    assert "vagent.runconfig" in loaded and not {"torch", "transformers"} & loaded, sorted(loaded)[:40]
+
+
+#: the packages that run recipes (and so sit above them); every other module is below the recipes
+ABOVE_RECIPES = ("vagent.recipes", "vagent.cli", "vagent.__main__", "vagent.sweep", "vagent.eval")
+
+
+def test_no_module_below_the_recipes_imports_them():
+    """The run config lives below the recipes (``vagent.runconfig``), so the rollout drivers, the
+    replicas, the run directory's tokens and progress read it without an arrow up into a recipe."""
+    graph = import_graph(module_files())
+    upward = {m: sorted(t for t in targets if t == "vagent.recipes" or t.startswith("vagent.recipes."))
+              for m, targets in graph.items() if not m.startswith(ABOVE_RECIPES)}
+    upward = {m: t for m, t in upward.items() if t}
+    assert not upward, f"modules below the recipes import them (move what they need below): {upward}"
+
+
+def test_the_run_configs_old_name_is_the_same_module():
+    import vagent.recipes.config as old
+    import vagent.recipes.config.sections as old_sections
+    import vagent.runconfig as new
+
+    assert old is new and old_sections.RunConfig is new.RunConfig

@@ -1,4 +1,4 @@
-"""The type check: mypy, as configured in pyproject.toml ([tool.mypy]: vagent/recipes, vagent/rl,
+"""The type check: mypy, as configured in pyproject.toml ([tool.mypy]: vagent/recipes, vagent/runconfig, vagent/rl,
 vagent/rollout), reports no error; over the whole package, no more errors than recorded here.
 
 It is what notices an Optional flowing into a parameter that needs the value (a critic's values

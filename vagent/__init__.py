@@ -7,6 +7,7 @@ Subpackages (the folder tree is the architecture):
 - ``vagent.rl``       advantage estimators, losses and filters as pure tensor functions
 - ``vagent.rewards``  reasoning judges (grounding / world-modeling rewards)
 - ``vagent.models``   model loading, the tiny VLM builder, critic, generation engines
+- ``vagent.runconfig`` the declared run config (``RunConfig``), its ranges, presets and loading
 - ``vagent.recipes``  PPO, GRPO and SFT as readable loops
 - ``vagent.service``  HTTP environment server and its client
 - ``vagent.eval``     evaluation harness for local and API models

@@ -278,7 +278,7 @@ def test_one_sft_step_on_solver_demos_and_one_ppo_step_train_on_the_maniskill_ba
 
     from vagent.models.loading import load_policy
     from vagent.models.tiny import build_tiny_vlm
-    from vagent.recipes.config import load_config
+    from vagent.runconfig import load_config
     from vagent.recipes.run import train
     from vagent.runs import read_metrics
 

@@ -62,7 +62,7 @@ def test_run_config_model_fields_reach_the_model(hub_cache, tiny_vlm_dir, tmp_pa
     from vagent.config import ConfigError
     from vagent.recipes.common import load_model
     from vagent.recipes.tiny_cache import prepare_model
-    from vagent.recipes.config import load_config
+    from vagent.runconfig import load_config
 
     put_in_cache(hub_cache, "me/tiny-vl", tiny_vlm_dir)
     cfg = load_config(None, ["model.path=me/tiny-vl", "model.min_pixels=3136", "model.max_pixels=12544",

@@ -131,7 +131,7 @@ def test_default_run_prompt_ids_unchanged(tmp_path):
     system prompt and turns (two val seeds, one train seed; two turns each) to the same ids as
     before: the default run stays bit-identical."""
     from vagent.envs import make
-    from vagent.recipes.config import load_config
+    from vagent.runconfig import load_config
     from vagent.seeds import split_seeds
 
     cfg = load_config()

@@ -24,7 +24,7 @@ def test_head_size_refusal_names_the_supported_sizes(tmp_path):
 
 
 def test_tiny_heads_knob_builds_servable_models_and_keeps_the_default_name(tmp_path):
-    from vagent.recipes.config import ConfigError, ModelConfig, load_config
+    from vagent.runconfig import ConfigError, ModelConfig, load_config
     from vagent.recipes.tiny_cache import prepare_model, tiny_model_dir
 
     assert "-heads" not in tiny_model_dir(ModelConfig()).name  # the default model's cache name is unchanged

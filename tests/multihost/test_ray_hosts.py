@@ -267,7 +267,7 @@ def test_the_link_to_host1_cut_during_a_generate_or_a_push_ends_at_its_timeout(c
 
 def test_replica_resources_are_checked_when_the_config_loads():
     from vagent.config import ConfigError
-    from vagent.recipes.config import load_config
+    from vagent.runconfig import load_config
 
     ok = load_config(None, ["rollout.replicas=2", f"rollout.replica_resources={PINNED}"])
     assert ok.rollout.replica_resources == {"vagent_replica": 1}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from vagent.recipes.config import load_config
+from vagent.runconfig import load_config
 
 # The smallest settings that still exercise every stage (multi-turn, images, critic, validation).
 SMALL = [

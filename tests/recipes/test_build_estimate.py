@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import time
 
-from vagent.recipes.config import EnvEntry, ModelConfig
+from vagent.runconfig import EnvEntry, ModelConfig
 from vagent.recipes.pretrain import PACE_STEPS, Pace
 from vagent.recipes.tiny_cache import about, prepare_model, say_estimate
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from vagent.cli import main
-from vagent.recipes.config import load_config
+from vagent.runconfig import load_config
 from vagent.recipes.run import train
 from vagent.runs import read_metrics
 from vagent.runs.checkpoint import CheckpointError, check_checkpoint, load_checkpoint, select_checkpoint

@@ -10,7 +10,7 @@ import yaml
 
 from vagent.config import ConfigError
 from vagent.recipes.cli import layered_config, merge_trees
-from vagent.recipes.config import load_config
+from vagent.runconfig import load_config
 
 
 def _write(path, tree) -> str:

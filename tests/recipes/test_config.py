@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from vagent.config import ConfigError, field_docs, to_dict
-from vagent.recipes import config as C
-from vagent.recipes.config import RunConfig, config_to_yaml, load_config
+from vagent import runconfig as C
+from vagent.runconfig import RunConfig, config_to_yaml, load_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -78,7 +78,7 @@ def test_every_field_is_documented():
 def test_configuration_doc_lists_every_field():
     doc = (CONFIGS.parent / "docs" / "configuration.md").read_text()
     assert C.configuration_markdown() in doc, "docs/configuration.md is stale: regenerate its field tables " \
-        "from vagent.recipes.config.configuration_markdown()"
+        "from vagent.runconfig.configuration_markdown()"
 
 
 def test_env_declared_stop_strings_join_the_rollout_stop():

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from vagent.config import ConfigError
-from vagent.recipes.config import load_config
+from vagent.runconfig import load_config
 
 
 @pytest.mark.parametrize("value", [".nan", ".inf"])

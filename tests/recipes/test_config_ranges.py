@@ -1,5 +1,5 @@
 """Every numeric config field is checked at load: finite and inside its documented range
-(vagent.recipes.config.ranges.RANGES); run names that leave out_dir, non-UTF-8 config files and an
+(vagent.runconfig.ranges.RANGES); run names that leave out_dir, non-UTF-8 config files and an
 out_dir that is a file are refused before any model work, in one line each."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from vagent.config import ConfigError, field_types
-from vagent.recipes import config as C
-from vagent.recipes.config import load_config
-from vagent.recipes.config.ranges import RANGES, Range, ranges_markdown
+from vagent import runconfig as C
+from vagent.runconfig import load_config
+from vagent.runconfig.ranges import RANGES, Range, ranges_markdown
 
 
 def _numeric_fields(cls: type = C.RunConfig, prefix: str = "") -> dict[str, type]:
@@ -138,4 +138,4 @@ def test_out_dir_that_is_a_file_is_refused_before_any_model_work(tmp_path):
 def test_ranges_are_documented():
     doc = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
     assert ranges_markdown() in doc, "docs/configuration.md 'Value ranges' is stale: regenerate it from " \
-        "vagent.recipes.config.ranges.ranges_markdown()"
+        "vagent.runconfig.ranges.ranges_markdown()"

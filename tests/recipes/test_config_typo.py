@@ -9,7 +9,7 @@ import re
 import pytest
 
 from vagent.config import ConfigError
-from vagent.recipes.config import load_config, preset_dir, training_presets
+from vagent.runconfig import load_config, preset_dir, training_presets
 
 
 def test_the_error_lists_the_paper_recipes_and_suggests_the_closest():

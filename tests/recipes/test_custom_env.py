@@ -106,7 +106,7 @@ def test_guide_train_command(corridor_pkg):
     """The guide's ``vagent train`` as written, in a fresh process (the preset's ``threads: 2`` stays
     there), on the default preset's tiny model built under an empty HOME's ~/.cache/vagent: it
     updates the actor and validates."""
-    from vagent.recipes.config import load_config
+    from vagent.runconfig import load_config
 
     (train,) = guide_commands("train")
     out = vagent(*train, cwd=corridor_pkg, HOME=str(corridor_pkg / "home"), timeout=1800)
@@ -123,7 +123,7 @@ def test_guide_train_command(corridor_pkg):
 def test_imports_in_run_config(corridor_pkg):
     from vagent.config import ConfigError
     from vagent.envs import list_envs
-    from vagent.recipes.config import load_config
+    from vagent.runconfig import load_config
 
     cfg = load_config(None, ["imports=[mypackage.corridor]", "envs.0.name=corridor", "envs.0.config={}"])
     assert "corridor" in list_envs() and cfg.imports == ["mypackage.corridor"]

@@ -11,9 +11,9 @@ import pytest
 
 from vagent.cli import main
 from vagent.config import ConfigError
-from vagent.recipes.config import pretrain_env_entries
+from vagent.runconfig import pretrain_env_entries
 from vagent.recipes.tiny_cache import prepare_model, tiny_model_dir
-from vagent.recipes.config import EnvEntry, ModelConfig, load_config
+from vagent.runconfig import EnvEntry, ModelConfig, load_config
 
 
 def test_env_config_typo_fails_before_any_model_is_built(tmp_path):
@@ -102,7 +102,7 @@ def test_a_build_stopped_with_sigterm_leaves_no_temporary_folder(tmp_path):
     import time
 
     script = ("from vagent.recipes.tiny_cache import prepare_model\n"
-              "from vagent.recipes.config import EnvEntry, ModelConfig\n"
+              "from vagent.runconfig import EnvEntry, ModelConfig\n"
               f"m = ModelConfig(cache_dir={str(tmp_path)!r}, tiny_hidden=32, tiny_layers=1, tiny_image_size=56,\n"
               "                tiny_pretrain_steps=100000, tiny_pretrain_batch=2)\n"
               "prepare_model(m, [EnvEntry()])\n")

@@ -17,7 +17,7 @@ from tests.service.conftest import ServerProc, local_transcript, replies_for, tr
 from vagent.config import ConfigError
 from vagent.envs.latency import LatencyEnv, StepLatency, episode_latencies
 from vagent.recipes.common import train_env_specs, val_env_specs
-from vagent.recipes.config import load_config
+from vagent.runconfig import load_config
 from vagent.rollout.driver import close_env_factories
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -27,7 +27,7 @@ def test_text_only_model_for_an_image_env(tmp_path, capsys, tiny_vlm, tiny_lm):
     err = capsys.readouterr().err
     assert "text-only" in err and "envs.0.config.render=text" in err
     # the same model trains on the text render of the env
-    run = train(__import__("vagent.recipes.config", fromlist=["x"]).load_config(
+    run = train(__import__("vagent.runconfig", fromlist=["x"]).load_config(
         None, small_overrides(tmp_path, tiny_vlm, f"model.path={tiny_lm}", "envs.0.config.render=text", "steps=1")),
         quiet=True)
     assert (run / "summary.json").is_file()
@@ -51,7 +51,7 @@ def inf_model(tmp_path_factory, tiny_vlm):
 
 
 def test_nan_in_sft_loss_stops_the_run(tmp_path, small_cfg, inf_model):
-    from vagent.recipes.config import load_config
+    from vagent.runconfig import load_config
 
     cfg = load_config(None, small_overrides(tmp_path, inf_model, "recipe=sft", "sft.steps=3", "sft.demos_per_env=2",
                                             "sft.batch_size=2"))
@@ -60,7 +60,7 @@ def test_nan_in_sft_loss_stops_the_run(tmp_path, small_cfg, inf_model):
 
 
 def test_nan_weights_in_rollout_are_named(tmp_path, inf_model):
-    from vagent.recipes.config import load_config
+    from vagent.runconfig import load_config
 
     cfg = load_config(None, small_overrides(tmp_path, inf_model, "steps=2"))
     with pytest.raises(NonFiniteError, match=r"policy weights \(.*layers\.0\.mlp.*\) became inf at rl step 0"):
@@ -71,7 +71,7 @@ def test_blow_up_keeps_the_last_good_checkpoint(tmp_path, tiny_vlm):
     """One good SFT step (checkpoint written), then an absurd actor lr makes the first PPO update
     overflow the forward pass of the second epoch: the run stops before another optimizer step or
     checkpoint and names the good checkpoint."""
-    from vagent.recipes.config import load_config
+    from vagent.runconfig import load_config
 
     cfg = load_config(None, small_overrides(tmp_path, tiny_vlm, "sft.steps=1", "sft.demos_per_env=2",
                                             "sft.batch_size=2", "update.epochs=2"))

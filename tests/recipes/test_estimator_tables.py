@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from vagent.recipes.config import GRPOEstimator, PPOEstimator, load_config
+from vagent.runconfig import GRPOEstimator, PPOEstimator, load_config
 from vagent.recipes.grpo import GRPO_ESTIMATORS, trajectory_advantages
 from vagent.recipes.ppo import PPO_ESTIMATORS, ppo_advantages
 from vagent.recipes.stages import PPOScores

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from vagent.recipes.config import load_config
+from vagent.runconfig import load_config
 from vagent.recipes.stages import filter_groups
 from vagent.recipes.grpo import trajectory_advantages
 

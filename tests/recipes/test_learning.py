@@ -82,7 +82,7 @@ def _random_label_chats(path, n: int) -> None:
 
 @pytest.mark.slow
 def test_ppo_learns_the_one_token_answer(tmp_path, tiny_vlm):
-    from vagent.recipes.config import load_config
+    from vagent.runconfig import load_config
     from vagent.recipes.run import train
     from vagent.runs import read_metrics
 

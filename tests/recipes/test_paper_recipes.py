@@ -20,7 +20,7 @@ import yaml
 from vagent.config import ConfigError, from_mapping
 from vagent.eval.config import load_config as load_eval_config
 from vagent.eval.config import load_yaml, resolve_seeds
-from vagent.recipes.config import load_config
+from vagent.runconfig import load_config
 from tests.recipes.conftest import hf_metadata_dir
 from vagent.recipes.scale import (
     GIB, load_scaled, preflight, read_smoke, share_lines, smoke_overrides, state_bytes_per_gpu,

@@ -12,7 +12,7 @@ import pytest
 
 import vagent.recipes.scale as scale
 from vagent.config import ConfigError
-from vagent.recipes.config import load_config
+from vagent.runconfig import load_config
 from tests.recipes.conftest import hf_metadata_dir
 
 PAPER = Path(__file__).resolve().parents[2] / "configs" / "paper"

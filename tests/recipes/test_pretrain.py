@@ -11,7 +11,7 @@ import torch
 from vagent.envs import make
 from vagent.envs.frozenlake import describe_state
 from vagent.recipes.tiny_cache import tiny_model_dir
-from vagent.recipes.config import EnvEntry, ModelConfig
+from vagent.runconfig import EnvEntry, ModelConfig
 from vagent.recipes.pretrain import CaptionStage, caption_records, pretrain_captions
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from vagent.recipes.config.presets import SCALED_DEFAULT_OVERRIDES
+from vagent.runconfig.presets import SCALED_DEFAULT_OVERRIDES
 from vagent.runs.metrics import without_timing
 
 REPO = Path(__file__).resolve().parents[2]
@@ -162,7 +162,7 @@ def test_golden_metrics_are_chosen_by_cpu_and_an_unknown_cpu_is_told_the_known_o
 
 _BUILD = """
 import sys
-from vagent.recipes.config import ModelConfig, load_config
+from vagent.runconfig import ModelConfig, load_config
 from vagent.recipes.tiny_cache import prepare_model
 cfg = load_config()
 m = cfg.model
@@ -224,7 +224,7 @@ def test_build_that_raises_leaves_nothing(tmp_path, monkeypatch):
     """The model is built into its temporary folder, then caption pretraining raises: the folder
     is removed and no model directory appears."""
     import vagent.recipes.tiny_cache
-    from vagent.recipes.config import load_config
+    from vagent.runconfig import load_config
     from vagent.recipes.tiny_cache import prepare_model
 
     def fail(*args, **kwargs):

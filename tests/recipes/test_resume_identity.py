@@ -14,7 +14,7 @@ import yaml
 
 from vagent.cli import main
 from vagent.config import ConfigError
-from vagent.recipes.config import load_config
+from vagent.runconfig import load_config
 from vagent.recipes.resume import resume_config, write_new_run_files
 from vagent.recipes.run import train
 from vagent.runs import read_metrics

@@ -18,7 +18,7 @@ import torch
 from vagent.cli import main
 from vagent.config import ConfigError
 from vagent.recipes.common import check_lora_rank
-from vagent.recipes.config import load_config
+from vagent.runconfig import load_config
 from vagent.recipes.resume import check_resumable, resume_config
 from vagent.recipes.run import train
 from vagent.runs import read_metrics

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from vagent.recipes.config import load_config, preset_dir
+from vagent.runconfig import load_config, preset_dir
 
 
 def test_a_run_is_named_after_its_envs_and_recipe_unless_named():

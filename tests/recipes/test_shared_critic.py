@@ -12,7 +12,7 @@ from vagent.models.loading import load_policy
 from vagent.models.value import build_critic
 from vagent.recipes.batching import per_row
 from vagent.recipes.scoring import ScoringPass, critic_forward, score_logprobs, score_shared, shift_right
-from vagent.recipes.config import UpdateConfig
+from vagent.runconfig import UpdateConfig
 from vagent.recipes.stages import PPOAdvantages, PPOScores
 from vagent.recipes.update import Learner, UpdateContext, critic_update
 from vagent.rollout import EnvSpec, HFPolicy, SamplingConfig, rollout

@@ -15,7 +15,7 @@ import torch
 import vagent.recipes.step as step_module
 import vagent.rollout.driver as driver_module
 from vagent.distributed.fsdp import ShardedRoot, attach_root, root_of
-from vagent.recipes.config import load_config
+from vagent.runconfig import load_config
 from vagent.rollout.driver import RolloutDriver, close_env_factories
 from vagent.rollout.finish import RolloutResult
 from vagent.service.client import Transport

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from vagent.config import ConfigError
-from vagent.recipes.config import RolloutConfig, load_config
-from vagent.recipes.config.validate import check_streaming
+from vagent.runconfig import RolloutConfig, load_config
+from vagent.runconfig.validate import check_streaming
 from vagent.rollout.driver import check_rollout_setup
 from vagent.rollout.schedule import SCHEDULE_FILE, ScheduleLog, schedule_digest
 

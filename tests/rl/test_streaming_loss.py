@@ -18,7 +18,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Qwen2Config
 
-from vagent.recipes.config import load_config
+from vagent.runconfig import load_config
 from vagent.recipes.scoring import policy_forward
 from vagent.recipes.stages import Advantages, Scores, off_policy
 from vagent.recipes.update import Learner, UpdateContext, actor_update

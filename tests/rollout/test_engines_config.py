@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tests.service.conftest import free_port, wait_healthy
-from vagent.recipes.config import ConfigError, default_preset_dict, load_config
+from vagent.runconfig import ConfigError, default_preset_dict, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = [
@@ -154,7 +154,7 @@ def test_rollout_setups_that_cannot_run_are_refused_with_the_fix():
     """A job of several ranks shares Ray replicas that rank 0 pushes to, so vLLM in the training
     process is refused there (with what to set instead) before anything is built; vLLM replicas,
     and overlap with replicas in a job, are allowed."""
-    from vagent.recipes.config import RolloutConfig
+    from vagent.runconfig import RolloutConfig
     from vagent.rollout.driver import check_rollout_setup
 
     with pytest.raises(ConfigError, match="set rollout.replicas N >= 1"):

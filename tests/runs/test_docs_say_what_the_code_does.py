@@ -8,7 +8,7 @@ import inspect
 import re
 from pathlib import Path
 
-from vagent.recipes.config import load_config
+from vagent.runconfig import load_config
 from vagent.runs.progress import StepProgress
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"

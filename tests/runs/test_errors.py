@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vagent.recipes.config import RunConfig
+from vagent.runconfig import RunConfig
 from vagent.runs.errors import NonFiniteError, check_finite, first_non_finite, is_oom, oom_message
 
 

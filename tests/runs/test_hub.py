@@ -110,7 +110,7 @@ def test_two_step_run_uploads_its_checkpoints(small_cfg, monkeypatch):
 @pytest.fixture
 def small_cfg(tmp_path, tiny_vlm):
     from tests.recipes.conftest import small_overrides
-    from vagent.recipes.config import load_config
+    from vagent.runconfig import load_config
 
     return lambda *extra: load_config(None, small_overrides(tmp_path, tiny_vlm, *extra))
 

@@ -57,7 +57,7 @@ def _holder_pid(path: Path, job: subprocess.Popen, timeout_s: float = 120.0) -> 
 
 @pytest.mark.timeout(300)
 def test_second_resume_is_refused_and_a_dead_holders_lock_is_taken_over(tmp_path):
-    from vagent.recipes.config import config_to_yaml, load_config
+    from vagent.runconfig import config_to_yaml, load_config
 
     run = tmp_path / "run"
     run.mkdir()

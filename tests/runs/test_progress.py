@@ -98,7 +98,7 @@ def test_vagents_own_warnings_reach_the_terminal_and_the_log_even_when_quiet(tmp
 
 
 def test_config_summary_is_a_few_lines_naming_the_changes(tmp_path):
-    from vagent.recipes.config import load_config
+    from vagent.runconfig import load_config
 
     default = load_config()
     same = config_summary(default, default, tmp_path / "config.yaml")
@@ -119,7 +119,7 @@ def test_config_summary_is_a_few_lines_naming_the_changes(tmp_path):
 def test_config_summary_of_a_config_file_lists_what_the_file_and_overrides_set(tmp_path):
     """A --config file that sets a few fields: its summary lists those and the overrides, not the
     fields it left to their defaults (tiny_* and the rest differ from the default preset's)."""
-    from vagent.recipes.config import load_config
+    from vagent.runconfig import load_config
     from vagent.runs.progress import ConfigSource
 
     path = tmp_path / "my_run.yaml"
@@ -135,7 +135,7 @@ def test_config_summary_of_a_config_file_lists_what_the_file_and_overrides_set(t
 
 
 def test_startup_says_ranks_and_warns_when_the_actor_never_updates(tmp_path):
-    from vagent.recipes.config import load_config
+    from vagent.runconfig import load_config
     from vagent.runs.progress import startup_arithmetic
 
     never = startup_arithmetic(load_config(None, ["steps=2", "ppo.critic_warmup_steps=2"]), tmp_path)

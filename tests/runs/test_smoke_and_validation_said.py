@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from vagent.recipes.config import load_config
+from vagent.runconfig import load_config
 from vagent.recipes.scale import applied_smoke, load_scaled
 from vagent.runs.progress import ConfigSource, config_summary, startup_arithmetic
 

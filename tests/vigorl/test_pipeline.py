@@ -56,7 +56,7 @@ def test_cli_pipeline(tmp_path):
 
 
 def test_preset_loads_and_its_documented_traces_match_the_rl_env(tmp_path):
-    from vagent.recipes.config import load_config
+    from vagent.runconfig import load_config
 
     path = ROOT / "configs" / "vigorl_zoom_grpo.yaml"
     cfg = load_config(path)

@@ -92,7 +92,7 @@ def load_run_config(run_dir: Path, imports: Sequence[str] = ()) -> Any:
     """The run's saved config (``config.yaml``), validated; ConfigError names the file. A run
     directory is data: a config that imports modules (``imports``) is read only when ``imports``
     (the command's ``--import``) names each of them (:func:`vagent.recipes.consent.check_run_code`)."""
-    from vagent.recipes.config import load_config
+    from vagent.runconfig import load_config
     from vagent.recipes.consent import CodeConsent, check_run_code
 
     # eval never runs a model's own code (no trust_remote_code), so only the config's imports need consent

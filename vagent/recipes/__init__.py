@@ -16,11 +16,13 @@
 - :mod:`vagent.recipes.validation` validation rollouts, the reward and validation metrics
 - :mod:`vagent.recipes.session` the run record the recipes share (``Session``)
 - :mod:`vagent.recipes.sharding` which models are sharded how in a torchrun job, export of a sharded policy
-- :mod:`vagent.recipes.config` the declared run config (``RunConfig``) and the default preset
+- :mod:`vagent.runconfig` (a package below the recipes: the rollout drivers, replicas, tokens and
+  progress read it without importing a recipe) the declared run config (``RunConfig``) and the
+  default preset; ``vagent.recipes.config`` is its old name, still importable
 - :mod:`vagent.recipes.run`    ``train(cfg)``: run dir, model, SFT, RL, plots (``vagent train``)
 """
 
-from vagent.recipes.config import RunConfig, load_config
+from vagent.runconfig import RunConfig, load_config
 
 __all__ = ["RunConfig", "load_config", "train"]
 

@@ -12,7 +12,7 @@
                  [--import MODULE]
 
 ``vagent train`` with no arguments runs the default preset (configs/frozenlake_ppo.yaml, embedded
-in ``vagent.recipes.config.DEFAULT_PRESET_YAML``): a tiny VLM warm-started with SFT on solver
+in ``vagent.runconfig.DEFAULT_PRESET_YAML``): a tiny VLM warm-started with SFT on solver
 demonstrations, then PPO with bi-level GAE on FrozenLake with image observations.
 """
 
@@ -28,7 +28,7 @@ import yaml
 from vagent.config import ConfigError
 from vagent.envs import make_config
 from vagent.plugins import PluginImportError, add_import_argument, import_modules
-from vagent.recipes.config import RunConfig, describe_all
+from vagent.runconfig import RunConfig, describe_all
 
 if TYPE_CHECKING:
     from vagent.recipes.consent import CodeConsent
@@ -125,14 +125,14 @@ def layered_config(files: list[str]) -> str | dict | None:
         return files[0] if files else None
     from pathlib import Path
 
-    from vagent.recipes.config.load import load_yaml
-    from vagent.recipes.config.ranges import read_config_text
+    from vagent.runconfig.load import load_yaml
+    from vagent.runconfig.ranges import read_config_text
 
     tree: dict = {}
     for name in files:
         path = Path(name)
         if not path.is_file():
-            from vagent.recipes.config.presets import missing_config_hint
+            from vagent.runconfig.presets import missing_config_hint
 
             raise ConfigError(f"config file {name!r} does not exist.{missing_config_hint(name)}")
         try:
@@ -279,7 +279,7 @@ def launch_job(args: argparse.Namespace) -> int:
             return _error(str(exc))
         run_dir = str(run.root)
     if not args.resume:  # the checks of one process, once, before torchrun starts any rank
-        from vagent.recipes.config.ranges import check_out_dir
+        from vagent.runconfig.ranges import check_out_dir
         from vagent.recipes.scale import load_scaled, preflight
         from vagent.rollout.driver import check_rollout_setup
 

@@ -25,8 +25,8 @@ from vagent.envs.latency import with_latency
 from vagent.envs.registry import IMPORT_HINT, env_class, env_factory, list_envs
 from vagent.models.forward import unwrap
 from vagent.models.loading import LoadedModel, LoraSettings, load_policy
-from vagent.recipes.config import EnvEntry, RunConfig
-from vagent.recipes.config.validate import env_latency
+from vagent.runconfig import EnvEntry, RunConfig
+from vagent.runconfig.validate import env_latency
 from vagent.recipes.optim import derive_seed
 from vagent.rollout.driver import env_factory_for
 from vagent.rollout.loop import EnvSpec

@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from vagent.config import ConfigError
-from vagent.recipes.config.ranges import read_config_text
+from vagent.runconfig.ranges import read_config_text
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ def check_finished_overrides(root: Path, overrides: Sequence[str]) -> None:
     if not overrides:
         return
     from vagent.config import ConfigError
-    from vagent.recipes.config import load_config, parse_override
+    from vagent.runconfig import load_config, parse_override
 
     saved = load_config(root / "config.yaml")
     wanted = load_config(root / "config.yaml", list(overrides))  # an unknown key or a bad value raises here

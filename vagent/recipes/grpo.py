@@ -43,7 +43,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from vagent.recipes.config import GRPOConfig, GRPOEstimator, RunConfig
+from vagent.runconfig import GRPOConfig, GRPOEstimator, RunConfig
 from vagent.recipes.scoring import rl_temperature, score_batch
 from vagent.recipes.session import Session
 from vagent.recipes.stages import (

@@ -53,7 +53,7 @@ from torch import Tensor
 
 from vagent.models.loading import count_parameters
 from vagent.models.value import ValueModel
-from vagent.recipes.config import PPOConfig, PPOEstimator, RunConfig
+from vagent.runconfig import PPOConfig, PPOEstimator, RunConfig
 from vagent.recipes.scoring import rl_temperature, score_batch
 from vagent.recipes.session import Session
 from vagent.recipes.stages import (

@@ -9,7 +9,7 @@ left the chance plateau, while short image -> grid captions did after ~400-500 s
 board, before the run, and caches the result with the model (it is part of building it).
 
 The captions: for states of the run's env kinds, rendered with the model's own pretraining settings
-(``model.tiny_pretrain_env_config``, :func:`vagent.recipes.config.pretrain_env_entries`; for the
+(``model.tiny_pretrain_env_config``, :func:`vagent.runconfig.pretrain_env_entries`; for the
 default run they equal the rollout's), reset with seeds of the ``train`` split, then a few random
 moves, the user message is the env's observation (the same text and image the RL rollout shows, without the system prompt, which is the costly part of every prompt) and the
 target is the reply prefix ``<think><observation>{describe_state(state, "symbolic")}</observation>``
@@ -43,7 +43,7 @@ from vagent.envs.formats import render_response
 from vagent.models.loading import load_policy
 from vagent.models.processor import ChatEncoder
 from vagent.recipes.common import save_pretrained
-from vagent.recipes.config import EnvEntry
+from vagent.runconfig import EnvEntry
 from vagent.recipes.optim import derive_seed, make_optimizer, make_scheduler
 from vagent.recipes.sft import SFTForward, reply_token_ids, sft_batch, sft_loss
 from vagent.rollout.encoding import append_reply, encode_pending

@@ -32,8 +32,8 @@ from typing import Sequence
 import yaml
 
 from vagent.config import ConfigError
-from vagent.recipes.config import RunConfig, config_to_yaml, load_config, parse_override
-from vagent.recipes.config.ranges import read_config_text
+from vagent.runconfig import RunConfig, config_to_yaml, load_config, parse_override
+from vagent.runconfig.ranges import read_config_text
 from vagent.recipes.consent import CodeConsent, check_run_code
 from vagent.runs.checkpoint import CheckpointError, CheckpointInfo, list_checkpoints
 from vagent.runs.identity import (

@@ -50,8 +50,8 @@ from vagent.distributed import broadcast_object, init_world, rank_device
 from vagent.distributed import world as current_world
 from vagent.models.loading import LoadedModel, count_parameters
 from vagent.recipes.common import check_compatible, check_remote_envs, load_model, resolve_device, use_bf16
-from vagent.recipes.config import RunConfig, load_config
-from vagent.recipes.config.ranges import check_out_dir
+from vagent.runconfig import RunConfig, load_config
+from vagent.runconfig.ranges import check_out_dir
 from vagent.recipes.finished import finished
 from vagent.recipes.grpo import train_grpo
 from vagent.recipes.ppo import train_ppo

@@ -29,7 +29,7 @@ from typing import Any, Callable
 import yaml
 
 from vagent.config import ConfigError
-from vagent.recipes.config import RunConfig, preset_dir
+from vagent.runconfig import RunConfig, preset_dir
 
 #: the smoke override set of the paper's recipes
 SMOKE_FILE = preset_dir() / "paper" / "smoke.yaml"
@@ -108,7 +108,7 @@ def applied_smoke(config: str | dict | None, smoke: bool) -> tuple[str, ...]:
     """The overrides ``--smoke`` applies to ``config`` (a file, a mapping, None: the default
     preset): :func:`smoke_overrides` of the loaded file; () without ``smoke``. The config summary
     lists the values they set as smoke mode's (vagent.runs.progress.ConfigSource.smoke)."""
-    from vagent.recipes.config import load_config
+    from vagent.runconfig import load_config
 
     return tuple(smoke_overrides(load_config(config, []))) if smoke else ()
 
@@ -116,7 +116,7 @@ def applied_smoke(config: str | dict | None, smoke: bool) -> tuple[str, ...]:
 def load_scaled(config: str | dict | None, overrides: list[str] | tuple[str, ...], smoke: bool) -> RunConfig:
     """``load_config(config, overrides)``; with ``smoke`` the smoke overrides (:func:`applied_smoke`)
     go between the file and the command line's overrides (which still win)."""
-    from vagent.recipes.config import load_config
+    from vagent.runconfig import load_config
 
     return load_config(config, [*applied_smoke(config, smoke), *overrides])
 

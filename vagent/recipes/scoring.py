@@ -34,7 +34,7 @@ from vagent.rl.losses import entropy_from_logits, logprobs_from_logits
 
 if TYPE_CHECKING:
     from vagent.models.value import ReferenceModel, ValueModel
-    from vagent.recipes.config import RunConfig, UpdateConfig
+    from vagent.runconfig import RunConfig, UpdateConfig
     from vagent.rollout.batch import TokenBatch
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping
 import torch
 
 from vagent.recipes.common import load_model
-from vagent.recipes.config import RunConfig
+from vagent.runconfig import RunConfig
 from vagent.rewards import ReasoningReward
 
 if TYPE_CHECKING:

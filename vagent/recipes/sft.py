@@ -46,7 +46,7 @@ from vagent.envs.base import IMAGE_PLACEHOLDER
 from vagent.jsonl import read_records
 from vagent.models.processor import ChatEncoder
 from vagent.recipes.batching import accumulation_weight
-from vagent.recipes.config import EnvEntry, RunConfig
+from vagent.runconfig import EnvEntry, RunConfig
 from vagent.recipes.demos import DemoSettings, play_demo
 from vagent.recipes.optim import autocast, clip_grads, derive_seed, make_optimizer, make_scheduler
 from vagent.recipes.scoring import hidden_after_prefix, policy_forward, shared_prefix

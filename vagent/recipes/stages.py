@@ -37,7 +37,7 @@ from vagent.runs import load_checkpoint
 from vagent.runs.errors import TrainingError
 
 if TYPE_CHECKING:
-    from vagent.recipes.config import GRPOConfig, PPOConfig, RunConfig, UpdateConfig
+    from vagent.runconfig import GRPOConfig, PPOConfig, RunConfig, UpdateConfig
     from vagent.rollout.finish import RolloutResult
 
 

@@ -42,7 +42,7 @@ from vagent.runs.rundir import due
 from vagent.runs.samples import save_validation
 
 if TYPE_CHECKING:
-    from vagent.recipes.config import RunConfig
+    from vagent.runconfig import RunConfig
     from vagent.rewards import ReasoningReward
     from vagent.runs import Console
 

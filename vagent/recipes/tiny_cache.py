@@ -31,7 +31,7 @@ from vagent.distributed import barrier, broadcast_object, single_process
 from vagent.distributed import world as current_world
 from vagent.models.loading import resolve_model_path
 from vagent.models.tiny import build_tiny_vlm, tokenizer_corpus
-from vagent.recipes.config import EnvEntry, ModelConfig, RunConfig, pretrain_env_entries
+from vagent.runconfig import EnvEntry, ModelConfig, RunConfig, pretrain_env_entries
 from vagent.recipes.pretrain import CaptionStage, Pace, pretrain_captions
 from vagent.runs.progress import format_duration
 

@@ -44,7 +44,7 @@ from torch import Tensor
 
 from vagent.distributed import Padding, gather_metrics, rank_micro_batches
 from vagent.recipes.batching import accumulation_weight, mini_batches
-from vagent.recipes.config import UpdateConfig
+from vagent.runconfig import UpdateConfig
 from vagent.recipes.optim import autocast, clip_grads, derive_seed
 from vagent.recipes.scoring import critic_forward, policy_forward, shift_right
 from vagent.recipes.stages import Advantages, OffPolicy, PPOAdvantages, PPOScores, Scores, UpdateStats

@@ -16,7 +16,7 @@ from vagent.rollout.loop import rollout_on_ranks
 from vagent.rollout.records import Episode
 
 if TYPE_CHECKING:
-    from vagent.recipes.config import RunConfig
+    from vagent.runconfig import RunConfig
     from vagent.rollout.policy import Policy
     from vagent.runs.progress import StepProgress
 

@@ -75,7 +75,7 @@ if TYPE_CHECKING:  # torch, the model loader and the run config stay out of `imp
     from vagent.envs.base import Env
     from vagent.models.loading import LoadedModel
     from vagent.rollout.canary import WeightCanary
-    from vagent.recipes.config import EnvEntry, RolloutConfig, RunConfig
+    from vagent.runconfig import EnvEntry, RolloutConfig, RunConfig
 
 logger = logging.getLogger(__name__)
 

@@ -53,6 +53,21 @@ class TokenPolicy(Policy, Protocol):
     def encode_message(self, message: Message) -> Segment: ...
 
 
+class EncoderMessages:
+    """What the token policies built on a ``ChatEncoder`` share (``HFPolicy``,
+    ``TokenScriptedPolicy``): the pad token and a message encoded without generating."""
+
+    encoder: ChatEncoder
+
+    @property
+    def pad_token_id(self) -> int:
+        return int(self.encoder.pad_token_id)
+
+    def encode_message(self, message: Message) -> Segment:
+        """A system or user message as a mask-0 segment (used for the final observation)."""
+        return encode_message(self.encoder, message)
+
+
 def _as_int_list(ids: Sequence[int] | Tensor) -> list[int]:
     """Token ids as ints, from a list or a [n] / [1, n] tensor."""
     if hasattr(ids, "tolist"):
@@ -176,6 +191,6 @@ def context_copy(seg: Segment) -> Segment:
 
 
 __all__ = [
-    "TokenPolicy", "segment_from_encoded", "encode_message", "encode_pending", "flat_ids", "flat_pixels",
-    "end_segment_ids", "append_reply", "context_copy", "context_tokens", "exceeds_context",
+    "TokenPolicy", "EncoderMessages", "segment_from_encoded", "encode_message", "encode_pending", "flat_ids",
+    "flat_pixels", "end_segment_ids", "append_reply", "context_copy", "context_tokens", "exceeds_context",
 ]

@@ -46,9 +46,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from vagent.rollout.encoding import (
-    append_reply, context_tokens, encode_message, encode_pending, exceeds_context, flat_ids, flat_pixels,
+    EncoderMessages, append_reply, context_tokens, encode_pending, exceeds_context, flat_ids, flat_pixels,
 )
-from vagent.rollout.policy import Conversation, Message, Reply, SamplingConfig, Segment
+from vagent.rollout.policy import Conversation, Reply, SamplingConfig, Segment
 
 if TYPE_CHECKING:  # torch and transformers load on first use (HFPolicy's constructor)
     from vagent.models.engine import Engine, GenerationOutput, GenerationRequest, SamplingParams
@@ -80,7 +80,7 @@ def request_seed(seed: int, key: int | None) -> int:
     return (x ^ (x >> 31)) % 2**63
 
 
-class HFPolicy:
+class HFPolicy(EncoderMessages):
     """A local model as a token-level policy (see the module docstring).
 
     Args:
@@ -150,14 +150,6 @@ class HFPolicy:
     def thread_safe(self) -> bool:
         """Whether ``act`` may run in many threads at once (the engine merges or routes the calls)."""
         return bool(getattr(self.engine, "thread_safe", False))
-
-    @property
-    def pad_token_id(self) -> int:
-        return int(self.encoder.pad_token_id)
-
-    def encode_message(self, message: Message) -> Segment:
-        """A system or user message as a mask-0 segment (used for the final observation)."""
-        return encode_message(self.encoder, message)
 
     def act(self, conversations: Sequence[Conversation], sampling: SamplingConfig) -> list[Reply]:
         from vagent.models.engine import GenerationRequest

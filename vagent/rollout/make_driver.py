@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     import torch
 
     from vagent.models.loading import LoadedModel
-    from vagent.recipes.config import RunConfig
+    from vagent.runconfig import RunConfig
     from vagent.rollout.canary import WeightCanary
 
 

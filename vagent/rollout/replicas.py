@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # torch, the model loader and the run config stay out of `imp
 
     from vagent.models.engine import GenerationOutput, GenerationRequest, SamplingParams
     from vagent.models.loading import LoadedModel
-    from vagent.recipes.config import RunConfig
+    from vagent.runconfig import RunConfig
 
 #: a zero-argument maker of an unsharded copy of the policy (``Session.load_fresh_model``)
 FreshModel = Callable[[], "torch.nn.Module"]

@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Callable, Protocol, Sequence, TypeGuard
 from vagent.envs.base import Env, SolvableEnv
 from vagent.envs.formats import render_response
 from vagent.rollout.encoding import (
-    append_reply, context_tokens, encode_message, encode_pending, exceeds_context,
+    EncoderMessages, append_reply, context_tokens, encode_pending, exceeds_context,
 )
-from vagent.rollout.policy import Conversation, Message, Reply, SamplingConfig, Segment
+from vagent.rollout.policy import Conversation, Reply, SamplingConfig
 
 if TYPE_CHECKING:
     from vagent.models.processor import ChatEncoder
@@ -175,7 +175,7 @@ class SolverPolicy:
         return [Reply(text=solver_reply(env, self.reasoning, self.max_actions), finish_reason="stop") for env in envs]
 
 
-class TokenScriptedPolicy:
+class TokenScriptedPolicy(EncoderMessages):
     """A token-level scripted policy: real encoder, scripted reply ids recorded as sampled.
 
     ``fn(conversation) -> str`` gives the reply text; its ids are
@@ -188,13 +188,6 @@ class TokenScriptedPolicy:
                  max_context_tokens: int | None = None):
         self.encoder, self.fn = encoder, fn
         self.end_with_eos, self.max_context_tokens = end_with_eos, max_context_tokens
-
-    @property
-    def pad_token_id(self) -> int:
-        return int(self.encoder.pad_token_id)
-
-    def encode_message(self, message: Message) -> Segment:
-        return encode_message(self.encoder, message)
 
     def act(self, conversations: Sequence[Conversation], sampling: SamplingConfig) -> list[Reply]:
         out = []

@@ -35,7 +35,7 @@ from vagent.runs.checkpoint import list_checkpoints
 if TYPE_CHECKING:
     from huggingface_hub import HfApi
 
-    from vagent.recipes.config import HubConfig
+    from vagent.runconfig import HubConfig
     from vagent.runs.checkpoint_check import CheckpointInfo
 
 

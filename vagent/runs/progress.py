@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 from vagent.runs.identity import flatten
 
 if TYPE_CHECKING:
-    from vagent.recipes.config import RunConfig
+    from vagent.runconfig import RunConfig
 
 
 class Console:
@@ -91,13 +91,13 @@ class ConfigSource:
 
     def override_keys(self) -> list[str]:
         """The dotted keys the command line's overrides set."""
-        from vagent.recipes.config import parse_override
+        from vagent.runconfig import parse_override
 
         return [".".join(parse_override(o)[0]) for o in self.overrides]
 
     def smoke_keys(self) -> list[str]:
         """The dotted keys whose value ``--smoke`` set (the command line's overrides win over it)."""
-        from vagent.recipes.config import parse_override
+        from vagent.runconfig import parse_override
 
         given = set(self.override_keys())
         return [k for k in dict.fromkeys(".".join(parse_override(o)[0]) for o in self.smoke) if k not in given]

@@ -46,7 +46,7 @@ from torch import Tensor
 from vagent.runs.samples import folder_bytes
 
 if TYPE_CHECKING:
-    from vagent.recipes.config import LogConfig
+    from vagent.runconfig import LogConfig
     from vagent.rollout.batch import TokenBatch
     from vagent.models.processor import ChatEncoder
 

@@ -94,7 +94,7 @@ def execute_trial(sweep_dir: Path, trial: Trial) -> dict:
 
 
 def _execute_locked(sweep_dir: Path, trial_dir: Path, trial: Trial) -> dict:
-    from vagent.recipes.config import load_config
+    from vagent.runconfig import load_config
     from vagent.recipes.run import train
 
     for stray in trial_dir.iterdir():  # a process killed between creating the run folder and its config

@@ -179,7 +179,7 @@ def _base_tree(cfg: SweepConfig, sweep_path: Path) -> dict[str, Any]:
     """The run config every trial starts from: the ``base`` file (relative to the sweep file) or the default preset."""
     import yaml
 
-    from vagent.recipes.config import default_preset_dict
+    from vagent.runconfig import default_preset_dict
 
     if cfg.base is None:
         return default_preset_dict()
@@ -193,7 +193,7 @@ def _base_tree(cfg: SweepConfig, sweep_path: Path) -> dict[str, Any]:
 def _trials(cfg: SweepConfig, rows: list[Row], base_tree: dict[str, Any]) -> list[Trial]:
     """One trial per row and seed, its run config built from ``base_tree`` with the overrides and validated."""
     from vagent.config import to_dict
-    from vagent.recipes.config import load_config
+    from vagent.runconfig import load_config
 
     common = [_override(str(k), v) for k, v in cfg.overrides.items()]
     trials = []

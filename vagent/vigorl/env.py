@@ -63,7 +63,28 @@ from vagent.vigorl.task import (  # noqa: F401 -- the configs and presets stay i
 )
 
 
-class VigorlSearchEnv:
+class _ShownExample:
+    """What both ViGoRL envs share: closing, the correct answer and the example as shown."""
+
+    _task: Any
+    _clock: EpisodeClock
+
+    def close(self) -> None:
+        self._task = None
+        self._clock.close()
+
+    def optimal_actions(self) -> list[str]:
+        """The correct answer (the bbox centre in shown pixels, or the text answer; in the zoom env
+        answering at once is optimal with the bonus off); [] after the end."""
+        return optimal_answer(self._clock, self._task)
+
+    @property
+    def task(self) -> TaskView:
+        """The current example as shown (after ``reset``)."""
+        return shown_task(self._task)
+
+
+class VigorlSearchEnv(_ShownExample):
     """One question, one grounded answer (see the module docstring)."""
 
     Config = VigorlSearchConfig
@@ -119,22 +140,10 @@ class VigorlSearchEnv:
         self._clock.require_started()
         return {**self._task.state(), "answered": self._answer is not None, "given_answer": self._answer}
 
-    def close(self) -> None:
-        self._task = None
-        self._clock.close()
-
-    def optimal_actions(self) -> list[str]:
-        """The correct answer (bbox centre in shown pixels, or the text answer); [] after the end."""
-        return optimal_answer(self._clock, self._task)
-
-    # for the MCTS and the traces: the example and what the model sees
-    @property
-    def task(self) -> TaskView:
-        """The current example as shown (after ``reset``)."""
-        return shown_task(self._task)
+    # for the MCTS and the traces: the example and what the model sees (``_ShownExample.task``)
 
 
-class VigorlZoomEnv:
+class VigorlZoomEnv(_ShownExample):
     """Grounded answers with up to ``max_zooms`` zoom-in tool calls (see the module docstring)."""
 
     Config = VigorlZoomConfig
@@ -233,18 +242,6 @@ class VigorlZoomEnv:
                 "all_turns_valid": self._all_valid, "answered": self._answer is not None,
                 "given_answer": self._answer}
 
-    def close(self) -> None:
-        self._task = None
-        self._clock.close()
-
-    def optimal_actions(self) -> list[str]:
-        """The correct answer (answering at once is optimal with the bonus off); [] after the end."""
-        return optimal_answer(self._clock, self._task)
-
-    @property
-    def task(self) -> TaskView:
-        """The current example as shown (after ``reset``)."""
-        return shown_task(self._task)
 
     # -- helpers ----------------------------------------------------------------------------
     def _zooms_left(self) -> int:

@@ -23,16 +23,16 @@ The modules, each importing only the ones above it:
 """
 
 from vagent.config import ConfigError
-from vagent.recipes.config.describe import (
+from vagent.runconfig.describe import (
     config_to_yaml,
     configuration_markdown,
     default_run_value,
     describe_all,
     describe_rows,
 )
-from vagent.recipes.config.load import default_run_name, field_class, load_config, parse_override
-from vagent.recipes.config.presets import DEFAULT_PRESET_YAML, default_preset_dict, preset_dir, training_presets
-from vagent.recipes.config.ranges import (
+from vagent.runconfig.load import default_run_name, field_class, load_config, parse_override
+from vagent.runconfig.presets import DEFAULT_PRESET_YAML, default_preset_dict, preset_dir, training_presets
+from vagent.runconfig.ranges import (
     RANGES,
     Range,
     check_name,
@@ -42,7 +42,7 @@ from vagent.recipes.config.ranges import (
     ranges_markdown,
     read_config_text,
 )
-from vagent.recipes.config.sections import (
+from vagent.runconfig.sections import (
     DistConfig,
     EnvEntry,
     GRPOConfig,
@@ -59,7 +59,7 @@ from vagent.recipes.config.sections import (
     UpdateConfig,
     ValConfig,
 )
-from vagent.recipes.config.validate import PRETRAIN_ENV_DEFAULTS, pretrain_env_entries, validate, validate_envs
+from vagent.runconfig.validate import PRETRAIN_ENV_DEFAULTS, pretrain_env_entries, validate, validate_envs
 
 __all__ = [
     "ConfigError",

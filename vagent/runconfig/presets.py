@@ -8,12 +8,12 @@ from pathlib import Path
 
 import yaml
 
-from vagent.recipes.config.sections import RunConfig
+from vagent.runconfig.sections import RunConfig
 
 
 def preset_dir() -> Path:
     """The repository's configs/ folder (present in a source checkout)."""
-    return Path(__file__).resolve().parents[3] / "configs"
+    return Path(__file__).resolve().parents[2] / "configs"
 
 
 def training_presets(folder: str = "") -> list[str]:

@@ -8,8 +8,8 @@ import dataclasses
 from typing import TYPE_CHECKING, Any, Sequence
 
 from vagent.config import ConfigError, field_types, from_mapping
-from vagent.recipes.config.ranges import check_name, check_ranges
-from vagent.recipes.config.sections import EnvEntry, ModelConfig, RunConfig
+from vagent.runconfig.ranges import check_name, check_ranges
+from vagent.runconfig.sections import EnvEntry, ModelConfig, RunConfig
 
 if TYPE_CHECKING:
     from vagent.envs.latency import StepLatency
@@ -330,7 +330,7 @@ SECTION_CHECKS = (check_model_shape, check_steps, check_env_counts, check_rollou
 
 
 def validate(cfg: RunConfig) -> RunConfig:
-    """Check every number's range (:data:`vagent.recipes.config.ranges.RANGES`), the run name and the
+    """Check every number's range (:data:`vagent.runconfig.ranges.RANGES`), the run name and the
     rules between fields (:data:`SECTION_CHECKS`); raise ConfigError naming the field and the fix."""
     check_ranges(cfg)
     check_inputs(cfg)  # before check_name: a name that is not UTF-8 cannot be printed in its message

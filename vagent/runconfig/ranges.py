@@ -1,7 +1,7 @@
 """Checks of a run config that its types alone cannot make: every number's range, the run name,
 the config file's encoding and the output folder.
 
-:data:`RANGES` declares, per numeric field of :class:`vagent.recipes.config.RunConfig` (dotted key,
+:data:`RANGES` declares, per numeric field of :class:`vagent.runconfig.RunConfig` (dotted key,
 ``envs.N.*`` for every env entry), the closed or open interval its value must lie in; a float
 must also be finite (no ``.nan`` / ``.inf``). :func:`check_ranges` walks the table, so a value that
 would fail later (a NaN temperature at the first rollout, ``steps=1e26``, a negative model size)

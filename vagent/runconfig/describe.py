@@ -9,8 +9,8 @@ from typing import Any
 import yaml
 
 from vagent.config import describe, to_dict
-from vagent.recipes.config.load import field_class, load_config
-from vagent.recipes.config.sections import EnvEntry, RunConfig
+from vagent.runconfig.load import field_class, load_config
+from vagent.runconfig.sections import EnvEntry, RunConfig
 
 
 def describe_rows(cls: type | None = None, prefix: str = "") -> list[tuple[str, str, Any, str, bool]]:

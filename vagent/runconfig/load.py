@@ -1,5 +1,5 @@
 """Loading a run config: a YAML file (or mapping, or the default preset), ``key=value`` overrides
-on dotted paths, then :func:`vagent.recipes.config.validate.validate` and ``validate_envs``."""
+on dotted paths, then :func:`vagent.runconfig.validate.validate` and ``validate_envs``."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from typing import Any, Mapping
 import yaml
 
 from vagent.config import ConfigError, _suggest, field_types, from_mapping
-from vagent.recipes.config.presets import default_preset_dict, missing_config_hint
-from vagent.recipes.config.ranges import read_config_text
-from vagent.recipes.config.sections import RunConfig
-from vagent.recipes.config.validate import validate, validate_envs
+from vagent.runconfig.presets import default_preset_dict, missing_config_hint
+from vagent.runconfig.ranges import read_config_text
+from vagent.runconfig.sections import RunConfig
+from vagent.runconfig.validate import validate, validate_envs
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
