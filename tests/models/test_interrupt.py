@@ -94,15 +94,22 @@ def test_a_push_stops_a_replicas_running_reply_which_continues_on_the_new_weight
     ray = start_ray(num_cpus=1)
     old, new = copy.deepcopy(tiny_vlm.model), trained(tiny_vlm.model)
     engine = RemoteEngine(old, tiny_vlm.encoder, replicas=1, interrupt=True)
-    params = SamplingParams(do_sample=True, temperature=1.0, max_new_tokens=1500)
+    params = SamplingParams(do_sample=True, temperature=1.0, max_new_tokens=400)
     request = _request(tiny_vlm, seed=7, key=0)
     try:
-        engine.generate([_request(tiny_vlm)], GREEDY)  # the replica warmed up: the long reply starts at once
+        engine.generate([_request(tiny_vlm)], GREEDY)  # the replica warmed up
+        prefilled = engine.replica_stats()[0]["prompt_tokens"]
         box: dict = {}
         thread = threading.Thread(target=lambda: box.update(out=engine.generate([request], params)[0]))
         t_start = time.monotonic()
         thread.start()
-        time.sleep(0.3)  # some decode steps in
+        # the push must find the reply running: wait until the replica has started it (its prefill
+        # counted; on a busy machine the call can take seconds to reach the actor), then some decode steps
+        deadline = time.monotonic() + 120
+        while engine.replica_stats()[0]["prompt_tokens"] == prefilled:
+            assert time.monotonic() < deadline, "the long reply did not start on the replica within 120 s"
+            time.sleep(0.02)
+        time.sleep(0.3)
         t0 = time.monotonic()
         engine.update_weights(new)
         pushed_s = time.monotonic() - t0
