@@ -1,7 +1,10 @@
 """``vagent train`` with ``rollout.engine: vllm`` (vLLM's CPU build, marker ``vllm``): a 2-step PPO
 run at temperature 0 with vLLM in the training process plays the same episodes as ``engine: hf``,
 and so does a job of 2 ranks (torchrun, gloo) whose rollouts run on 2 vLLM replicas (Ray actors)
-that rank 0 pushes the gathered FSDP2 weights to.
+that rank 0 pushes the gathered FSDP2 weights to. A streaming run (``rollout.max_staleness: 1``)
+generates on a vLLM replica while the trainer updates: every turn carries the weights version vLLM
+stamped, the batches stay within K = 1 update, the schedule is recorded and the canary checks each
+push.
 
 The three runs start at once (one fixture; vLLM's start-up is most of their time). Every turn of
 step 2 must come from the weights pushed after update 1 (version 1); the sampling-time log-probs
@@ -28,6 +31,8 @@ RUNS = {
     "hf": (None, []),
     "vllm": (None, ["rollout.engine=vllm", "rollout.vllm_gpu_memory=0.02"]),  # KV cache: 2% of the RAM
     "job": (2, ["rollout.engine=vllm", "rollout.replicas=2", "rollout.vllm_gpu_memory=0.02"]),
+    "stream": (None, ["rollout.engine=vllm", "rollout.replicas=1", "rollout.max_staleness=1", "rollout.schedule=async",
+                      "rollout.temperature=1.0", "rollout.vllm_gpu_memory=0.02", "steps=3"]),
 }
 
 
@@ -125,3 +130,19 @@ def test_job_of_two_ranks_trains_on_vllm_replicas(runs):
         diff = max_rel_diff(checkpoint_weights(runs["hf"] / "checkpoints" / name),
                             checkpoint_weights(runs["job"] / "checkpoints" / name))
         assert diff < 1e-4, f"{name}: the job on vLLM replicas differs from one hf process by {diff:.2e}"
+
+
+def test_a_streaming_run_generates_on_a_vllm_replica_within_its_staleness(runs):
+    run = runs["stream"]
+    steps = [r for r in metrics(run) if r.get("phase") == "rl" and "rollout/staleness_max" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    for r in steps:  # every turn stamped by vLLM with the weights that sampled it, at most K = 1 update old
+        assert 0 <= r["rollout/staleness_min"] <= r["rollout/staleness_mean"] <= r["rollout/staleness_max"] <= 1, r
+        assert r["rollout/weights_lag"] == r["rollout/staleness_max"]
+        assert r["sync/canary_max_abs_diff"] >= 0, r  # the canary checked the replica (over tolerance: the run fails)
+    assert max(r["rollout/weights_version"] for r in steps) >= 1, "no batch was sampled by pushed weights"
+    schedule = [json.loads(x) for x in (run / "rollout_schedule.jsonl").read_text().splitlines() if x.strip()]
+    assert schedule[0]["max_staleness"] == 1 and [s["step"] for s in schedule[1:]] == [0, 1, 2]
+    versions = {t["weights_version"] for x in (run / "rollouts" / "step_000003.jsonl").read_text().splitlines()
+                for t in json.loads(x)["turns"]}
+    assert versions and versions <= {1, 2}, f"step 3's turns were sampled by weights {versions}, not 1 or 2"
