@@ -51,6 +51,12 @@ def _machine_busy_s() -> float:
     return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
+def _clocks() -> tuple[float, float, float]:
+    """(this process's and its waited-for children's CPU, the machine's busy CPU, wall), seconds."""
+    return (_rusage_s(resource.RUSAGE_SELF) + _rusage_s(resource.RUSAGE_CHILDREN), _machine_busy_s(),
+            time.perf_counter())
+
+
 class CpuPerTest:
     """The pytest plugin: one record per test id."""
 
@@ -61,11 +67,13 @@ class CpuPerTest:
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None):  # type: ignore[no-untyped-def]
-        start = (_rusage_s(resource.RUSAGE_SELF), _rusage_s(resource.RUSAGE_CHILDREN), _machine_busy_s(),
-                 time.perf_counter())
+        def now() -> tuple[float, float, float, float]:
+            return (_rusage_s(resource.RUSAGE_SELF), _rusage_s(resource.RUSAGE_CHILDREN), _machine_busy_s(),
+                    time.perf_counter())
+
+        start = now()
         yield
-        end = (_rusage_s(resource.RUSAGE_SELF), _rusage_s(resource.RUSAGE_CHILDREN), _machine_busy_s(),
-               time.perf_counter())
+        end = now()
         self.records[item.nodeid] = {k: round(b - a, 3) for k, a, b in
                                      zip(("self", "children", "machine", "wall"), start, end)}
         with self.out.open("a") as f:
@@ -106,12 +114,12 @@ def main() -> int:
         print(report({r.pop("test"): r for r in lines}, args.top))
         return 0
     plugin = CpuPerTest(args.out)
-    start = (_rusage_s(resource.RUSAGE_SELF) + _rusage_s(resource.RUSAGE_CHILDREN), _machine_busy_s(), time.perf_counter())
+    start = _clocks()
     code = pytest.main(args.pytest_args or ["-q"], plugins=[plugin])
     print(report(plugin.records, args.top))
-    end = (_rusage_s(resource.RUSAGE_SELF) + _rusage_s(resource.RUSAGE_CHILDREN), _machine_busy_s(), time.perf_counter())
-    print(f"the whole pytest run (collection and imports included): {(end[0] - start[0]) / 60:.1f} min of CPU, "
-          f"{(end[1] - start[1]) / 60:.1f} min of the machine's busy CPU, {(end[2] - start[2]) / 60:.1f} min wall")
+    cpu, machine, wall = (b - a for a, b in zip(start, _clocks()))
+    print(f"the whole pytest run (collection and imports included): {cpu / 60:.1f} min of CPU, "
+          f"{machine / 60:.1f} min of the machine's busy CPU, {wall / 60:.1f} min wall")
     print(f"every test's figures: {args.out}")
     return int(code)
 
