@@ -1,10 +1,13 @@
 """The policy-gradient update shared by PPO and GRPO, and PPO's critic update.
 
-One loop, :func:`update_loop`, over PPO epochs x mini-batches x micro-batches, with the loss
-passed in (:class:`ActorLoss`, :class:`CriticLoss`); :func:`actor_update` and
-:func:`critic_update` are the two ways the recipes call it, each with the step's records whole
-(``Scores``, ``Advantages``, ``OffPolicy`` of :mod:`vagent.recipes.stages`) and returning an
-``UpdateStats``::
+One loop, :class:`Update`, over PPO epochs x mini-batches x micro-batches; :func:`actor_update` and
+:func:`critic_update` iterate it and call their loss (:func:`actor_loss`, :func:`critic_loss`) on
+each micro-batch themselves, each with the step's records whole (``Scores``, ``Advantages``,
+``OffPolicy`` of :mod:`vagent.recipes.stages`) and returning an ``UpdateStats``::
+
+    update = Update(learner, batch, mask, settings, ctx, ACTOR)
+    for micro in update:                      # the loop below, one micro-batch at a time
+        update.backward(micro, actor_loss(model, micro.batch, micro.take(inputs), micro.mask, ...))
 
     for epoch in range(epochs):
         for rows in shuffled split of the batch into `mini_batches` parts (seeded by updates done, epoch):
@@ -37,7 +40,7 @@ step, so the weights stay the last good ones.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Generic, NamedTuple, Protocol, Sequence, TypeVar, overload
+from typing import TYPE_CHECKING, Callable, Generic, Iterator, NamedTuple, Sequence, TypeVar, overload
 
 import torch
 from torch import Tensor
@@ -102,7 +105,6 @@ def take(x: Tensor | None, rows: Sequence[int], length: int) -> Tensor | None:
 
 
 Inputs = TypeVar("Inputs", bound=tuple)  # a NamedTuple of per-token tensors (ActorInputs, CriticInputs)
-_LossInputs = TypeVar("_LossInputs", bound=tuple, contravariant=True)
 
 
 def take_all(inputs: Inputs, rows: Sequence[int], length: int) -> Inputs:
@@ -112,31 +114,38 @@ def take_all(inputs: Inputs, rows: Sequence[int], length: int) -> Inputs:
 
 
 class MicroLoss(NamedTuple):
-    """One micro-batch's loss, as a loss function hands it to :func:`update_loop`."""
+    """One micro-batch's loss, as :meth:`Update.backward` takes it."""
 
     loss: Tensor  # scalar, aggregated over the micro-batch with update.loss_agg
     checked: dict[str, Tensor]  # scalars that must be finite before the backward pass, by metric name
     stats: dict[str, float]  # logged; averaged with the micro-batch's accumulation weight
 
 
-class LossFn(Protocol[_LossInputs]):
-    """The loss :func:`update_loop` runs on each micro-batch, and the names its update goes by."""
+@dataclass(frozen=True)
+class Role:
+    """The names an update goes by."""
 
-    @property
-    def role(self) -> str:
-        """Prefix of the ``<role>/grad_norm`` metric: "actor" or "critic"."""
+    name: str  #: prefix of the ``<name>/grad_norm`` metric
+    seed_tag: str  #: the derive_seed stream of the mini-batch order
+    trained: str  #: what the finiteness check after the optimizer step names
 
-    @property
-    def seed_tag(self) -> str:
-        """The derive_seed stream of the mini-batch order: "mini" (actor) or "critic-mini"."""
 
-    @property
-    def trained(self) -> str:
-        """What the finiteness check after the optimizer step names: "policy weights" or "critic weights"."""
+ACTOR = Role("actor", "mini", "policy weights")
+CRITIC = Role("critic", "critic-mini", "critic weights")
 
-    def __call__(self, mb: TokenBatch, inputs: _LossInputs, mask: Tensor) -> MicroLoss:
-        """``inputs``: the micro-batch's rows of the per-token inputs [b, l]; ``mask`` [b, l] bool."""
-        ...
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """One micro-batch of an update: its rows of the batch, the loss positions, its accumulation weight."""
+
+    batch: TokenBatch  # the micro-batch's rows, cut to their longest
+    rows: Sequence[int]  # their indices in the update's whole batch
+    mask: Tensor  # [b, l] bool: the positions the loss aggregates over
+    weight: float  # share of the mini-batch's loss tokens (or rows); 0 for a rank's padding micro-batch
+
+    def take(self, inputs: Inputs) -> Inputs:
+        """The micro-batch's rows of per-token inputs [B, L, ...] aligned with the whole batch."""
+        return take_all(inputs, self.rows, self.batch.input_ids.shape[1])
 
 
 class _Mean:
@@ -156,66 +165,64 @@ class _Mean:
         return gather_metrics(self.sums, self.shares, "update stats")
 
 
-@dataclass(frozen=True)
-class _Shared:
-    """What every mini-batch of one update shares."""
+class Update:
+    """One update of ``learner`` on ``batch``: iterating it gives ``settings.epochs`` x mini-batches x
+    this rank's micro-batches (the module docstring), and the caller computes each one's loss and
+    hands it to :meth:`backward`; after a mini-batch's last micro-batch the gradient is clipped,
+    checked and the optimizer steps. ``mask`` [B, L] bool: the positions the loss aggregates over,
+    which set the micro-batches' accumulation weights. :meth:`stats`: the mean stats afterwards
+    (``<role>/grad_norm`` over optimizer steps)."""
 
-    learner: Learner
-    loss: LossFn
-    settings: UpdateConfig
-    ctx: UpdateContext
-    stats: _Mean
+    def __init__(self, learner: Learner, batch: TokenBatch, mask: Tensor, settings: UpdateConfig,
+                 ctx: UpdateContext, role: Role) -> None:
+        self.learner, self.batch, self.mask, self.settings, self.ctx, self.role = learner, batch, mask, settings, ctx, role
+        self._stats = _Mean()
+        self._waiting: MicroBatch | None = None  # yielded, its loss not yet given to backward
+        self._where = ("rl", ctx.rl_step, ctx.last_checkpoint)  # errors name the RL step (1..steps)
 
+    def __iter__(self) -> Iterator[MicroBatch]:
+        settings, module = self.settings, self.learner.module
+        module.train()
+        for epoch in range(settings.epochs):
+            seed = derive_seed(self.ctx.seed, self.role.seed_tag, self.ctx.updates_done, epoch)
+            for rows in mini_batches(self.batch.batch_size, settings.mini_batches, seed):
+                mini = self.batch.select(rows)
+                mini_mask = take(self.mask, rows, mini.input_ids.shape[1])
+                module.zero_grad(set_to_none=True)
+                for sub in rank_micro_batches(mini, settings.micro_batch_tokens):  # one process: all of them
+                    mb = mini.select(sub)
+                    mb_mask = take(mini_mask, sub, mb.input_ids.shape[1])
+                    w = 0.0 if isinstance(sub, Padding) else accumulation_weight(mb_mask, mini_mask, settings.loss_agg)
+                    self._waiting = MicroBatch(mb, [rows[i] for i in sub], mb_mask, w)
+                    yield self._waiting
+                    if self._waiting is not None:
+                        raise RuntimeError(f"{self.role.name} update: the loop moved past a micro-batch whose loss was "
+                                           "not given to Update.backward(micro, loss); call it once per micro-batch")
+                self._optimizer_step()
+        module.zero_grad(set_to_none=True)
 
-def update_loop(
-    learner: Learner,
-    batch: TokenBatch,
-    inputs: Inputs,
-    mask: Tensor,
-    loss: LossFn[Inputs],
-    settings: UpdateConfig,
-    ctx: UpdateContext,
-) -> dict[str, float]:
-    """``settings.epochs`` x mini-batches x micro-batches of ``loss`` on ``batch`` (the module
-    docstring), training ``learner`` (its module, parameters and optimizer).
+    def backward(self, micro: MicroBatch, out: MicroLoss) -> None:
+        """Check ``out``'s values are finite, then accumulate the gradient of ``out.loss`` x the
+        micro-batch's weight and its stats."""
+        if micro is not self._waiting:
+            raise RuntimeError(f"{self.role.name} update: backward got a micro-batch that is not the one the loop "
+                               "is at; give each micro-batch's loss once, inside the `for micro in update` loop")
+        check_finite(out.checked, *self._where)
+        (out.loss * micro.weight).backward()
+        self._stats.add(out.stats, micro.weight)
+        self._waiting = None
 
-    ``inputs``: a NamedTuple of per-token tensors [B, L, ...] (or None) aligned with
-    ``batch.input_ids``, handed to ``loss`` cut to each micro-batch's rows; ``mask`` [B, L] bool:
-    the positions the loss aggregates over, which set the micro-batches' accumulation weights.
-    Returns the mean stats (``<role>/grad_norm`` over optimizer steps).
-    """
-    shared = _Shared(learner, loss, settings, ctx, _Mean())
-    model = learner.module
-    model.train()
-    for epoch in range(settings.epochs):
-        seed = derive_seed(ctx.seed, loss.seed_tag, ctx.updates_done, epoch)
-        for rows in mini_batches(batch.batch_size, settings.mini_batches, seed):
-            mini = batch.select(rows)
-            length = mini.input_ids.shape[1]
-            _mini_batch(shared, mini, take_all(inputs, rows, length), take(mask, rows, length))
-    model.zero_grad(set_to_none=True)
-    return shared.stats.result()
+    def _optimizer_step(self) -> None:
+        learner, name = self.learner, f"{self.role.name}/grad_norm"
+        grad_norm = clip_grads(learner.params, self.settings.grad_clip)
+        check_finite({name: grad_norm}, *self._where)
+        self._stats.add({name: grad_norm}, 1.0)
+        learner.opt.step()
+        check_module_finite(learner.module, f"{self.role.trained} after the update", *self._where)
 
-
-def _mini_batch(shared: _Shared, mini: TokenBatch, inputs: tuple, mask: Tensor) -> None:
-    """Accumulate the gradient over this rank's micro-batches of ``mini``, then one optimizer step."""
-    settings, learner = shared.settings, shared.learner
-    where = ("rl", shared.ctx.rl_step, shared.ctx.last_checkpoint)  # errors name the RL step (1..steps)
-    learner.module.zero_grad(set_to_none=True)
-    for sub in rank_micro_batches(mini, settings.micro_batch_tokens):  # one process: all micro-batches
-        mb = mini.select(sub)
-        length = mb.input_ids.shape[1]
-        mb_mask = take(mask, sub, length)
-        w = 0.0 if isinstance(sub, Padding) else accumulation_weight(mb_mask, mask, settings.loss_agg)
-        out = shared.loss(mb, take_all(inputs, sub, length), mb_mask)
-        check_finite(out.checked, *where)
-        (out.loss * w).backward()
-        shared.stats.add(out.stats, w)
-    grad_norm = clip_grads(learner.params, settings.grad_clip)
-    check_finite({f"{shared.loss.role}/grad_norm": grad_norm}, *where)
-    shared.stats.add({f"{shared.loss.role}/grad_norm": grad_norm}, 1.0)
-    learner.opt.step()
-    check_module_finite(learner.module, f"{shared.loss.trained} after the update", *where)
+    def stats(self) -> dict[str, float]:
+        """The update's mean stats (over all ranks of a job)."""
+        return self._stats.result()
 
 
 class ActorInputs(NamedTuple):
@@ -227,35 +234,26 @@ class ActorInputs(NamedTuple):
     is_weights: Tensor | None = None  # rollout-correction IS weights on the policy loss; None = 1
 
 
-@dataclass(frozen=True)
-class ActorLoss:
-    """PPO-clip loss - entropy bonus (+ KL penalty) of one micro-batch (the module docstring)."""
-
-    model: torch.nn.Module
-    settings: UpdateConfig
-    ctx: UpdateContext
-    role: str = "actor"
-    seed_tag: str = "mini"
-    trained: str = "policy weights"
-
-    def __call__(self, mb: TokenBatch, inputs: ActorInputs, mask: Tensor) -> MicroLoss:
-        settings = self.settings
-        with autocast(self.ctx.device, self.ctx.bf16):
-            logp, ent = policy_forward(self.model, mb, settings.logprob_chunk, with_entropy=True,
-                                       temperature=self.ctx.temperature, packed=settings.packing)
-        assert ent is not None  # with_entropy=True
-        pl = ppo_policy_loss(logp, inputs.old_logprobs, inputs.advantages, mask,
-                             settings.clip_low, settings.clip_high, settings.dual_clip, settings.loss_agg,
-                             weights=inputs.is_weights)
-        entropy = aggregate(ent, mask, settings.loss_agg)
-        loss = pl.loss - settings.entropy_coef * entropy
-        stats = pl.metrics()
-        stats["actor/entropy"] = float(entropy.detach())
-        if inputs.ref_logprobs is not None:
-            kl = aggregate(kl_penalty(logp, inputs.ref_logprobs, settings.kl_kind), mask, settings.loss_agg)
-            loss = loss + settings.kl_coef * kl
-            stats["actor/kl_loss"] = float(kl.detach())
-        return MicroLoss(loss, {"loss/policy": pl.loss, "actor/entropy": entropy, "loss/actor_total": loss}, stats)
+def actor_loss(model: torch.nn.Module, mb: TokenBatch, inputs: ActorInputs, mask: Tensor, settings: UpdateConfig,
+               ctx: UpdateContext) -> MicroLoss:
+    """PPO-clip loss - entropy bonus (+ KL penalty) of one micro-batch (the module docstring):
+    ``inputs`` are the micro-batch's rows [b, l], ``mask`` [b, l] bool its loss positions."""
+    with autocast(ctx.device, ctx.bf16):
+        logp, ent = policy_forward(model, mb, settings.logprob_chunk, with_entropy=True,
+                                   temperature=ctx.temperature, packed=settings.packing)
+    assert ent is not None  # with_entropy=True
+    pl = ppo_policy_loss(logp, inputs.old_logprobs, inputs.advantages, mask,
+                         settings.clip_low, settings.clip_high, settings.dual_clip, settings.loss_agg,
+                         weights=inputs.is_weights)
+    entropy = aggregate(ent, mask, settings.loss_agg)
+    loss = pl.loss - settings.entropy_coef * entropy
+    stats = pl.metrics()
+    stats["actor/entropy"] = float(entropy.detach())
+    if inputs.ref_logprobs is not None:
+        kl = aggregate(kl_penalty(logp, inputs.ref_logprobs, settings.kl_kind), mask, settings.loss_agg)
+        loss = loss + settings.kl_coef * kl
+        stats["actor/kl_loss"] = float(kl.detach())
+    return MicroLoss(loss, {"loss/policy": pl.loss, "actor/entropy": entropy, "loss/actor_total": loss}, stats)
 
 
 class CriticInputs(NamedTuple):
@@ -266,28 +264,18 @@ class CriticInputs(NamedTuple):
     features: Tensor | None  # [B, L, H] backbone hidden states of a shared critic, else None
 
 
-@dataclass(frozen=True)
-class CriticLoss:
-    """Clipped value regression of one micro-batch on the positions of its critic mask."""
-
-    critic: ValueModel
-    settings: UpdateConfig
-    ctx: UpdateContext
-    value_clip: float
-    role: str = "critic"
-    seed_tag: str = "critic-mini"
-    trained: str = "critic weights"
-
-    def __call__(self, mb: TokenBatch, inputs: CriticInputs, mask: Tensor) -> MicroLoss:
-        with autocast(self.ctx.device, self.ctx.bf16):
-            if inputs.features is not None:
-                values = shift_right(self.critic.values_from_hidden(inputs.features))
-            else:
-                values = shift_right(critic_forward(self.critic, mb, self.settings.packing))
-        # explained variance, a ratio of variances, is the whole batch's: the recipe computes it once
-        vl = value_loss(values, inputs.old_values, inputs.returns, mask, clip=self.value_clip if self.value_clip > 0
-                        else None, agg=self.settings.loss_agg)
-        return MicroLoss(vl.loss, {"loss/value": vl.loss}, vl.metrics())
+def critic_loss(critic: ValueModel, mb: TokenBatch, inputs: CriticInputs, mask: Tensor, settings: UpdateConfig,
+                ctx: UpdateContext, value_clip: float) -> MicroLoss:
+    """Clipped value regression of one micro-batch on the positions of its critic mask ``mask``."""
+    with autocast(ctx.device, ctx.bf16):
+        if inputs.features is not None:
+            values = shift_right(critic.values_from_hidden(inputs.features))
+        else:
+            values = shift_right(critic_forward(critic, mb, settings.packing))
+    # explained variance, a ratio of variances, is the whole batch's: the recipe computes it once
+    vl = value_loss(values, inputs.old_values, inputs.returns, mask, clip=value_clip if value_clip > 0 else None,
+                    agg=settings.loss_agg)
+    return MicroLoss(vl.loss, {"loss/value": vl.loss}, vl.metrics())
 
 
 def actor_update(actor: Learner, batch: TokenBatch, scores: Scores, advantages: Advantages, off: OffPolicy,
@@ -302,8 +290,10 @@ def actor_update(actor: Learner, batch: TokenBatch, scores: Scores, advantages: 
     ref = scores.ref_logprobs
     kl_in_loss = ref is not None and settings.kl_in == "loss" and settings.kl_coef > 0
     inputs = ActorInputs(advantages.advantages, off.anchor, ref if kl_in_loss else None, off.is_weights)
-    loss = ActorLoss(actor.module, settings, ctx)
-    return UpdateStats(update_loop(actor, batch, inputs, off.loss_mask, loss, settings, ctx))
+    update = Update(actor, batch, off.loss_mask, settings, ctx, ACTOR)
+    for micro in update:
+        update.backward(micro, actor_loss(actor.module, micro.batch, micro.take(inputs), micro.mask, settings, ctx))
+    return UpdateStats(update.stats())
 
 
 def critic_update(critic: Learner[ValueModel], batch: TokenBatch, scores: PPOScores, advantages: PPOAdvantages,
@@ -316,5 +306,8 @@ def critic_update(critic: Learner[ValueModel], batch: TokenBatch, scores: PPOSco
     backbone has not changed). ``value_clip``: ``ppo.value_clip`` (0: no clipping).
     """
     inputs = CriticInputs(scores.values, advantages.returns, scores.features)
-    loss = CriticLoss(critic.module, settings, ctx, value_clip)
-    return UpdateStats(update_loop(critic, batch, inputs, advantages.critic_mask, loss, settings, ctx))
+    update = Update(critic, batch, advantages.critic_mask, settings, ctx, CRITIC)
+    for micro in update:
+        update.backward(micro, critic_loss(critic.module, micro.batch, micro.take(inputs), micro.mask, settings, ctx,
+                                           value_clip))
+    return UpdateStats(update.stats())
