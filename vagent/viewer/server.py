@@ -1,8 +1,8 @@
 """Serve the viewer on loopback, or write it as one self-contained HTML file.
 
-The page is ``static/index.html`` + ``viewer.js`` + ``viewer.css`` (plain HTML/JS written for
-vagent, no third-party code, nothing fetched from elsewhere). Served, it asks this small JSON API
-(all GET, loopback only; every URL in the page is relative, so the page works under a prefix)::
+The page is ``static/index.html`` + ``dom.js`` (the helpers both pages share) + ``viewer.js`` +
+``viewer.css`` (plain HTML/JS written for vagent, no third-party code, nothing fetched from elsewhere).
+Served, it asks this small JSON API (all GET, loopback only; every URL in the page is relative, so the page works under a prefix)::
 
     /api/index                       groups, RL steps, validation points (data.py: index())
     /api/episodes?group=G            the group's episode summaries (filtering/sorting/paging in the page)
@@ -15,7 +15,7 @@ Only requests addressed to the viewer's own names are answered (``Host`` header 
 localhost or [::1], any port, or a name passed with ``--allow-host``); any other Host gets 403,
 so a web page that re-points its own domain name at 127.0.0.1 (DNS rebinding) cannot read the run.
 
-A sweep directory (``sweep.py``) is served as ``static/sweep.html`` + ``sweep.js`` with::
+A sweep directory (``sweep.py``) is served as ``static/sweep.html`` + ``dom.js`` + ``sweep.js`` with::
 
     /api/sweep                       the report's tables, curves and trials (sweep.py: index())
     /curves/curves_<metric>.png      a validation curve, drawn as vagent sweep report draws it
@@ -234,11 +234,13 @@ def embed_json(data: object) -> str:
 
 
 def _inline(page_path: Path, js_name: str, data: dict) -> str:
-    """``page_path`` with viewer.css and ``js_name`` inline and ``data`` in the vagent-data block."""
+    """``page_path`` with viewer.css, dom.js and ``js_name`` inline and ``data`` in the vagent-data block."""
     text = embed_json(data)
     page = page_path.read_text()
-    css, js = (STATIC / "viewer.css").read_text(), (STATIC / js_name).read_text().replace("</", "<\\/")
+    css = (STATIC / "viewer.css").read_text()
+    dom, js = ((STATIC / name).read_text().replace("</", "<\\/") for name in ("dom.js", js_name))
     page = page.replace('<link rel="stylesheet" href="static/viewer.css">', f"<style>{css}</style>")
+    page = page.replace('<script src="static/dom.js"></script>', f"<script>{dom}</script>")
     return page.replace(f'<script src="static/{js_name}"></script>',
                         f'<script id="vagent-data" type="application/json">{text}</script>\n<script>{js}</script>')
 

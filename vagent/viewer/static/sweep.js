@@ -20,17 +20,6 @@ async function getSweep() {
 }
 const fileUrl = (rel) => (STATIC ? STATIC.files[rel] || null : rel);
 
-function el(tag, attrs, ...kids) {
-  const e = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs || {})) {
-    if (v === null || v === undefined || v === false) continue;
-    if (k === "class") e.className = v;
-    else if (k === "text") e.textContent = v;
-    else e.setAttribute(k, v === true ? "" : v);
-  }
-  for (const kid of kids.flat()) if (kid !== null && kid !== undefined) e.append(kid);
-  return e;
-}
 const num = (x, d) => (x === null || x === undefined ? "n/a" : Number(x).toFixed(d));
 
 /* the cells of report.md's table (vagent/sweep/report.py: markdown), from report.json's numbers */

@@ -48,18 +48,6 @@ function shownErrors(promise) {
   return promise.catch((err) => document.getElementById("episode-pane").replaceChildren(
     el("pre", { class: "note error", text: String(err.message || err) })));
 }
-function el(tag, attrs, ...kids) {
-  const e = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs || {})) {
-    if (v === null || v === undefined || v === false) continue;
-    if (k === "class") e.className = v;
-    else if (k === "text") e.textContent = v;
-    else if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
-    else e.setAttribute(k, v === true ? "" : v);
-  }
-  for (const kid of kids.flat()) if (kid !== null && kid !== undefined) e.append(kid);
-  return e;
-}
 const fmt = (x, d = 3) => (x === null || x === undefined || Number.isNaN(x) ? "—" : Number(x).toFixed(d));
 const sci = (x) => (x === null || x === undefined || Number.isNaN(x) ? "—" : Number(x).toExponential(1));
 const signed = (x, d = 3) => (x === null || x === undefined ? "—" : (x >= 0 ? "+" : "") + Number(x).toFixed(d));
