@@ -10,8 +10,7 @@ import torch
 
 from vagent.models.loading import load_policy
 from vagent.models.value import build_critic
-from vagent.recipes.batching import per_row
-from vagent.recipes.scoring import ScoringPass, critic_forward, score_logprobs, score_shared, shift_right
+from vagent.recipes.scoring import ScoringPass, score_logprobs, score_shared, score_values, shift_right
 from vagent.runconfig import UpdateConfig
 from vagent.recipes.stages import PPOAdvantages, PPOScores
 from vagent.recipes.update import Learner, UpdateContext, critic_update
@@ -37,7 +36,7 @@ def test_one_pass_scores_equal_two_passes(setup):
         critic.value_head.weight.normal_(0, 0.1)  # values far from 0, so a mismatch would show
     old, values, features = score_shared(loaded.model, critic, batch, ScoringPass(300, 64, 0.7))
     old_ref, _ = score_logprobs(loaded.model, None, batch, ScoringPass(300, 64, 0.7))
-    values_ref = per_row(batch, 300, lambda mb: critic_forward(critic, mb), split=False)
+    values_ref = score_values(critic, batch, ScoringPass(300, 64, 0.7))
     M = batch.loss_mask
     torch.testing.assert_close(old[M], old_ref[M], atol=1e-5, rtol=1e-5)
     real = batch.attention_mask.bool()

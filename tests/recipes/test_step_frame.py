@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import weakref
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -17,7 +18,11 @@ import vagent.rollout.driver as driver_module
 from vagent.distributed.fsdp import ShardedRoot, attach_root, root_of
 from vagent.runconfig import load_config
 from vagent.rollout.driver import RolloutDriver, close_env_factories
-from vagent.rollout.finish import RolloutResult
+from vagent.rollout.policy import Reply, SamplingConfig
+from vagent.rollout.specs import sampling_for, train_env_specs
+from vagent.rollout.loop import LastCheckpoint, TrainRollout
+from vagent.rollout.trajectory import turn_seed
+from vagent.runs.errors import NonFiniteError
 from vagent.service.client import Transport
 
 
@@ -77,26 +82,47 @@ def _session(cfg):
                            device=torch.device("cpu"))
 
 
+class _Recording:
+    """A scripted policy that records how many conversations each call answered and with what
+    sampling; ``fail`` makes it raise what a sampler raises on non-finite probabilities."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, SamplingConfig]] = []
+        self.fail = False
+
+    def act(self, conversations, sampling):
+        if self.fail:
+            raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+        self.calls.append((len(conversations), sampling))
+        return [Reply(text="<answer>Left</answer>", finish_reason="stop") for _ in conversations]
+
+
 def test_the_default_rollout_runs_through_the_driver_and_adds_no_metric():
     """The default configuration (in process, lockstep, no overlap) builds the one rollout object
-    too, and ``StepLoop.rollout`` is its ``get``: the recipe's rollout runs with the loop's own
-    policy and the trainer's model (``unshard``), and its episodes come back as they were made."""
-    cfg = load_config(None, ["log.progress=false"])
-    calls = []
-
-    def run(policy, step, unshard):
-        calls.append((policy, step, unshard))
-        return RolloutResult([], {"rollout/success_rate": 0.5})
-
-    policy = SimpleNamespace()
+    too: ``make_driver`` builds the run's ``TrainRollout`` and ``StepLoop.rollout`` is the driver's
+    ``get``: step 4's train envs and sampling, played with the loop's own policy on the trainer's
+    model (``unshard``), its episodes back as they were made with no ``rollout/weights_*`` metric; a
+    policy whose weights went non-finite is named with the loop's newest checkpoint."""
+    cfg = load_config(None, ["log.progress=false", "envs.0.n_train=2", "rollout.max_turns=1"])
+    policy, model, last = _Recording(), torch.nn.Linear(2, 2), LastCheckpoint("ck/rl_000002")
     from vagent.rollout.make_driver import make_driver
 
-    driver = make_driver(cfg, SimpleNamespace(model=None), policy, run)
+    driver = make_driver(cfg, SimpleNamespace(model=model), policy, None, last)
     loop = step_module.StepLoop(_session(cfg), 3)
     loop.driver = driver
+    assert isinstance(driver.run, TrainRollout) and driver.policy is policy and driver.unshard
     got = loop.rollout(3)
-    assert calls == [(policy, 3, True)] and got.metrics == {"rollout/success_rate": 0.5}
+    assert [e.seed for e in got] == [spec.seed for spec in train_env_specs(cfg, 3)]
+    base = sampling_for(cfg, 3)
+    assert policy.calls == [(2, replace(base, seed=turn_seed(base.seed, 0)))]
+    assert "rollout/success_rate" in got.metrics and not any(k.startswith("rollout/weights_") for k in got.metrics)
     assert driver.in_flight() is None
+    last.path = "ck/rl_000003"  # the loop wrote a checkpoint after the driver was built
+    with torch.no_grad():
+        model.weight[0, 0] = float("nan")
+    policy.fail = True
+    with pytest.raises(NonFiniteError, match=r"policy weights \(weight\) became nan at rl step 4.*ck/rl_000003"):
+        loop.rollout(4)
     driver.close()
 
 

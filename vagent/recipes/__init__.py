@@ -5,11 +5,13 @@
 - :mod:`vagent.recipes.stages` the typed records a step hands from stage to stage (``Scores`` ...) and the stages
   both recipes run alike on them (token batch, variance filter, KL to the reference, engine/trainer gap)
 - :mod:`vagent.recipes.step`   what PPO and GRPO share around a step: their set-up (``rl_models``), the loop's frame
-  (``StepLoop``: the rollout driver, progress, the step's tail), the training rollout (``TrainRollout``), the step's metrics
+  (``StepLoop``: the rollout driver, which runs ``vagent.rollout.loop.TrainRollout``, progress, the step's
+  tail), the step's metrics
 - :mod:`vagent.recipes.sft`    SFT on JSONL chat data with images (the warm start before RL)
 - :mod:`vagent.recipes.demos`  solver demonstrations in the SFT chat format (``vagent demos``)
 - :mod:`vagent.recipes.update` the PPO-clip actor update and the critic update they share
-- :mod:`vagent.recipes.common` env seeds, devices, model set-up, sampling settings
+- :mod:`vagent.recipes.common` the remote envs' check, devices, model set-up (env seeds and sampling settings:
+  :mod:`vagent.rollout.specs`, re-exported)
 - :mod:`vagent.recipes.optim`  seeds, optimizers, learning-rate schedules, gradient clipping
 - :mod:`vagent.recipes.scoring` forward passes on a token batch and the scoring passes
 - :mod:`vagent.recipes.batching` mini-/micro-batches and the weights that make accumulation exact

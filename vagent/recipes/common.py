@@ -1,4 +1,6 @@
-"""Small functions the recipes share: env seeds, devices, model set-up, sampling settings.
+"""Small functions the recipes share: the remote envs' check, devices, model set-up; the env seeds
+and sampling settings of a step (``train_env_specs``, ``val_env_specs``, ``stop_strings``,
+``sampling_for``) live below the recipes in :mod:`vagent.rollout.specs` and are re-exported here.
 
 Nothing here is a trainer: each function does one thing and the recipes (ppo.py, grpo.py,
 sft.py) call them in the order the algorithm runs. The rest of what the recipes share lives by
@@ -21,57 +23,18 @@ import torch
 
 from vagent.config import ConfigError
 from vagent.envs import make
-from vagent.envs.latency import with_latency
-from vagent.envs.registry import IMPORT_HINT, env_class, env_factory, list_envs
+from vagent.envs.registry import IMPORT_HINT, list_envs
 from vagent.models.forward import unwrap
 from vagent.models.loading import LoadedModel, LoraSettings, load_policy
-from vagent.runconfig import EnvEntry, RunConfig
-from vagent.runconfig.validate import env_latency
-from vagent.recipes.optim import derive_seed
-from vagent.rollout.driver import env_factory_for
-from vagent.rollout.loop import EnvSpec
-from vagent.rollout.policy import SamplingConfig
+from vagent.runconfig import RunConfig
+from vagent.rollout.specs import env_factory_for
+from vagent.rollout.specs import sampling_for, stop_strings, train_env_specs, val_env_specs  # noqa: F401 -- re-exported
 from vagent.runs.errors import ModelError
-from vagent.seeds import SPLITS, split_seeds
-from vagent.service.preflight import check_env_servers, remote_env_info
+from vagent.service.preflight import check_env_servers
 
 # ----------------------------------------------------------------------------------------------
-# seeds
+# remote envs
 # ----------------------------------------------------------------------------------------------
-
-
-def train_env_specs(cfg: RunConfig, updates_done: int) -> list:
-    """The envs of RL step ``updates_done + 1``: for each entry, ``n_train`` consecutive seeds of the
-    ``train`` split at an offset derived from (run seed, entry index, updates_done), so a resumed run
-    replays the same envs and steps never share a seed by construction within 1e6 / n_train steps.
-    An entry with a ``latency`` makes its envs through ``with_latency`` (each step takes a drawn time)."""
-    specs = []
-    size = len(SPLITS["train"])
-    for i, e in enumerate(cfg.envs):
-        start = (derive_seed(cfg.seed, i) % size + updates_done * e.n_train) % (size - e.n_train)
-        factory = env_factory_for(e)  # None for in-process envs; RemoteEnv on e.urls otherwise
-        latency = env_latency(e, i)
-        if latency is not None:
-            factory = with_latency(factory or env_factory(e.name, **e.config), latency)
-        specs += [EnvSpec(e.name, dict(e.config), s, factory) for s in split_seeds("train", e.n_train, start)]
-    return specs
-
-
-def val_env_specs(entry: EnvEntry) -> list:
-    """The first ``n_val`` seeds of the ``val`` split (the same for every validation); without the
-    entry's ``latency`` (validation scores the policy, not the rollout's speed)."""
-    return [EnvSpec(entry.name, dict(entry.config), s, env_factory_for(entry)) for s in split_seeds("val", entry.n_val)]
-
-
-def stop_strings(cfg: RunConfig) -> tuple[str, ...]:
-    """``rollout.stop`` plus the strings the run's envs declare as ending a reply
-    (an env class's optional ``reply_stop``, e.g. vigorl_zoom's ``"</tool_call>"``), in order.
-    A remote entry's (``urls``) come from its server: the env class may live only there."""
-    out = list(cfg.rollout.stop)
-    for e in cfg.envs:
-        declared = remote_env_info(e).reply_stop if e.urls else getattr(env_class(e.name), "reply_stop", ())
-        out += [s for s in declared if s not in out]
-    return tuple(out)
 
 
 def check_remote_envs(cfg: RunConfig, say: Callable[[str], None]) -> None:
@@ -94,17 +57,6 @@ def check_remote_envs(cfg: RunConfig, say: Callable[[str], None]) -> None:
         raise ConfigError(f"reasoning_reward judges the descriptions of {', '.join(local_only)} with its env module "
                           "(judge_spec, LEGEND, describe_state), which lives only on its server. Set "
                           f"reasoning_reward: null, or register the env here too. {IMPORT_HINT}")
-
-
-def sampling_for(cfg: RunConfig, updates_done: int, greedy: bool = False):
-    """The rollout's SamplingConfig of RL step ``updates_done + 1`` (seed derived from the run seed and
-    ``updates_done``; validation passes 0)."""
-    rollout_cfg = cfg.rollout
-    return SamplingConfig(
-        temperature=0.0 if greedy else rollout_cfg.temperature, top_p=rollout_cfg.top_p, top_k=rollout_cfg.top_k,
-        max_new_tokens=rollout_cfg.max_new_tokens, stop=stop_strings(cfg),
-        seed=derive_seed(cfg.seed, "sample", updates_done),
-    )
 
 
 # ----------------------------------------------------------------------------------------------

@@ -16,7 +16,6 @@ process ``on_root(model, fn, ...)`` is just ``fn(...)``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
 from typing import TYPE_CHECKING, overload
 
 import torch
@@ -24,11 +23,10 @@ from torch import Tensor
 
 from transformers import DynamicCache
 
-from vagent.distributed import on_root, world
+from vagent.distributed import RowResults, on_root, world
 from vagent.models.forward import (
     backbone_of, explicit_position_ids, forward_hidden, forward_logits, model_inputs, mrope_image_token_id, unwrap,
 )
-from vagent.recipes.batching import per_row
 from vagent.recipes.stages import PPOScores, Scores
 from vagent.rl.losses import entropy_from_logits, logprobs_from_logits
 
@@ -187,7 +185,7 @@ class ScoringPass:
     chunk: int  # positions log-softmaxed at once (update.logprob_chunk)
     temperature: float  # log-probs of logits / temperature: the rollout's sampling temperature
     packed: bool = False  # forwards without padding (update.packing)
-    split: bool = False  # the rows are divided over the ranks of a job (vagent.recipes.batching.per_row)
+    split: bool = False  # the rows are divided over the ranks of a job (vagent.distributed.RowResults)
 
 
 def pass_logprobs(model: torch.nn.Module, how: ScoringPass, mb: TokenBatch) -> Tensor:
@@ -195,21 +193,38 @@ def pass_logprobs(model: torch.nn.Module, how: ScoringPass, mb: TokenBatch) -> T
     return policy_forward(model, mb, how.chunk, temperature=how.temperature, packed=how.packed)[0]
 
 
+@torch.no_grad()
 def score_logprobs(model: torch.nn.Module, ref: ReferenceModel | None, batch: TokenBatch,
                    how: ScoringPass) -> tuple[Tensor, Tensor | None]:
     """The scoring passes shared by PPO and GRPO (no grad): (log pi_old, log pi_ref or None) [B, L]
     at the rollout temperature; ``ref`` is a reference model handle or None (no KL)."""
     model.eval()
-    old = per_row(batch, how.max_tokens, partial(pass_logprobs, model, how), split=how.split)
+    rows = RowResults[Tensor](batch, how.max_tokens, split=how.split)
+    for mb in rows:  # every micro-batch; in a job: this rank's share of the rows, then padding ones
+        rows.put(pass_logprobs(model, how, mb))  # [b, l]
+    old = rows.whole()  # [B, L]; in a job: gathered from every rank
     return old, score_reference(ref, batch, how)
 
 
+@torch.no_grad()
 def score_reference(ref: ReferenceModel | None, batch: TokenBatch, how: ScoringPass) -> Tensor | None:
     """log pi_ref [B, L] at the rollout temperature (no grad), or None when there is no reference."""
     if ref is None:
         return None
     with ref.active() as ref_model:
-        return per_row(batch, how.max_tokens, partial(pass_logprobs, ref_model, how), split=how.split)
+        rows = RowResults[Tensor](batch, how.max_tokens, split=how.split)
+        for mb in rows:
+            rows.put(pass_logprobs(ref_model, how, mb))  # [b, l]
+        return rows.whole()
+
+
+@torch.no_grad()
+def score_values(critic: torch.nn.Module, batch: TokenBatch, how: ScoringPass) -> Tensor:
+    """Raw outputs [B, L] of a critic with its own backbone (no grad): see :func:`critic_forward`."""
+    rows = RowResults[Tensor](batch, how.max_tokens, split=how.split)
+    for mb in rows:
+        rows.put(critic_forward(critic, mb, packed=how.packed))  # [b, l]
+    return rows.whole()
 
 
 @torch.no_grad()
@@ -218,8 +233,8 @@ def score_shared(model: torch.nn.Module, critic: ValueModel, batch: TokenBatch, 
     """The scoring pass of a critic that shares the policy's backbone: ONE backbone forward per
     micro-batch gives (log pi_old [B, L], raw critic outputs [B, L], features [B, L, H] or None).
 
-    The same numbers as :func:`score_logprobs` (old) and ``per_row(critic_forward)``, for one
-    backbone pass instead of two. The features let :func:`critic_update` train the head without
+    The same numbers as :func:`score_logprobs` (old) and :func:`score_values`, for one backbone
+    pass instead of two. The features let :func:`critic_update` train the head without
     running the backbone again (the backbone does not change before the actor update, which comes
     after the critic's). They are float32, B * L * H values: 10 MB for a batch of the default run, but 17 GB
     for 256 rows of 8k tokens of a 2048-wide model, so above ``max_feature_bytes`` they are not
@@ -228,7 +243,10 @@ def score_shared(model: torch.nn.Module, critic: ValueModel, batch: TokenBatch, 
     model.eval()
     B, L = batch.input_ids.shape
     keep = B * L * critic.value_head.in_features * 4 <= max_feature_bytes
-    out = per_row(batch, how.max_tokens, partial(_shared_pass, model, critic, how, keep), split=how.split)
+    rows = RowResults[tuple[Tensor, ...]](batch, how.max_tokens, split=how.split)
+    for mb in rows:
+        rows.put(_shared_pass(model, critic, how, keep, mb))  # ([b, l], [b, l], [b, l, H] if keep)
+    out = rows.whole()
     return out[0], out[1], out[2] if keep else None
 
 
@@ -260,6 +278,7 @@ def score_batch(model: torch.nn.Module, critic: ValueModel, ref: ReferenceModel 
 @overload
 def score_batch(model: torch.nn.Module, critic: None, ref: ReferenceModel | None, batch: TokenBatch,
                 update_cfg: UpdateConfig, temperature: float) -> Scores: ...
+@torch.no_grad()
 def score_batch(model: torch.nn.Module, critic: ValueModel | None, ref: ReferenceModel | None, batch: TokenBatch,
                 update_cfg: UpdateConfig, temperature: float) -> Scores:
     """Stage 3 of an RL step, the no-grad scoring passes: log pi_old and log pi_ref (with a
@@ -280,7 +299,7 @@ def score_batch(model: torch.nn.Module, critic: ValueModel | None, ref: Referenc
         ref_logprobs = score_reference(ref, batch, how)
     else:
         old, ref_logprobs = score_logprobs(model, ref, batch, how)
-        raw_values = per_row(batch, how.max_tokens, partial(critic_forward, critic, packed=how.packed), split=how.split)
+        raw_values = score_values(critic, batch, how)
     values = shift_right(raw_values) * batch.loss_mask  # V before each sampled token
     final = raw_values.gather(1, batch.bootstrap_index.clamp(min=0)[:, None])[:, 0]  # [B]
     final = torch.where(batch.truncated, final, torch.zeros_like(final))

@@ -1,9 +1,10 @@
 """What PPO and GRPO share around their step: the set-up (``rl_models``: reference model, critic,
 sharding, optimizers, schedules), the frame of the loop (``StepLoop``: the rollout driver, the
-progress bar, the step's tail), the training rollout the driver runs (``TrainRollout``) and the
-step's metrics record (``step_metrics``); the stages both run alike on the step's records are in
-``stages.py``. ``ppo.py`` and ``grpo.py`` differ in their models, advantages, update and own
-metrics (PPO's critic).
+progress bar, the step's tail) and the step's metrics record (``step_metrics``). The driver
+(``vagent.rollout.make_driver``) builds and runs the training rollout itself
+(``vagent.rollout.loop.TrainRollout``). The stages both recipes run alike on the step's
+records are in ``stages.py``. ``ppo.py`` and ``grpo.py`` differ in their models, advantages, update
+and own metrics (PPO's critic).
 
 Two counts, never mixed: ``updates_done`` (0..steps-1, what seeds a step's rollout and mini-batch
 order) and ``rl_step = updates_done + 1`` (1..steps, what metrics, rollouts, checkpoints and update
@@ -12,7 +13,6 @@ errors carry).
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Collection, Iterator, Literal
@@ -21,7 +21,6 @@ import torch
 
 from vagent.distributed import generation_mode
 from vagent.models.value import ReferenceModel, ValueModel, build_critic, reference_model
-from vagent.recipes.common import sampling_for, train_env_specs
 from vagent.recipes.optim import make_optimizer, make_scheduler
 from vagent.recipes.session import Session
 from vagent.recipes.sharding import policy_export, policy_to_copy, shard_for_training
@@ -33,11 +32,11 @@ from vagent.rollout.canary import WeightCanary, default_tolerance, probe_for_run
 from vagent.rollout.driver import InFlight, RolloutDriver, close_env_factories
 from vagent.rollout.make_driver import make_driver
 from vagent.rollout.hf_policy import HFPolicy
-from vagent.rollout.loop import RolloutResult, rollout_on_ranks
-from vagent.rollout.policy import Policy
+from vagent.rollout.loop import RolloutResult
 from vagent.rollout.records import error_headline
+from vagent.rollout.specs import train_env_specs
+from vagent.rollout.loop import LastCheckpoint, TrainRollout  # noqa: F401 -- their old home
 from vagent.runs import StepProgress, load_object, plot_run, save_checkpoint, save_rollouts, save_token_rows
-from vagent.runs.errors import NonFiniteError, check_module_finite
 from vagent.runs.rundir import due
 from vagent.runs.samples import save_validation
 
@@ -110,64 +109,18 @@ def rl_models(session: Session, critic_backbone: Literal["shared", "separate"] |
 # --- the loop's frame ------------------------------------------------------------------------------
 
 
-@dataclass
-class LastCheckpoint:
-    """The run's newest checkpoint (the one the loop started after, then each one it writes), named
-    by a NonFiniteError or a failed weight push as the last good one; calling it gives the path."""
-
-    path: str | None = None
-
-    def __call__(self) -> str | None:
-        return self.path
-
-
-@dataclass(frozen=True)
-class TrainRollout:
-    """The training rollout of an RL step, as the rollout driver calls it
-    (``vagent.rollout.driver.RolloutRun``): the step's train-split env seeds and sampling, the
-    reasoning judges (``judge``, or None), the envs split over the ranks of a job.
-
-    ``run(policy, updates_done, unshard)``: the episodes of RL step ``updates_done + 1``;
-    ``unshard``: the policy generates with the trainer's ``model``, gathered once for the rollout
-    when sharded (False for a separate generator: engine replicas or vLLM, which leave the
-    trainer's parameters alone). If generation fails because the weights hold NaN/inf, it says so
-    (NonFiniteError, naming ``last_checkpoint``) instead of a sampler error."""
-
-    cfg: RunConfig
-    model: torch.nn.Module
-    judge: ReasoningReward | None
-    last_checkpoint: LastCheckpoint
-
-    def __call__(self, policy: Policy, step: int, unshard: bool) -> RolloutResult:
-        cfg, updates_done = self.cfg, step  # the driver's `step` (RolloutRun): the updates done
-        try:
-            with generation_mode(self.model) if unshard else contextlib.nullcontext():
-                return rollout_on_ranks(train_env_specs(cfg, updates_done), policy, sampling_for(cfg, updates_done),
-                                        group_size=cfg.rollout.group_size, max_turns=cfg.rollout.max_turns,
-                                        mode=cfg.rollout.mode, window=cfg.rollout.window, judge=self.judge,
-                                        schedule=cfg.rollout.schedule)
-        except RuntimeError as exc:
-            # named by the weights' age: after `updates_done` updates ("rl step 0": the policy before RL)
-            check_module_finite(self.model, "policy weights", "rl", updates_done, self.last_checkpoint.path)
-            if "inf" in str(exc).lower() or "nan" in str(exc).lower():
-                raise NonFiniteError("the policy's next-token probabilities during the rollout (the weights are "
-                                     "finite but the forward pass overflowed)", float("nan"), "rl", updates_done,
-                                     self.last_checkpoint.path) from exc
-            raise
-
-
 def start_rollouts(session: Session, judge: ReasoningReward | None, last_checkpoint: LastCheckpoint,
                    first_step: int = 0) -> tuple[HFPolicy, RolloutDriver]:
     """(the in-process policy validation uses, the driver of the training rollouts: ``make_driver``
-    decides once, from ``rollout.engine / replicas / schedule / overlap / max_staleness``, where they
-    are generated; on the default path with that same policy). ``first_step``: the updates done when
-    the loop starts (a streaming run's schedule record continues from it)."""
+    builds the run's ``TrainRollout`` of ``judge`` and ``last_checkpoint`` and decides once, from
+    ``rollout.engine / replicas / schedule / overlap / max_staleness``, where they are generated;
+    on the default path with that same policy). ``first_step``: the updates done when the loop
+    starts (a streaming run's schedule record continues from it)."""
     cfg, loaded = session.cfg, session.loaded
     policy = HFPolicy(loaded, prefix_cache=cfg.rollout.prefix_cache, max_context_tokens=cfg.model.max_context_tokens)
-    driver = make_driver(cfg, loaded, policy, TrainRollout(cfg, loaded.model, judge, last_checkpoint),
-                         model_dir=session.model_dir, fresh_model=session.load_fresh_model,
-                         canary=weight_canary(session, last_checkpoint), run_root=session.run.root,
-                         first_step=first_step)
+    driver = make_driver(cfg, loaded, policy, judge, last_checkpoint, model_dir=session.model_dir,
+                         fresh_model=session.load_fresh_model, canary=weight_canary(session, last_checkpoint),
+                         run_root=session.run.root, first_step=first_step)
     return policy, driver
 
 

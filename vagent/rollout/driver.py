@@ -8,7 +8,7 @@ the driver for it (the generators apart from the trainer's model, and the weight
 version): ``get(k)`` is the rollout of RL step ``k + 1``.
 
 - ``engine: hf, replicas: 0, schedule: lockstep, overlap: 0`` (the default): ``get`` runs the
-  recipe's rollout with the recipe's own in-process ``HFPolicy`` (no engine, no push, no
+  training rollout with the recipe's own in-process ``HFPolicy`` (no engine, no push, no
   background rollout; its turns carry no weights version, so no ``rollout/weights_*`` metric).
 - ``schedule: async``: trajectories advance on their own (``vagent.rollout.async_loop``); an
   in-process model gets a ``BatchingEngine`` in front, and requests carry their own seeds.
@@ -35,11 +35,12 @@ version): ``get(k)`` is the rollout of RL step ``k + 1``.
   back (``resume_in_flight``), so the resumed run trains step k+1 on the same episodes, sampled with
   the same weights, as the uninterrupted one.
 
-The recipe's rollout is a :class:`RolloutRun` (``vagent.recipes.step.TrainRollout``), called as
-``run(policy, step, unshard)``: ``unshard`` is True when the
-policy generates with the trainer's own model (a sharded model is then gathered once for the
-rollout, ``vagent.distributed.generation_mode``) and False when a separate generator does (engine
-replicas, vLLM), whose rollout must not touch the trainer's parameters.
+The rollout a driver runs is the run's :class:`~vagent.rollout.loop.TrainRollout`, which
+``make_driver`` builds from the run config, the judges and the run's last checkpoint; the driver
+calls it as ``run(policy, step, unshard)``: ``unshard`` is True when the policy generates with the
+trainer's own model (a sharded model is then gathered once for the rollout,
+``vagent.distributed.generation_mode``) and False when a separate generator does (engine replicas,
+vLLM), whose rollout must not touch the trainer's parameters.
 
 Every step's metrics gain, where the engine records versions, ``rollout/weights_version`` (the
 oldest weights version that sampled a turn) and ``rollout/weights_lag`` (trainer version minus
@@ -48,82 +49,34 @@ started: a turn sampled with other weights (a push that did not reach the genera
 not a silent off-policy batch. Validation keeps using the recipe's in-process policy (the
 trainer's current weights).
 
-``env_factory_for(entry)``: envs of a config entry with ``urls`` live on ``vagent serve-env``
-servers (``RemoteEnv``: failover over the urls, replay on server loss); one connection pool per
-entry, kept until ``close_env_factories()`` (the RL loop's end, ``vagent.recipes.step.StepLoop``).
+``env_factory_for(entry)`` and ``close_env_factories()`` (the remote envs' connection pools) live
+in :mod:`vagent.rollout.specs` and are re-exported here under their old names.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from vagent.rollout.finish import RolloutResult
 from vagent.rollout.policy import Policy
 from vagent.rollout.records import Episode
 from vagent.rollout.replicas import PushedEngine, push_weights
+from vagent.rollout.specs import _FACTORIES, close_env_factories, env_factory_for  # noqa: F401 -- their old home
 
 if TYPE_CHECKING:  # torch, the model loader and the run config stay out of `import vagent.rollout.driver`
     import torch
     from torch.distributed import ProcessGroup
 
-    from vagent.envs.base import Env
     from vagent.models.loading import LoadedModel
     from vagent.rollout.canary import WeightCanary
-    from vagent.runconfig import EnvEntry, RolloutConfig, RunConfig
+    from vagent.rollout.loop import TrainRollout
+    from vagent.runconfig import RolloutConfig, RunConfig
 
 logger = logging.getLogger(__name__)
-
-
-class RolloutRun(Protocol):
-    """The recipe's rollout of one step (``vagent.recipes.step.TrainRollout``): step ``step``'s
-    training episodes sampled with ``policy``; ``unshard`` as in the module docstring."""
-
-    def __call__(self, policy: Policy, step: int, unshard: bool) -> RolloutResult: ...
-
-
-#: (urls, name, config, token) -> its RemoteEnv factory, whose ``transport`` holds the connection pool
-_FACTORIES: dict[tuple, Callable[[], Env]] = {}
-_FACTORIES_LOCK = threading.Lock()
-
-
-def env_factory_for(entry: EnvEntry) -> Callable[[], Env] | None:
-    """A zero-argument factory of ``RemoteEnv`` on ``entry.urls`` with ``entry.token`` (None for an
-    in-process entry).
-
-    Cached per (urls, name, config, token): one connection pool per config entry for the run.
-    """
-    urls = list(getattr(entry, "urls", None) or [])
-    if not urls:
-        return None
-    token = getattr(entry, "token", None)  # None: $VAGENT_SERVICE_TOKEN (vagent.service.client.service_token)
-    deadlines = (float(getattr(entry, "timeout_s", 60.0)), float(getattr(entry, "retry_timeout_s", 60.0)))
-    key = (tuple(urls), entry.name, json.dumps(entry.config, sort_keys=True, default=str), token, deadlines)
-    with _FACTORIES_LOCK:
-        if key not in _FACTORIES:
-            from vagent.service.batch import remote_env_factory
-
-            _FACTORIES[key] = remote_env_factory(urls, entry.name, token, deadlines[0], retry_timeout=deadlines[1],
-                                                 **dict(entry.config))
-        return _FACTORIES[key]
-
-
-def close_env_factories() -> int:
-    """Close the connection pool of every cached remote env factory and forget the factories
-    (a later ``env_factory_for`` opens a new pool); returns how many were closed."""
-    with _FACTORIES_LOCK:
-        factories = list(_FACTORIES.values())
-        _FACTORIES.clear()
-    for make in factories:
-        transport = getattr(make, "transport", None)
-        if transport is not None:
-            transport.close()
-    return len(factories)
 
 
 def check_rollout_setup(settings: RolloutConfig, distributed: bool) -> None:
@@ -189,7 +142,7 @@ class RolloutDriver:
     """Step ``k``'s training episodes from the configured generator (see the module docstring).
 
     Args:
-        run: the recipe's rollout of one step (:class:`RolloutRun`).
+        run: the run's rollout of one step (``TrainRollout``, built by ``make_driver``).
         policy: the policy to roll out with (the recipe's own one on the default path).
         engine: the generator whose weights are pushed (``update_weights(model, version)``), or None.
         model: the trainer's model (pushed to ``engine``).
@@ -200,7 +153,7 @@ class RolloutDriver:
             its ``sync/*`` metrics go on the episodes sampled with the weights it checked.
     """
 
-    def __init__(self, run: RolloutRun, policy: Policy, *, engine: PushedEngine | None = None,
+    def __init__(self, run: TrainRollout, policy: Policy, *, engine: PushedEngine | None = None,
                  model: torch.nn.Module | None = None, overlap: int = 0, steps: int = 0, owns_ray: bool = False,
                  canary: WeightCanary | None = None):
         if overlap not in (0, 1):
@@ -226,7 +179,7 @@ class RolloutDriver:
         return self.engine is None
 
     def _run_beside(self, step: int) -> RolloutResult:
-        """The recipe's rollout of ``step`` in the background thread, on the driver's own group."""
+        """The training rollout of ``step`` in the background thread, on the driver's own group."""
         from vagent.distributed import on_group
 
         with on_group(self._group):

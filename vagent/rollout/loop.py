@@ -67,13 +67,19 @@ statistics need no gathering), samples with a rank-derived seed, and gathers eve
 episodes, renumbered to the single-process group/trajectory ids and in spec order. Every rank then
 holds the whole batch: advantages, whitening, filters and ``reward/*``, ``rollout/*`` and ``val/*``
 metrics are computed over the global batch exactly as in one process.
+
+The training rollout of an RL step (:class:`TrainRollout`, which ``make_driver`` builds and the
+rollout driver calls once per step): the step's train-split envs (``specs.train_env_specs``) and
+sampling (``specs.sampling_for``) through :func:`rollout_on_ranks`, scored by the reasoning judges.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from vagent.rollout.async_loop import rollout_async
 from vagent.rollout.finish import RolloutClock, RolloutResult, finish_rollout, judge_episodes, rollout_metrics
@@ -83,10 +89,17 @@ from vagent.rollout.trajectory import (
     MODES, SCHEDULES, EnvFactory, EnvSpec, Live, act, apply_reply, check_args, close_env, new_lives,
     next_conversation, record_turn, start_env, step_env,
 )
+from vagent.rollout.specs import sampling_for, train_env_specs
 from vagent.seeds import derive_seed
 
-__all__ = ["EnvSpec", "RolloutResult", "rollout", "rollout_on_ranks", "rollout_metrics", "spec_blocks", "MODES",
-           "SCHEDULES"]
+if TYPE_CHECKING:  # torch, the judges and the run config stay out of `import vagent.rollout.loop`
+    import torch
+
+    from vagent.rewards import ReasoningReward
+    from vagent.runconfig import RunConfig
+
+__all__ = ["EnvSpec", "LastCheckpoint", "RolloutResult", "TrainRollout", "rollout", "rollout_on_ranks", "rollout_metrics",
+           "spec_blocks", "MODES", "SCHEDULES"]
 
 
 def rollout(
@@ -216,3 +229,55 @@ def rollout_on_ranks(specs: Sequence[EnvSpec], policy: Policy, sampling: Samplin
         tokens = sum(len(t.sampled_token_ids) for e in episodes for t in e.turns)
         metrics["perf/rollout_tokens_per_s"] = tokens / max(1e-9, metrics[clock])
     return RolloutResult(episodes, metrics)
+
+
+# --- the training rollout of an RL step ----------------------------------------------------------
+
+
+@dataclass
+class LastCheckpoint:
+    """The run's newest checkpoint (the one the loop started after, then each one it writes), named
+    by a NonFiniteError or a failed weight push as the last good one; calling it gives the path."""
+
+    path: str | None = None
+
+    def __call__(self) -> str | None:
+        return self.path
+
+
+@dataclass(frozen=True)
+class TrainRollout:
+    """The training rollout of an RL step: the step's train-split env seeds and sampling, the
+    reasoning judges (``judge``, or None), the envs split over the ranks of a job.
+
+    ``rollout(policy, updates_done, unshard)``: the episodes of RL step ``updates_done + 1``;
+    ``unshard``: the policy generates with the trainer's ``model``, gathered once for the rollout
+    when sharded (False for a separate generator: engine replicas or vLLM, which leave the
+    trainer's parameters alone). If generation fails because the weights hold NaN/inf, it says so
+    (NonFiniteError, naming ``last_checkpoint``) instead of a sampler error."""
+
+    cfg: RunConfig
+    model: torch.nn.Module
+    judge: ReasoningReward | None
+    last_checkpoint: LastCheckpoint
+
+    def __call__(self, policy: Policy, step: int, unshard: bool) -> RolloutResult:
+        from vagent.distributed import generation_mode  # torch: `import vagent.rollout` stays light
+
+        cfg, updates_done = self.cfg, step  # the driver's `step`: the updates done
+        try:
+            with generation_mode(self.model) if unshard else contextlib.nullcontext():
+                return rollout_on_ranks(train_env_specs(cfg, updates_done), policy, sampling_for(cfg, updates_done),
+                                        group_size=cfg.rollout.group_size, max_turns=cfg.rollout.max_turns,
+                                        mode=cfg.rollout.mode, window=cfg.rollout.window, judge=self.judge,
+                                        schedule=cfg.rollout.schedule)
+        except RuntimeError as exc:
+            from vagent.runs.errors import NonFiniteError, check_module_finite  # torch, as above
+
+            # named by the weights' age: after `updates_done` updates ("rl step 0": the policy before RL)
+            check_module_finite(self.model, "policy weights", "rl", updates_done, self.last_checkpoint.path)
+            if "inf" in str(exc).lower() or "nan" in str(exc).lower():
+                raise NonFiniteError("the policy's next-token probabilities during the rollout (the weights are "
+                                     "finite but the forward pass overflowed)", float("nan"), "rl", updates_done,
+                                     self.last_checkpoint.path) from exc
+            raise

@@ -1,7 +1,9 @@
 """``make_driver``: the rollout driver of a run config's ``rollout`` section, decided here once.
 
-The default (in process, lockstep, no overlap) gets a :class:`~vagent.rollout.driver.RolloutDriver`
-on the recipe's own policy; engine replicas, vLLM, the async schedule and overlap get one on their
+The driver runs the run's training rollout (:class:`~vagent.rollout.loop.TrainRollout`),
+built here from the run config, the reasoning judges and the run's last checkpoint. The default (in
+process, lockstep, no overlap) gets a :class:`~vagent.rollout.driver.RolloutDriver` on the recipe's
+own policy; engine replicas, vLLM, the async schedule and overlap get one on their
 generator; ``rollout.max_staleness >= 1`` gets the
 :class:`~vagent.rollout.streaming.StreamingDriver`. The drivers themselves are documented in
 :mod:`vagent.rollout.driver` and :mod:`vagent.rollout.streaming`.
@@ -13,28 +15,32 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vagent.rollout.driver import RolloutDriver, RolloutRun, is_default
+from vagent.rollout.driver import RolloutDriver, is_default
 from vagent.rollout.policy import Policy
 from vagent.rollout.replicas import FreshModel, PushedEngine, engine_replicas, saved_model_dir, vllm_settings
 from vagent.rollout.schedule import ScheduleLog, read_schedule, schedule_digest
 from vagent.rollout.streaming import StreamingDriver
+from vagent.rollout.loop import LastCheckpoint, TrainRollout
 
 if TYPE_CHECKING:
     import torch
 
     from vagent.models.loading import LoadedModel
+    from vagent.rewards import ReasoningReward
     from vagent.runconfig import RunConfig
     from vagent.rollout.canary import WeightCanary
 
 
-def make_driver(cfg: RunConfig, loaded: LoadedModel, policy: Policy, run: RolloutRun,
-                model_dir: str | Path | None = None, fresh_model: FreshModel | None = None,
-                canary: WeightCanary | None = None, run_root: str | Path | None = None,
-                first_step: int = 0) -> RolloutDriver:
+def make_driver(cfg: RunConfig, loaded: LoadedModel, policy: Policy, judge: ReasoningReward | None,
+                last_checkpoint: LastCheckpoint, model_dir: str | Path | None = None,
+                fresh_model: FreshModel | None = None, canary: WeightCanary | None = None,
+                run_root: str | Path | None = None, first_step: int = 0) -> RolloutDriver:
     """The driver of a run config's ``rollout`` section, decided here once (``is_default``;
-    ``rollout.max_staleness >= 1``: the streaming driver, ``vagent.rollout.streaming``);
-    ``policy`` is the recipe's in-process ``HFPolicy`` (the one that generates on the default
-    path). ``fresh_model()``: an unsharded copy of the policy (``Session.load_fresh_model``),
+    ``rollout.max_staleness >= 1``: the streaming driver, ``vagent.rollout.streaming``), running
+    the run's ``TrainRollout`` of ``loaded.model`` scored by ``judge`` (the reasoning judges, or
+    None); ``last_checkpoint``: the run's newest checkpoint, named when the policy's weights turn
+    non-finite. ``policy`` is the recipe's in-process ``HFPolicy`` (the one that generates on the
+    default path). ``fresh_model()``: an unsharded copy of the policy (``Session.load_fresh_model``),
     needed by engine replicas in a job of several ranks. ``canary``: the weight-push check of a
     generator apart from the trainer (run at start-up and after every push). ``run_root``: where
     a streaming run records its schedule; ``first_step``: the updates done when the run starts
@@ -42,6 +48,7 @@ def make_driver(cfg: RunConfig, loaded: LoadedModel, policy: Policy, run: Rollou
     from vagent.rollout.hf_policy import HFPolicy
 
     settings = cfg.rollout
+    run = TrainRollout(cfg, loaded.model, judge, last_checkpoint)
     if is_default(settings):
         return RolloutDriver(run, policy, steps=cfg.steps)
     owns_ray, engine = False, None
@@ -76,7 +83,7 @@ def make_driver(cfg: RunConfig, loaded: LoadedModel, policy: Policy, run: Rollou
     return driver
 
 
-def _streaming_driver(cfg: RunConfig, run: RolloutRun, policy: Policy, engine: PushedEngine, model: torch.nn.Module,
+def _streaming_driver(cfg: RunConfig, run: TrainRollout, policy: Policy, engine: PushedEngine, model: torch.nn.Module,
                       owns_ray: bool, canary: WeightCanary | None, run_root: str | Path | None,
                       first_step: int) -> RolloutDriver:
     """The ``StreamingDriver`` of ``rollout.max_staleness``: recording its schedule under

@@ -38,7 +38,7 @@ import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Sequence
 
-from vagent.rollout.driver import InFlight, RolloutDriver, RolloutRun
+from vagent.rollout.driver import InFlight, RolloutDriver
 from vagent.rollout.finish import RolloutResult
 from vagent.rollout.policy import Policy
 from vagent.rollout.records import Episode
@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 
     from vagent.rollout.canary import WeightCanary
     from vagent.rollout.replicas import PushedEngine
+    from vagent.rollout.loop import TrainRollout
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +89,7 @@ class StreamingDriver(RolloutDriver):
         first_step: the first step the run takes (0, or the resumed run's updates done).
     """
 
-    def __init__(self, run: RolloutRun, policy: Policy, *, engine: PushedEngine, model: torch.nn.Module,
+    def __init__(self, run: TrainRollout, policy: Policy, *, engine: PushedEngine, model: torch.nn.Module,
                  max_staleness: int, steps: int, owns_ray: bool = False, canary: WeightCanary | None = None,
                  log: ScheduleLog | None = None, replay: RecordedSchedule | None = None, first_step: int = 0,
                  deadline_s: float = 1800.0):

@@ -9,7 +9,7 @@ when the run starts is a mistake to report, not to wait for.
 
 ``remote_env_info(entry)``: the env's :class:`~vagent.service.protocol.EnvInfoOut` (description,
 ``reply_stop``, actions, config fields) from the entry's first server that answers, cached for the
-process. ``vagent.recipes.common.stop_strings`` reads ``reply_stop`` from it, so the trainer never
+process. ``vagent.rollout.specs.stop_strings`` reads ``reply_stop`` from it, so the trainer never
 imports a remote env's class.
 """
 
