@@ -2,7 +2,8 @@
 run at temperature 0 with vLLM in the training process plays the same episodes as ``engine: hf``,
 and so does a job of 2 ranks (torchrun, gloo) whose rollouts run on 2 vLLM replicas (Ray actors)
 that rank 0 pushes the gathered FSDP2 weights to. A streaming run (``rollout.max_staleness: 1``)
-generates on a vLLM replica while the trainer updates: every turn carries the weights version vLLM
+generates on a vLLM replica while the trainer updates, with ``rollout.interrupt`` (a push stops
+the replica's running replies by vLLM's request abort): every turn carries the weights version vLLM
 stamped, the batches stay within K = 1 update, the schedule is recorded and the canary checks each
 push.
 
@@ -32,7 +33,8 @@ RUNS = {
     "vllm": (None, ["rollout.engine=vllm", "rollout.vllm_gpu_memory=0.02"]),  # KV cache: 2% of the RAM
     "job": (2, ["rollout.engine=vllm", "rollout.replicas=2", "rollout.vllm_gpu_memory=0.02"]),
     "stream": (None, ["rollout.engine=vllm", "rollout.replicas=1", "rollout.max_staleness=1", "rollout.schedule=async",
-                      "rollout.temperature=1.0", "rollout.vllm_gpu_memory=0.02", "steps=3"]),
+                      "rollout.temperature=1.0", "rollout.vllm_gpu_memory=0.02", "steps=3",
+                      "rollout.interrupt=true"]),
 }
 
 
@@ -140,6 +142,7 @@ def test_a_streaming_run_generates_on_a_vllm_replica_within_its_staleness(runs):
         assert 0 <= r["rollout/staleness_min"] <= r["rollout/staleness_mean"] <= r["rollout/staleness_max"] <= 1, r
         assert r["rollout/weights_lag"] == r["rollout/staleness_max"]
         assert r["sync/canary_max_abs_diff"] >= 0, r  # the canary checked the replica (over tolerance: the run fails)
+        assert r["rollout/split_replies"] >= 0, r  # counted (how many a push split depends on timing)
     assert max(r["rollout/weights_version"] for r in steps) >= 1, "no batch was sampled by pushed weights"
     schedule = [json.loads(x) for x in (run / "rollout_schedule.jsonl").read_text().splitlines() if x.strip()]
     assert schedule[0]["max_staleness"] == 1 and [s["step"] for s in schedule[1:]] == [0, 1, 2]

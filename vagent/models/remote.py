@@ -154,16 +154,17 @@ class RemoteEngine:
     def vllm(cls, model_dir: Any, encoder: Any, *, replicas: int = 2, num_cpus: float = 0, num_gpus: float = 0,
              max_concurrency: int = 64, names: Sequence[str] | None = None, push_timeout_s: float = PUSH_TIMEOUT_S,
              generate_timeout_s: float = GENERATE_TIMEOUT_S, resources: Mapping[str, float] | None = None,
-             **engine_kwargs: Any) -> "RemoteEngine":
+             interrupt: bool = False, **engine_kwargs: Any) -> "RemoteEngine":
         """A ``RemoteEngine`` over ``replicas`` vLLM actors (``VLLMReplica``), each loading
         ``model_dir`` with ``VLLMEngine(**engine_kwargs)``; they start at the same time. ``num_gpus``:
         GPUs Ray gives each replica (1 on a GPU cluster: one vLLM per GPU; 0 for vLLM's CPU build);
-        ``resources``: Ray custom resources each requires, as in the constructor."""
+        ``resources``: Ray custom resources each requires, as in the constructor; ``interrupt``: a
+        waiting push stops the running replies, continued on the new weights (``rollout.interrupt``)."""
         named = replica_options(replicas, names, resources)
         ray = running_ray()
         actor = ray.remote(VLLMReplica)
         handles = [actor.options(num_cpus=num_cpus, num_gpus=num_gpus, max_concurrency=max_concurrency, **kw).remote(
-            str(model_dir), encoder, dict(engine_kwargs)) for kw in named]
+            str(model_dir), encoder, dict(engine_kwargs), interrupt=interrupt) for kw in named]
         engine = cls.__new__(cls)
         engine._setup(ray, encoder, handles, owner=True, timeouts=(push_timeout_s, generate_timeout_s),
                       resources=resources)

@@ -140,9 +140,11 @@ class VLLMReplica:
     a ``BatchingEngine`` (vLLM's ``generate`` is not thread-safe; the actor takes concurrent calls).
     The engine stamps each output with the version vLLM recorded for it (a push holds the engine
     between batches, so a batch runs on one version); the ``PushGate`` gives pushes precedence
-    over new generate calls."""
+    over new generate calls. With ``interrupt`` (``rollout.interrupt``) a waiting push stops the
+    running replies between two of vLLM's scheduler steps (``VLLMEngine.interrupt``)."""
 
-    def __init__(self, model_dir: str, encoder: Any, engine_kwargs: dict, max_batch: int = 64) -> None:
+    def __init__(self, model_dir: str, encoder: Any, engine_kwargs: dict, max_batch: int = 64,
+                 interrupt: bool = False) -> None:
         from vagent.models.batching import BatchingEngine
         from vagent.models.vllm_engine import VLLMEngine
 
@@ -150,6 +152,8 @@ class VLLMReplica:
         self.vllm.start()  # now, not at the first push: ready() answers once the engine is up
         self.engine = BatchingEngine(self.vllm, max_batch=max_batch)
         self.gate = PushGate()
+        if interrupt:  # rollout.interrupt: a waiting push stops the running replies between scheduler steps
+            self.vllm.interrupt = lambda: self.gate.pushes_waiting > 0
 
     def ready(self) -> tuple[int, bool]:
         """(this actor's pid, whether its engine needs the raw images: yes)."""

@@ -67,6 +67,12 @@ What it does:
   then wakes the KV cache (vLLM's advice, to avoid holding both during the load). A no-op where
   vLLM has no sleep mode.
 
+- **Interrupt** (``rollout.interrupt``): with ``interrupt`` set (a vLLM replica sets it to "a weight
+  push is waiting"), ``generate`` steps vLLM's engine itself and asks it between two scheduler steps;
+  True aborts the unfinished requests and returns each with finish reason ``"interrupted"``, the ids
+  sampled so far, their log-probs and the version that sampled them (``vllm_stepping``). Without it,
+  ``LLM.generate`` runs as before; the stepped run samples the same ids for the same seeds.
+
 - **Start on first use**: the constructor checks what it can without vLLM's engine (platform, head
   size, settings) and returns; vLLM's ``LLM`` (model load, KV cache: tens of seconds on a small
   CPU) is built by the first ``generate`` or push, or by ``start()``. ``generate`` checks its
@@ -84,15 +90,16 @@ import os
 import tempfile
 from types import SimpleNamespace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import torch
 
-from vagent.models.engine import GenerationOutput, GenerationRequest, SamplingParams, placeholder_token_ids
+from vagent.models.engine import INTERRUPTED, GenerationOutput, GenerationRequest, SamplingParams, placeholder_token_ids
 from vagent.models.stops import cut_reply
 from vagent.models.processor import ChatEncoder
 from vagent.models.vllm_logprobs import SUPPRESS_BIAS, unsuppressed_logprobs
 from vagent.models.vllm_setup import import_vllm
+from vagent.models.vllm_stepping import generate_stepped
 from vagent.models.vllm_weights import check_vllm_head_size, weights_to_push, with_tied_head
 
 if TYPE_CHECKING:
@@ -259,6 +266,10 @@ class VLLMEngine:
         #: the version of the weights vLLM holds (0 = loaded from model_path)
         self.weights_version = 0
         self.stats = {"requests": 0, "weight_pushes": 0}
+        #: asked between vLLM's scheduler steps: True stops every unfinished reply with finish reason
+        #: ``"interrupted"`` and the tokens so far (a vLLM replica sets it to "a weight push is waiting"
+        #: under ``rollout.interrupt``; the caller continues the reply; ``vllm_stepping``)
+        self.interrupt: Callable[[], bool] | None = None
 
     @property
     def started(self) -> bool:
@@ -354,14 +365,19 @@ class VLLMEngine:
             self.wake_up()
         seeds = [r.seed if r.seed is not None else (None if params.seed is None else params.seed * 1_000_003 + i)
                  for i, r in enumerate(requests)]
-        outs = self.llm.generate(prompts, [self._sampling(params, s) for s in seeds], use_tqdm=False,
-                                 lora_request=self._lora)
+        sampling = [self._sampling(params, s) for s in seeds]
+        if self.interrupt is None:
+            done = [(out.outputs[0], False) for out in self.llm.generate(prompts, sampling, use_tqdm=False,
+                                                                         lora_request=self._lora)]
+        else:  # stepped by hand: a waiting push stops the unfinished replies between two steps
+            done = generate_stepped(self.llm, prompts, sampling, self._lora, self.interrupt)
         results = []
-        for out in outs:
-            completion = out.outputs[0]
+        for completion, stopped in done:
             ids = list(completion.token_ids)
             lps = self._logprobs(ids, completion.logprobs, params)
             n, reason = cut_reply(ids, self.encoder.eos_token_ids, self.decode, params.stop_strings)
+            if stopped and reason == "length":  # stopped by ``interrupt`` before any end (as in HFEngine)
+                reason = INTERRUPTED
             results.append(GenerationOutput(ids[:n], lps[:n], reason, self.decode(ids[:n]),
                                             self._version_of(completion)))
         self.stats["requests"] += len(requests)

@@ -203,7 +203,8 @@ def _new_replicas(cfg: RunConfig, loaded: LoadedModel, model: torch.nn.Module | 
         # CUDA: one GPU per replica from Ray (it sets CUDA_VISIBLE_DEVICES); vLLM's CPU build: none
         return RemoteEngine.vllm(saved_model_dir(model_dir), loaded.encoder, replicas=settings.replicas, names=names,
                                  num_gpus=1 if torch.cuda.is_available() else 0, push_timeout_s=push_s,
-                                 generate_timeout_s=generate_s, resources=pinned, **vllm_settings(cfg, loaded))
+                                 generate_timeout_s=generate_s, resources=pinned, interrupt=settings.interrupt,
+                                 **vllm_settings(cfg, loaded))
     dtype = None if settings.engine_dtype == "auto" else getattr(torch, settings.engine_dtype)
     return RemoteEngine(model, loaded.encoder, replicas=settings.replicas, prefix_cache=settings.prefix_cache,
                         threads=settings.replica_threads, names=names, dtype=dtype, push_timeout_s=push_s,

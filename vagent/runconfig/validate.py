@@ -103,11 +103,10 @@ def check_streaming(cfg: RunConfig) -> None:
              f"rollout.max_staleness {k} replaces rollout.overlap 1 (K = 1 is its schedule, with weights pushed "
              "mid-rollout): set rollout.overlap 0.")
     if rollout.interrupt:
-        need(k >= 1 and rollout.engine == "hf",
+        need(k >= 1,
              "rollout.interrupt stops replies mid-generation when a weight push lands, which happens only on a "
-             "streaming run's hf engine replicas: set rollout.max_staleness >= 1 with rollout.replicas >= 1 and "
-             f"rollout.engine hf (vLLM's request abort is not wired), or drop it (got max_staleness {k}, engine "
-             f"{rollout.engine}).")
+             "streaming run's engine replicas (rollout.engine hf or vllm): set rollout.max_staleness >= 1 with "
+             f"rollout.replicas >= 1, or drop it (got max_staleness {k}, engine {rollout.engine}).")
         need(not rollout.replay_schedule,
              "rollout.interrupt splits replies where pushes happen to land, which a recorded schedule does not "
              "hold: drop rollout.interrupt to replay, or rollout.replay_schedule to stream with it.")
