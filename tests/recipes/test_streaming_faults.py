@@ -9,7 +9,11 @@ envs served by a ``vagent serve-env`` server on loopback.
 - a LoRA policy streams: its pushes are its ``lora_`` tensors alone (a replica refuses a partial
   push that is not its own adapter, and the canary, run after every push, fails the run when an
   adapter push did not land), staleness stays within K;
-- an env entry with ``urls``: the streamed rollouts play on the server, every batch full.
+- an env entry with ``urls``: the streamed rollouts play on the server, every batch full;
+- ``rollout.interrupt``: replies a push lands in stop and continue on the new weights.
+
+The last three check one run (one Ray cluster): a LoRA policy with ``rollout.interrupt`` and
+64-token replies, playing on a ``vagent serve-env`` server.
 """
 
 from __future__ import annotations
@@ -87,7 +91,9 @@ def _replica_processes(driver: int) -> list[psutil.Process]:
 @pytest.mark.timeout(900)
 def test_a_replica_killed_mid_stream_loses_no_trajectory(tmp_path: Path, tiny_vlm_dir: Path, monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    steps = 6
+    # killed while step 1 + K's rollout generates (steps 2 and 3 in flight), then one step on the
+    # surviving replica alone: its requests and step 4's
+    steps = 4
     out = tmp_path / "runs"
     cmd = train_cmd(None, *SMALL, f"out_dir={out}", f"model.path={tiny_vlm_dir}", "model.cache_dir=UNUSED", *STREAM,
                     f"steps={steps}")
@@ -135,40 +141,12 @@ def _episodes_of(run: Path) -> list[dict]:
              and "per_s" not in k and k != "rollout/engine_retries"} | {"step": r["step"]} for r in _rl(run)]
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(400)
-def test_a_lora_policy_streams_adapter_only_pushes(tmp_path: Path, tiny_vlm_dir: Path, monkeypatch):
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    out = tmp_path / "lora"
-    # a replica refuses (one error, the run fails) a partial push that is not its own adapter; the
-    # canary's tolerance (0.01 nats, float32) fails the run when an adapter push did not land
-    res = run_job(train_cmd(None, *SMALL, f"out_dir={out}", f"model.path={tiny_vlm_dir}", "model.cache_dir=UNUSED",
-                            *STREAM, "steps=4", "model.lora_rank=4", "model.lora_alpha=8",
-                            "update.actor_lr=0.01"), tmp_path, timeout=350)
-    (run,) = [p for p in out.iterdir() if p.is_dir()]
-    rl = _assert_full_batches(run, 4)
-    for r in rl:  # the canary's check of the newest weights in the batch, within its tolerance
-        assert 0 <= r["sync/canary_max_abs_diff"] <= 0.01, r
-        assert r["rollout/weights_version"] + r["rollout/weights_lag"] == r["step"] - 1, r
-    # step 4's rollout started after the first adapter push: it sampled with pushed weights, and its
-    # canary metrics are that push's check (not version 0's)
-    last = rl[-1]
-    assert last["rollout/weights_version"] >= 1 and last["sync/canary_s"] != rl[0]["sync/canary_s"], rl
-    assert "WeightSyncError" not in res.stdout + res.stderr
-    # the policy trained its adapter alone (the frozen base equals the model directory's): what
-    # pushed_state sends to the replicas, and what they accept as a partial push
-    import torch
-
-    saved = torch.load(sorted((run / "checkpoints").glob("step_*"))[-1] / "policy.pt", weights_only=True)
-    assert any("lora_" in k for k in saved) and not all("lora_" in k for k in saved), sorted(saved)[:6]
-
-
-@pytest.fixture()
-def frozenlake_server(tmp_path: Path):
+@pytest.fixture(scope="module")
+def frozenlake_server(tmp_path_factory):
     """``vagent serve-env --envs frozenlake --token T`` on a free loopback port."""
     token = "streaming-faults-token-01"
     port = free_port()
-    log_path = tmp_path / "server.log"
+    log_path = tmp_path_factory.mktemp("server") / "server.log"
     log = open(log_path, "wb")
     env = {k: v for k, v in os.environ.items() if k != "VAGENT_SERVICE_TOKEN"}
     proc = subprocess.Popen([sys.executable, "-m", "vagent", "serve-env", "--envs", "frozenlake", "--port", str(port),
@@ -182,34 +160,67 @@ def frozenlake_server(tmp_path: Path):
         log.close()
 
 
+@pytest.fixture(scope="module")
+def lora_run_on_server(tmp_path_factory, tiny_vlm_dir: Path, frozenlake_server):
+    """One streaming run of 4 steps (its own Ray cluster) of a LoRA policy whose env entry has
+    ``urls`` (its rollouts play on the server), with ``rollout.interrupt`` and replies of 64 tokens;
+    the LoRA, server and interrupt tests check it.
+    Returns (run directory, the job's output, the server's url, its token)."""
+    url, token, _ = frozenlake_server
+    tmp = tmp_path_factory.mktemp("lora")
+    out = tmp / "lora"
+    # a replica refuses (one error, the run fails) a partial push that is not its own adapter; the
+    # canary's tolerance (0.01 nats, float32) fails the run when an adapter push did not land
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("RAY_ADDRESS", raising=False)
+        mp.setenv("VAGENT_SERVICE_TOKEN", token)
+        res = run_job(train_cmd(None, *SMALL, f"out_dir={out}", f"model.path={tiny_vlm_dir}",
+                                "model.cache_dir=UNUSED", *STREAM, "steps=4", "model.lora_rank=4", "model.lora_alpha=8",
+                                "update.actor_lr=0.01", f"envs.0.urls=[{url}]", "rollout.interrupt=true",
+                                "rollout.max_new_tokens=64"), tmp, timeout=350)
+    (run,) = [p for p in out.iterdir() if p.is_dir()]
+    return run, res.stdout + res.stderr, url, token
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_streaming_rollouts_play_on_a_remote_env_server(tmp_path: Path, tiny_vlm_dir: Path, monkeypatch,
-                                                       frozenlake_server):
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    url, token, server_log = frozenlake_server
-    monkeypatch.setenv("VAGENT_SERVICE_TOKEN", token)
-    out = tmp_path / "remote"
-    run_job(train_cmd(None, *SMALL, f"out_dir={out}", f"model.path={tiny_vlm_dir}", "model.cache_dir=UNUSED",
-                      *STREAM, "steps=3", f"envs.0.urls=[{url}]"), tmp_path, timeout=350)
-    (run,) = [p for p in out.iterdir() if p.is_dir()]
-    _assert_full_batches(run, 3)
+def test_a_lora_policy_streams_adapter_only_pushes(lora_run_on_server):
+    run, output, _, _ = lora_run_on_server
+    rl = _assert_full_batches(run, 4)
+    for r in rl:  # the canary's check of the newest weights in the batch, within its tolerance
+        assert 0 <= r["sync/canary_max_abs_diff"] <= 0.01, r
+        assert r["rollout/weights_version"] + r["rollout/weights_lag"] == r["step"] - 1, r
+    # step 4's rollout started after the first adapter push: it sampled with pushed weights, and its
+    # canary metrics are that push's check (not version 0's)
+    last = rl[-1]
+    assert last["rollout/weights_version"] >= 1 and last["sync/canary_s"] != rl[0]["sync/canary_s"], rl
+    assert "WeightSyncError" not in output
+    # the policy trained its adapter alone (the frozen base equals the model directory's): what
+    # pushed_state sends to the replicas, and what they accept as a partial push
+    import torch
+
+    saved = torch.load(sorted((run / "checkpoints").glob("step_*"))[-1] / "policy.pt", weights_only=True)
+    assert any("lora_" in k for k in saved) and not all("lora_" in k for k in saved), sorted(saved)[:6]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_streaming_rollouts_play_on_a_remote_env_server(lora_run_on_server):
+    run, _, url, token = lora_run_on_server
+    _assert_full_batches(run, 4)
     config = (run / "config.yaml").read_text()
     assert url in config and token not in config
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_interrupted_replies_continue_on_the_pushed_weights_in_a_streaming_run(tmp_path: Path, tiny_vlm_dir: Path,
-                                                                             monkeypatch):
+@pytest.mark.timeout(400)
+def test_interrupted_replies_continue_on_the_pushed_weights_in_a_streaming_run(lora_run_on_server):
     """``rollout.interrupt``: replies of 64 tokens are running when the pushes land, so some stop
     and continue on the new weights. Every batch is whole and within K; the replies a push split
     are counted (``rollout/split_replies``) and their tokens carry the versions that sampled them
     in the saved rollouts' token data, which the decoupled loss trains on."""
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    run, _, _, _ = lora_run_on_server
     steps = 4
-    run = train(tmp_path, tiny_vlm_dir, None, "interrupt", *STREAM, f"steps={steps}", "rollout.interrupt=true",
-                "rollout.max_new_tokens=64", timeout=600)
     rl = _assert_full_batches(run, steps)
     split = [r["rollout/split_replies"] for r in rl]
     print(f"replies split by a push per step: {split}; staleness max {[r['rollout/staleness_max'] for r in rl]}")
