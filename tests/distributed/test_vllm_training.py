@@ -142,7 +142,6 @@ def test_a_streaming_run_generates_on_a_vllm_replica_within_its_staleness(runs):
         assert 0 <= r["rollout/staleness_min"] <= r["rollout/staleness_mean"] <= r["rollout/staleness_max"] <= 1, r
         assert r["rollout/weights_lag"] == r["rollout/staleness_max"]
         assert r["sync/canary_max_abs_diff"] >= 0, r  # the canary checked the replica (over tolerance: the run fails)
-        assert r["rollout/split_replies"] >= 0, r  # counted (how many a push split depends on timing)
     assert max(r["rollout/weights_version"] for r in steps) >= 1, "no batch was sampled by pushed weights"
     schedule = [json.loads(x) for x in (run / "rollout_schedule.jsonl").read_text().splitlines() if x.strip()]
     assert schedule[0]["max_staleness"] == 1 and [s["step"] for s in schedule[1:]] == [0, 1, 2]

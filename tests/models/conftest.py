@@ -74,3 +74,14 @@ def own_ray_temp(monkeypatch) -> Iterator[Path]:
     monkeypatch.setenv("RAY_TMPDIR", root)
     yield Path(root) / "ray"
     shutil.rmtree(root, ignore_errors=True)
+
+
+def interrupt_after(n: int):
+    """An engine's ``interrupt`` that answers True at its ``n``-th question (after ``n`` decode or
+    scheduler steps), once."""
+    asked = {"n": 0}
+
+    def interrupt() -> bool:
+        asked["n"] += 1
+        return asked["n"] == n
+    return interrupt

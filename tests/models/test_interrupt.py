@@ -12,6 +12,7 @@ import time
 import pytest
 import torch
 
+from tests.models.conftest import interrupt_after
 from vagent.models.engine import INTERRUPTED, GenerationRequest, HFEngine, SamplingParams
 from vagent.models.interrupt import continue_interrupted, joined
 from vagent.models.replica_actors import sequence_token_logprobs
@@ -23,22 +24,12 @@ def _request(tiny_vlm, text: str = "The goal is below you. Where do you go?", **
     return GenerationRequest(tiny_vlm.encoder.tokenizer(text)["input_ids"], **kw)
 
 
-def _after(n: int):
-    """An ``interrupt`` that fires at its ``n``-th question (after ``n`` decode steps), once."""
-    asked = {"n": 0}
-
-    def interrupt() -> bool:
-        asked["n"] += 1
-        return asked["n"] == n
-    return interrupt
-
-
 def test_the_engine_stops_between_decode_steps_with_the_tokens_so_far(tiny_vlm):
     engine = HFEngine(tiny_vlm.model, tiny_vlm.encoder)
     (full,) = engine.generate([_request(tiny_vlm)], GREEDY)
     assert len(full.token_ids) > 4, "the tiny model ended its reply too early for this test"
     engine.reset_cache()
-    engine.interrupt = _after(3)
+    engine.interrupt = interrupt_after(3)
     (cut,) = engine.generate([_request(tiny_vlm)], GREEDY)
     assert cut.finish_reason == INTERRUPTED and cut.token_ids == full.token_ids[:3]
     assert cut.logprobs == pytest.approx(full.logprobs[:3], abs=1e-5)
@@ -50,7 +41,7 @@ def test_a_continued_reply_on_the_same_weights_equals_the_uninterrupted_one(tiny
     full = engine.generate(requests, GREEDY)
     for stop_at in (1, 4):
         engine.reset_cache()
-        engine.interrupt = _after(stop_at)
+        engine.interrupt = interrupt_after(stop_at)
         first = engine.generate(requests, GREEDY)
         assert any(o.finish_reason == INTERRUPTED for o in first), [o.finish_reason for o in first]
         assert all(len(o.token_ids) == stop_at for o in first if o.finish_reason == INTERRUPTED)

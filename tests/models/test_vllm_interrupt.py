@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 
-from tests.models.conftest import random_images
+from tests.models.conftest import interrupt_after, random_images
 from tests.vllm_tiny import build_vllm_tiny
 from vagent.models.engine import INTERRUPTED, GenerationRequest, SamplingParams
 from vagent.models.interrupt import continue_interrupted
@@ -36,16 +36,6 @@ def _requests(encoder, seeds, text="Where is the goal? <image>"):
         out.append(GenerationRequest(ids, seg.pixel_values, seg.image_grid_thw, images=tuple(images), seed=100 + s,
                                      key=s))
     return out
-
-
-def _after(n: int):
-    """An ``interrupt`` that answers True at its ``n``-th question (after ``n`` scheduler steps), once."""
-    asked = {"n": 0}
-
-    def interrupt() -> bool:
-        asked["n"] += 1
-        return asked["n"] == n
-    return interrupt
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +81,7 @@ def test_an_interrupted_reply_has_the_tokens_so_far_and_continues_to_the_full_re
     full = {name: engine.generate(reqs, p) for name, p in (("greedy", GREEDY), ("sampled", SAMPLED))}
     assert all(len(o.token_ids) > 8 for outs in full.values() for o in outs), "replies too short for this test"
     for stop_at in (1, 6):
-        engine.interrupt = _after(stop_at)
+        engine.interrupt = interrupt_after(stop_at)
         cut = engine.generate(reqs, SAMPLED)
         for c, f in zip(cut, full["sampled"], strict=True):
             k = len(c.token_ids)
@@ -99,7 +89,7 @@ def test_an_interrupted_reply_has_the_tokens_so_far_and_continues_to_the_full_re
             # the uninterrupted seeded run sampled the same tokens with the same log-probs
             assert c.token_ids == f.token_ids[:k] and c.logprobs == pytest.approx(f.logprobs[:k], abs=1e-6)
             assert c.weights_version == engine.weights_version and c.text == engine.decode(c.token_ids)
-        engine.interrupt = _after(stop_at)
+        engine.interrupt = interrupt_after(stop_at)
         head = engine.generate(reqs, GREEDY)
         assert all(o.finish_reason == INTERRUPTED for o in head)
         engine.interrupt = None

@@ -27,8 +27,9 @@ from vagent.envs.registry import IMPORT_HINT, list_envs
 from vagent.models.forward import unwrap
 from vagent.models.loading import LoadedModel, LoraSettings, load_policy
 from vagent.runconfig import RunConfig
-from vagent.rollout.specs import env_factory_for
-from vagent.rollout.specs import sampling_for, stop_strings, train_env_specs, val_env_specs  # noqa: F401 -- re-exported
+from vagent.rollout.specs import (  # noqa: F401 -- all but env_factory_for re-exported from their old home
+    env_factory_for, sampling_for, stop_strings, train_env_specs, val_env_specs,
+)
 from vagent.runs.errors import ModelError
 from vagent.service.preflight import check_env_servers
 

@@ -32,10 +32,9 @@ from vagent.rollout.canary import WeightCanary, default_tolerance, probe_for_run
 from vagent.rollout.driver import InFlight, RolloutDriver, close_env_factories
 from vagent.rollout.make_driver import make_driver
 from vagent.rollout.hf_policy import HFPolicy
-from vagent.rollout.loop import RolloutResult
+from vagent.rollout.loop import LastCheckpoint, RolloutResult, TrainRollout  # noqa: F401 -- TrainRollout's old home
 from vagent.rollout.records import error_headline
 from vagent.rollout.specs import train_env_specs
-from vagent.rollout.loop import LastCheckpoint, TrainRollout  # noqa: F401 -- their old home
 from vagent.runs import StepProgress, load_object, plot_run, save_checkpoint, save_rollouts, save_token_rows
 from vagent.runs.rundir import due
 from vagent.runs.samples import save_validation
