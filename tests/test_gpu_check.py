@@ -35,7 +35,7 @@ def test_dry_run_resolves_the_wheels_and_skips_the_cuda_stages_in_one_line_each(
     assert by_name["versions"]["status"] == "ok" and "torch" in by_name["versions"]["figures"]
     assert by_name["wheels"]["status"] == "ok", by_name["wheels"]["reason"]
     assert "transformers" in " ".join(by_name["wheels"]["figures"]["wheels"])
-    cuda_stages = ["pytest_gpu", "ppo_cpu", "ppo_cuda", "build_3b", "update_bench", "update_packed", "generation"]
+    cuda_stages = ["pytest_gpu", "ppo_cpu", "ppo_cuda", "mismatch", "build_3b", "update_bench", "update_packed", "generation"]
     for name in cuda_stages:
         assert by_name[name]["status"] == "skipped" and by_name[name]["reason"], name
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("gpu-check: ")]
