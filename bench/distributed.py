@@ -125,7 +125,8 @@ def gpu(args: argparse.Namespace) -> None:
         params = [p for p in model.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=1e-6)
         with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
-            old = torch.cat([policy_forward(model, batch.select([r]), 1024)[0] for r in range(B)])
+            # one row at a time (a row's forward is trimmed to its length): padded back to L
+            old = torch.cat([pad_to(policy_forward(model, batch.select([r]), 1024)[0], L) for r in range(B)])
         adv = torch.randn(B, L, generator=g).to(device) * loss.to(device)
         ctx = UpdateContext(device, True, 0, 0, None)
         records = (Scores(old_logprobs=old, ref_logprobs=None), Advantages(advantages=adv, kl_ref=None),
@@ -152,6 +153,13 @@ def gpu(args: argparse.Namespace) -> None:
         del model, loaded, opt, params
         torch.cuda.empty_cache()
     shutdown_world()
+
+
+def pad_to(logprobs, length: int):
+    """``[1, n]`` log-probs right-padded with zeros to ``[1, length]``."""
+    import torch.nn.functional as F
+
+    return F.pad(logprobs, (0, length - logprobs.shape[-1]))
 
 
 def main() -> int:

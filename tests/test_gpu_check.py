@@ -35,7 +35,8 @@ def test_dry_run_resolves_the_wheels_and_skips_the_cuda_stages_in_one_line_each(
     assert by_name["versions"]["status"] == "ok" and "torch" in by_name["versions"]["figures"]
     assert by_name["wheels"]["status"] == "ok", by_name["wheels"]["reason"]
     assert "transformers" in " ".join(by_name["wheels"]["figures"]["wheels"])
-    cuda_stages = ["pytest_gpu", "ppo_cpu", "ppo_cuda", "mismatch", "build_3b", "update_bench", "update_packed", "generation"]
+    cuda_stages = ["pytest_gpu", "ppo_cpu", "ppo_cuda", "mismatch", "engine_gap", "build_3b", "update_bench", "update_packed",
+                   "engine_gap_3b", "generation"]
     for name in cuda_stages:
         assert by_name[name]["status"] == "skipped" and by_name[name]["reason"], name
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("gpu-check: ")]
@@ -99,3 +100,17 @@ def test_packed_stage_figures_are_parsed_with_their_ratio():
     figs = check.figures_of("update_packed", out, Path("."))
     assert figs["padded"] == {"update_tokens_per_s": 10000.0, "mfu_percent": 30.0, "peak_memory_gib": 40.5}
     assert figs["packed"]["peak_memory_gib"] == 30.0 and figs["packed_over_padded"] == 1.5
+
+
+def test_device_comparison_judges_sft_and_lists_rl(tmp_path):
+    check = load_script("gpu-check")
+    for side, sft_loss, rl_loss in (("cpu", 2.0, 0.5), ("cuda", 2.000001, 0.7)):
+        run = tmp_path / side / "run-1"
+        run.mkdir(parents=True)
+        recs = [{"phase": "sft", "step": 1, "sft/loss": sft_loss}, {"phase": "rl", "step": 1, "loss/policy": rl_loss}]
+        (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in recs))
+    res = check.compare_devices(tmp_path / "cpu", tmp_path / "cuda")
+    assert res["sft_agree"] and res["sft"]["steps_compared"] == 1
+    assert list(res["rl"]["over_tolerance"]) == ["loss/policy"]
+    (tmp_path / "cuda" / "run-1" / "metrics.jsonl").write_text(json.dumps({"phase": "sft", "step": 1, "sft/loss": 2.1}))
+    assert not check.compare_devices(tmp_path / "cpu", tmp_path / "cuda")["sft_agree"]
