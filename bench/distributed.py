@@ -140,6 +140,9 @@ def gpu(args: argparse.Namespace) -> None:
             torch.cuda.synchronize()
             if i > 0:  # the first step warms up
                 times.append(time.perf_counter() - t0)
+        if args.profile and w.is_main:
+            profile_step(lambda: actor_update(Learner(model, params, opt), batch, *records, u, ctx),
+                         f"packing {'on' if packing else 'off'}, checkpointing {'on' if ckpt else 'off'}")
         t = statistics.median(times)
         tokens_per_s = n_tokens / t  # real (non-pad) tokens of the global batch: every rank's share together
         mfu = 6 * n_params * n_tokens / (t * w.size * peak) if peak else float("nan")
@@ -153,6 +156,22 @@ def gpu(args: argparse.Namespace) -> None:
         del model, loaded, opt, params
         torch.cuda.empty_cache()
     shutdown_world()
+
+
+def profile_step(step, title: str) -> None:
+    """One more update step under torch.profiler: the ops with the most device time and the most
+    host (CPU) time, so that a slow path shows where its time goes."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    table = prof.key_averages()
+    print(f"== profile ({title}): by device time", flush=True)
+    print(table.table(sort_by="self_device_time_total", row_limit=12, max_name_column_width=60), flush=True)
+    print(f"== profile ({title}): by host time", flush=True)
+    print(table.table(sort_by="self_cpu_time_total", row_limit=12, max_name_column_width=60), flush=True)
 
 
 def pad_to(logprobs, length: int):
@@ -175,6 +194,7 @@ def main() -> int:
     ap.add_argument("--ragged", action="store_true",
                     help="GPU: rows of L/8..L tokens, timed padded and packed (update.packing) instead of "
                          "without / with activation checkpointing")
+    ap.add_argument("--profile", action="store_true", help="GPU: profile one more update step of each run")
     args = ap.parse_args()
     gpu(args) if args.gpu else cpu(args)
     return 0

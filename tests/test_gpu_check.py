@@ -7,6 +7,7 @@ import importlib.machinery
 import importlib.util
 import io
 import json
+import os
 import subprocess
 import sys
 import time
@@ -114,3 +115,18 @@ def test_device_comparison_judges_sft_and_lists_rl(tmp_path):
     assert list(res["rl"]["over_tolerance"]) == ["loss/policy"]
     (tmp_path / "cuda" / "run-1" / "metrics.jsonl").write_text(json.dumps({"phase": "sft", "step": 1, "sft/loss": 2.1}))
     assert not check.compare_devices(tmp_path / "cpu", tmp_path / "cuda")["sft_agree"]
+
+
+def test_engine_gap_bench_on_the_cpu_shows_the_bf16_engine_gap(tmp_path):
+    """bench/engine_gap.py (the engine_gap stages) on a tiny model on the CPU: the fp32 engine matches the
+    trainer to float rounding, the bf16 engine's gap is orders of magnitude larger, the canary ran on both."""
+    out = tmp_path / "gap.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "engine_gap.py"), "--replies", "4", "--new-tokens", "12",
+                           "--redraw", "1", "--json", str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    fp32, bf16 = json.loads(out.read_text())
+    assert (fp32["engine_dtype"], bf16["engine_dtype"]) == ("float32", "bfloat16")
+    assert fp32["sampled_tokens"] > 0 and fp32["mismatch/abs_logprob_diff_max"] < 1e-4
+    assert bf16["mismatch/abs_logprob_diff_mean"] > 100 * fp32["mismatch/abs_logprob_diff_mean"]
+    assert 0 <= fp32["sync/canary_max_abs_diff"] < 1e-4 < bf16["sync/canary_max_abs_diff"]
