@@ -275,7 +275,9 @@ class TrainRollout:
             from vagent.runs.errors import NonFiniteError, check_module_finite  # torch, as above
 
             # named by the weights' age: after `updates_done` updates ("rl step 0": the policy before RL)
-            check_module_finite(self.model, "policy weights", "rl", updates_done, self.last_checkpoint.path)
+            # this rank's failure alone: no collective (the other ranks may not be here)
+            check_module_finite(self.model, "policy weights", "rl", updates_done, self.last_checkpoint.path,
+                                across_ranks=False)
             if "inf" in str(exc).lower() or "nan" in str(exc).lower():
                 raise NonFiniteError("the policy's next-token probabilities during the rollout (the weights are "
                                      "finite but the forward pass overflowed)", float("nan"), "rl", updates_done,
