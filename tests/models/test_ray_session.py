@@ -25,8 +25,9 @@ import os, time
 from vagent.models.remote import _kill_own_ray_processes, ray_session_processes, start_ray
 
 ray = start_ray(1)
-worker = ray.get(ray.remote(lambda: os.getpid()).remote())
+worker, nice = ray.get(ray.remote(lambda: (os.getpid(), os.nice(0))).remote())
 print("worker", worker)
+print("nice", nice, os.nice(0))
 for p in ray_session_processes(os.getpid()):
     print("found", p.pid, p.name())
 _kill_own_ray_processes()
@@ -47,6 +48,9 @@ def test_every_process_of_the_session_is_found_and_killed(monkeypatch):
     worker = int(next(w[1] for w in lines if w[0] == "worker"))
     found = {int(w[1]): w[2] for w in lines if w[0] == "found"}
     assert found.get(worker, "").startswith("ray::"), found  # a retitled task worker
+    # workers (engine replicas) run at the driver's priority, not Ray's default +15, which a busy machine starves
+    nice = next(w[1:] for w in lines if w[0] == "nice")
+    assert nice[0] == nice[1], f"a Ray worker runs at niceness {nice[0]}, its driver at {nice[1]}"
     assert {"raylet", "gcs_server"} <= set(found.values()), found
     assert ["left", "0"] in lines, out.stdout
     assert not [pid for pid in found if _running(pid)], "a killed process still runs"
