@@ -36,7 +36,8 @@ from pathlib import Path
 ENV = {"format": "grounding_worldmodeling", "render": "vision", "image_size": 128, "description_style": "symbolic"}
 
 
-def measure(model_dir: Path, device: str, replies: int, new_tokens: int, redraw: int | None, seed: int = 0) -> list[dict]:
+def measure(model_dir: Path, device: str, replies: int, new_tokens: int, redraw: int | None,
+            seed: int = 0) -> list[dict]:
     import torch
 
     from vagent.models.engine import GenerationRequest, HFEngine, SamplingParams

@@ -67,13 +67,13 @@ def check_module_finite(module: Any, what: str, phase: str, step: int, last_chec
     """Raise :class:`NonFiniteError` naming the first parameter of ``module`` holding NaN/inf.
 
     One host sync for all parameters, and in a job one all-reduce of their flags, so that every
-    rank stops at once and names the same parameter (``across_ranks`` False: this rank's shards
-    only, no collective, for a caller that only one rank may reach, e.g. an error handler): each parameter's largest ``|x|`` on this
+    rank stops at once and names the same parameter: each parameter's largest ``|x|`` on this
     rank's shard (NaN where it holds a NaN, inf where it holds an inf; a max cannot overflow),
-    stacked into one vector (:func:`non_finite_flags`). A ``bool(p.isfinite().all())`` per
-    parameter waited for the device once each: ~830 times per update step of a 3B model, about a
-    tenth of the step on an H200 (docs/results.md, "GPU check"), and once per collective each on
-    sharded parameters."""
+    stacked into one vector (:func:`non_finite_flags`). ``across_ranks`` False: this rank's shards
+    only, no collective, for a caller that only one rank may reach (an error handler). A
+    ``bool(p.isfinite().all())`` per parameter waited for the device once each: ~830 times per
+    update step of a 3B model, about a tenth of the step on an H200 (docs/results.md, "GPU
+    check"), and once per collective each on sharded parameters."""
     from vagent.distributed import all_reduce_sum, world
 
     names, shards = [], []
