@@ -42,9 +42,10 @@ def start_ray(num_cpus: int | None = None, object_store_mb: int = 256, *, num_gp
     """Start (or join, when already started) a local Ray cluster; returns the ``ray`` module.
 
     Token auth is turned off (``RAY_AUTH_MODE=disabled``) unless the caller set it: the cluster
-    listens on loopback only and Ray 2.60 would otherwise write a token file. Workers run at the
-    driver's priority (``RAY_worker_niceness=0`` unless the caller set it; Ray's default is +15,
-    at which two busy processes on a 2-core machine left the replicas a few percent of a core). On a busy machine
+    listens on loopback only and Ray 2.60 would otherwise write a token file. Workers (engine
+    replicas, sweep trials) run at the driver's priority (``RAY_worker_niceness=0`` unless the
+    caller set it; at Ray's default +15 a worker's CPU work took 29x as long beside two busy
+    processes on a 2-core machine: bench/busy_replica.py). On a busy machine
     Ray's raylet may not register within Ray's fixed 30 s: the start is then tried again (``tries``
     times in all), after killing the failed attempt's processes. Call ``ray.shutdown()`` when done
     (``RemoteEngine.close(shutdown=True)`` does).

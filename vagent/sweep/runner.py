@@ -173,7 +173,6 @@ def _prepare_trial_environment() -> None:
     # sweep reads each trial's own run directory instead, so that warning says nothing
     logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
     _quiet_trial_tracebacks()
-    os.environ.setdefault("RAY_worker_niceness", "0")  # trials run at the sweep's priority (Ray's default: +15)
 
 
 def _tuner(tune: Any, sweep: Sweep, sweep_dir: Path, say: Callable[[str], None]) -> Any:
