@@ -4,8 +4,8 @@ and so does a job of 2 ranks (torchrun, gloo) whose rollouts run on 2 vLLM repli
 that rank 0 pushes the gathered FSDP2 weights to. A streaming run (``rollout.max_staleness: 1``)
 generates on a vLLM replica while the trainer updates, with ``rollout.interrupt`` (a push stops
 the replica's running replies by vLLM's request abort): every turn carries the weights version vLLM
-stamped, the batches stay within K = 1 update, the schedule is recorded and the canary checks each
-push.
+stamped, the batches stay within K = 1 update, the schedule is recorded, the canary checks each
+push, and the replica reports that it was built with the interrupt.
 
 The three runs start at once (one fixture; vLLM's start-up is most of their time). Every turn of
 step 2 must come from the weights pushed after update 1 (version 1); the sampling-time log-probs
@@ -148,3 +148,6 @@ def test_a_streaming_run_generates_on_a_vllm_replica_within_its_staleness(runs):
     versions = {t["weights_version"] for x in (run / "rollouts" / "step_000003.jsonl").read_text().splitlines()
                 for t in json.loads(x)["turns"]}
     assert versions and versions <= {1, 2}, f"step 3's turns were sampled by weights {versions}, not 1 or 2"
+    # rollout.interrupt reached the vLLM replica: it reported, from its own engine, that a push stops its replies
+    log = (run / "train.log").read_text()
+    assert "rollout.interrupt: the replica reports that a waiting push stops the replies" in log, log[-3000:]

@@ -3,10 +3,13 @@
 One free-running run records its schedule (which weights version sampled each turn); a second run,
 replaying that schedule, is SIGKILLed after a checkpoint and resumed, and trains on the same
 episodes to the same metrics and weights as the first: its steps before the kill are an
-uninterrupted replay, and its resumed process replays on through a checkpoint's drain (step 4) to
-the last step, so one run checks both the replay and the resume. A third replays a forced
-schedule whose trajectories span weights versions. The batches stay within K updates of the
-trainer and the stream keeps rollouts in flight.
+uninterrupted replay, and its resumed process replays on through the checkpoint's rollouts in
+flight to the last step, so one run checks both the replay and the resume. A third replays a
+forced schedule whose trajectories span weights versions, and a fourth replays the same schedule,
+is SIGKILLed after checkpoint 2, which by that schedule holds half-finished trajectories (a turn of
+each unfinished rollout waits for weights the checkpoint's update made), and resumes from them to
+equal the third. The batches stay within K updates of the trainer and the stream keeps rollouts in
+flight.
 """
 
 from __future__ import annotations
@@ -84,15 +87,29 @@ def test_a_streaming_run_records_its_schedule_and_replays_and_resumes_exactly(tm
         t: ([min(r["step"], max(0, r["step"] - K) + i) for i in range(len(v))] if t == "0" else v) for t, v in r["versions"].items()}}
         for r in schedule[1:]]
     mixed.write_text("".join(json.dumps(r) + "\n" for r in forced))
-    # (a checkpoint drains the stream on the weights it has: this schedule has no room for one before the end;
-    # four steps hold the schedule's steps 2 and 3, the spanning ones checked)
-    spanning = train(tmp_path, tiny_vlm_dir, None, "spanning", *STREAM, f"rollout.replay_schedule={mixed}",
-                     "log.checkpoint_every=10", "steps=4", timeout=500)
+    # four steps hold the schedule's steps 2 and 3, the spanning ones checked
+    spanning = train(tmp_path, tiny_vlm_dir, None, "spanning", *STREAM, f"rollout.replay_schedule={mixed}", "steps=4",
+                     timeout=500)
     taken = {r["step"]: r["versions"] for r in _schedule(spanning)[1:]}
     assert taken[2]["0"][:3] == [0, 1, 2] and taken[3]["0"][:2] == [1, 2], taken
     spans = {r["step"]: r for r in metrics(spanning) if "rollout/multi_version_frac" in r}
     assert spans[3]["rollout/multi_version_frac"] > 0 and spans[3]["rollout/staleness_min"] < \
         spans[3]["rollout/staleness_max"] <= K
+
+    # the same schedule killed after checkpoint 2: the rollouts of steps 2 and 3 wait there for weights 2 (their
+    # trajectory 0's next turn), so the checkpoint keeps them half-finished, and the resume continues them
+    halves = killed_after_checkpoint(tmp_path, tiny_vlm_dir, None, "halves", *STREAM, "steps=4",
+                                     f"rollout.replay_schedule={mixed}", timeout=500)
+    from vagent.runs.checkpoint import load_object
+
+    kept = load_object(halves / "checkpoints" / "step_000002", "inflight")
+    unfinished = {rec.step: rec.replies for rec in kept if rec.replies is not None}
+    assert sorted(unfinished) == [2, 3], [(rec.step, rec.replies is not None) for rec in kept]
+    for step, replies in unfinished.items():  # trajectory 0 holds its turns before weights 2, none after
+        assert [r["weights_version"] for r in replies[0]] == taken[step]["0"][:taken[step]["0"].index(2)], replies[0]
+    run_job(train_cmd(None, "--resume", str(halves)), tmp_path, timeout=500)
+    assert _schedule(halves)[1:] == _schedule(spanning)[1:]
+    _assert_same(spanning, halves)
 
     # the replay, killed after checkpoint 2 and resumed: equal to the free run (a replay that did not
     # reproduce it, or a resume that did not continue it, differ)

@@ -142,3 +142,16 @@ def test_interrupt_needs_a_streaming_run_and_no_replay(tmp_path):
     assert msg.startswith("rollout.interrupt splits replies where pushes happen to land"), msg
     for engine in ("hf", "vllm"):  # vLLM replicas stop their replies by request abort (vagent.models.vllm_stepping)
         assert load_config(None, [*STREAM, "rollout.interrupt=true", f"rollout.engine={engine}"]).rollout.interrupt
+
+
+def test_an_interrupt_the_replicas_do_not_report_stops_the_run_and_one_they_do_is_said():
+    """``rollout.interrupt`` is checked against the replicas' own report (``ready()``): a replica
+    built without it (the setting lost on the way) would make every push wait for the running
+    replies, silently."""
+    from vagent.recipes.step import interrupt_report
+
+    assert interrupt_report([True]).startswith("rollout.interrupt: the replica reports that a waiting push stops")
+    assert "all 2 replicas report" in interrupt_report([True, True])
+    for bad, why in (([True, False], r"replicas \[1\] report it off"), (None, "no report"), ([], "no report")):
+        with pytest.raises(RuntimeError, match=rf"rollout.interrupt is on but did not reach the engine replicas \({why}\)"):
+            interrupt_report(bad)

@@ -219,7 +219,9 @@ def test_interrupted_replies_continue_on_the_pushed_weights_in_a_streaming_run(l
     and continue on the new weights. Every batch is whole and within K; the replies a push split
     are counted (``rollout/split_replies``) and their tokens carry the versions that sampled them
     in the saved rollouts' token data, which the decoupled loss trains on."""
-    run, _, _, _ = lora_run_on_server
+    run, output, _, _ = lora_run_on_server
+    # the setting reached the replicas: each reported it from its own engine when it was ready
+    assert "rollout.interrupt: all 2 replicas report that a waiting push stops the replies" in output, output[-3000:]
     steps = 4
     rl = _assert_full_batches(run, steps)
     split = [r["rollout/split_replies"] for r in rl]

@@ -179,9 +179,11 @@ class RemoteEngine:
         #: (seconds a push or the start may take, seconds a generate call may take)
         self.push_timeout_s, self.generate_timeout_s = (float(t) for t in timeouts)
         ready = self._wait_ready()
-        self.pids = [pid for pid, _ in ready]
+        self.pids = [int(r[0]) for r in ready]
         #: the replicas' engines take the raw images (vLLM runs its own image processor)
-        self.needs_images = any(images for _, images in ready)
+        self.needs_images = any(bool(r[1]) for r in ready)
+        #: per replica, whether it reported that a waiting push stops its running replies (``rollout.interrupt``)
+        self.interrupts = [bool(r[2]) if len(r) > 2 else False for r in ready]
         #: vLLM replicas: pushed state dicts must hold merged weights, no LoRA adapter tensors
         self.takes_merged_weights = self.needs_images
         #: vLLM replicas built with lora_rank: a LoRA policy pushes its adapter (``update_adapter``)
@@ -194,7 +196,7 @@ class RemoteEngine:
         #: counters since construction (``retried_requests``: sent again after their replica died)
         self.stats = self._table.stats
 
-    def _wait_ready(self) -> list[tuple[int, bool]]:
+    def _wait_ready(self) -> list[tuple]:
         """Each replica's ``ready()``, all within ``push_timeout_s``; else (a replica still starting,
         or waiting for CPUs / GPUs / custom resources the cluster lacks) one error, after killing the
         replicas this engine created."""

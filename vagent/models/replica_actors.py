@@ -101,9 +101,10 @@ class EngineReplica:
         if interrupt:  # rollout.interrupt: a waiting push stops the running replies between decode steps
             self.engine.engine.interrupt = lambda: self.gate.pushes_waiting > 0
 
-    def ready(self) -> tuple[int, bool]:
-        """(this actor's pid, whether its engine needs the raw images)."""
-        return os.getpid(), False
+    def ready(self) -> tuple[int, bool, bool]:
+        """(this actor's pid, whether its engine needs the raw images, whether a waiting push stops
+        its running replies: ``rollout.interrupt`` as this replica was built)."""
+        return os.getpid(), False, getattr(self.engine.engine, "interrupt", None) is not None
 
     def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[GenerationOutput]:
         with self.gate.generating():  # no push lands until the outputs are back: they are this version's
@@ -155,9 +156,10 @@ class VLLMReplica:
         if interrupt:  # rollout.interrupt: a waiting push stops the running replies between scheduler steps
             self.vllm.interrupt = lambda: self.gate.pushes_waiting > 0
 
-    def ready(self) -> tuple[int, bool]:
-        """(this actor's pid, whether its engine needs the raw images: yes)."""
-        return os.getpid(), True
+    def ready(self) -> tuple[int, bool, bool]:
+        """(this actor's pid, whether its engine needs the raw images: yes, whether a waiting push
+        stops its running replies: ``rollout.interrupt`` as this replica was built)."""
+        return os.getpid(), True, self.vllm.interrupt is not None
 
     def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[GenerationOutput]:
         with self.gate.generating():

@@ -120,7 +120,27 @@ def start_rollouts(session: Session, judge: ReasoningReward | None, last_checkpo
     driver = make_driver(cfg, loaded, policy, judge, last_checkpoint, model_dir=session.model_dir,
                          fresh_model=session.load_fresh_model, canary=weight_canary(session, last_checkpoint),
                          run_root=session.run.root, first_step=first_step)
+    if cfg.rollout.interrupt:
+        try:
+            session.console.print(interrupt_report(getattr(driver.engine, "interrupts", None)))
+        except BaseException:
+            driver.close()
+            raise
     return policy, driver
+
+
+def interrupt_report(interrupts: list[bool] | None) -> str:
+    """The console line of ``rollout.interrupt`` from the replicas' own report (``ready()``: whether
+    a waiting push stops their running replies); a replica that reports it off, or an engine that
+    reports nothing, is a RuntimeError (the setting did not reach the generators)."""
+    if not interrupts or not all(interrupts):
+        off = "no report" if not interrupts else f"replicas {[i for i, on in enumerate(interrupts) if not on]} report it off"
+        raise RuntimeError(f"rollout.interrupt is on but did not reach the engine replicas ({off}): a push would wait "
+                           "for the replies being generated instead of stopping them. Report this with the run's "
+                           "train.log.")
+    n = len(interrupts)
+    return (f"rollout.interrupt: {'the replica reports' if n == 1 else f'all {n} replicas report'} that a waiting push "
+            "stops the replies being generated (continued on the new weights)")
 
 
 def weight_canary(session: Session, last_checkpoint: LastCheckpoint) -> WeightCanary | None:

@@ -117,6 +117,9 @@ class InFlight:
     sampled with weights ``version`` (the trainer's after ``version`` updates), the canary's
     ``sync/*`` metrics of that version (the same episodes' record), and the id of the run that
     sampled them (``run.json``'s; None outside a run directory, or in an older vagent's record).
+    A streaming run's rollout that had not finished has no episodes and ``replies`` instead: its
+    trajectories' engine outputs so far, ``{trajectory key: [output as plain data, ...]}``
+    (:mod:`vagent.rollout.journal`), and ``version`` is the oldest that sampled one of them.
     Saved as the checkpoint's ``inflight.pt``, read back as data (``vagent.runs.safe_load``)."""
 
     step: int
@@ -124,6 +127,7 @@ class InFlight:
     episodes: RolloutResult
     sync: dict[str, float] = field(default_factory=dict)
     run_id: str | None = None
+    replies: dict[int, list[dict]] | None = None
 
     def __getstate__(self) -> dict:
         """The pickled state: ``episodes`` as ``{"episodes": [Episode, ...], "metrics": {...}}``

@@ -15,10 +15,16 @@ the next ``K`` steps run at once on the engine replicas, each a thread of its ow
   order, so a run's only timing-dependent input is which version sampled each turn: the schedule,
   recorded in ``<run>/rollout_schedule.jsonl`` and replayable (``rollout.replay_schedule``,
   :mod:`vagent.rollout.schedule`).
-- a checkpoint drains the stream: it waits for every rollout in flight (no push meanwhile) and
-  keeps their episodes (``inflight.pt``: a list of :class:`~vagent.rollout.driver.InFlight`), so a
-  resume trains on the same episodes. The uninterrupted run drains at the same steps, so under the
-  same schedule the resumed run equals it.
+- a checkpoint keeps the trajectories in flight as they are (one process): it pauses generation
+  (the replies being generated are finished first), keeps each finished rollout's episodes and
+  each unfinished one's replies so far (``inflight.pt``: a list of
+  :class:`~vagent.rollout.driver.InFlight`, one per step in flight; an unfinished rollout's has
+  ``replies``, :mod:`vagent.rollout.journal`), and generation goes on right after the next push.
+  A resume runs each unfinished rollout again from its env resets with those replies served (its
+  env steps replay the actions), then generates on, so under the same schedule the resumed run
+  equals the uninterrupted one, which paused at the same steps. A job of several ranks (each rank
+  plays a share of each rollout) drains instead: the checkpoint waits for every rollout in flight
+  (no push meanwhile) and keeps their episodes.
 
 The loss for mixed versions is decoupled PPO (``vagent.recipes.stages.off_policy``): the ratio
 against the trainer's log-probs before the update (the proximal policy), times the truncated
@@ -34,12 +40,14 @@ replay a schedule (its gate would have to know which rank plays which trajectory
 
 from __future__ import annotations
 
+import copy
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Sequence
 
 from vagent.rollout.driver import InFlight, RolloutDriver
 from vagent.rollout.finish import RolloutResult
+from vagent.rollout.journal import ReplyJournal
 from vagent.rollout.policy import Policy
 from vagent.rollout.records import Episode
 from vagent.rollout.schedule import (
@@ -79,6 +87,14 @@ def staleness(episodes: Sequence[Episode], step: int) -> dict[str, float]:
     return out
 
 
+def _journalable(policy: Policy) -> bool:
+    """Whether a copy of ``policy`` with another ``engine`` generates as it does (an HFPolicy
+    builds each turn's conversation itself and samples on its ``engine``)."""
+    from vagent.rollout.hf_policy import HFPolicy
+
+    return isinstance(policy, HFPolicy)
+
+
 class StreamingDriver(RolloutDriver):
     """Step ``k``'s episodes from a stream of rollouts (see the module docstring).
 
@@ -106,11 +122,19 @@ class StreamingDriver(RolloutDriver):
         self._groups = [side_group(f"streamed rollout {i}") for i in range(max_staleness + 1)]
         self._rollouts: dict[int, Future[RolloutResult]] = {}
         self._done: dict[int, InFlight] = {}  # rollouts a resume handed back
+        # one process: every reply of the rollouts in flight, so a checkpoint keeps them half-finished
+        self.journal = ReplyJournal() if all(g is None for g in self._groups) and _journalable(policy) else None
+        self._taken = first_step  # updates done at the last take (the next push's version - 1)
 
     def _rollout(self, step: int) -> RolloutResult:
         from vagent.distributed import on_group
 
-        policy = self.policy if self.gate is None else GatedPolicy(self.policy, self.gate, step)
+        policy = self.policy
+        if self.journal is not None:  # the same policy on this rollout's journaled engine
+            policy = copy.copy(policy)
+            policy.engine = self.journal.engine(self.policy.engine, step)  # type: ignore[attr-defined]
+        if self.gate is not None:
+            policy = GatedPolicy(policy, self.gate, step)
         try:
             with on_group(self._groups[step % len(self._groups)]):
                 return self.run(policy, step, False)
@@ -131,6 +155,8 @@ class StreamingDriver(RolloutDriver):
         super()._push_now(version)
         if self.gate is not None:
             self.gate.pushed(version)
+        if self.journal is not None:  # a checkpoint's pause ends with the weights it saved
+            self.journal.release()
 
     def _verify(self, version: int) -> None:
         """The canary's check; its metrics are kept for every version a batch in flight may hold."""
@@ -148,6 +174,9 @@ class StreamingDriver(RolloutDriver):
             episodes = self._done.pop(step).episodes
         else:
             episodes = self._rollouts.pop(step).result()
+        if self.journal is not None:
+            self.journal.forget(step)
+        self._taken = step
         self._take(episodes, step)
         return episodes
 
@@ -184,34 +213,62 @@ class StreamingDriver(RolloutDriver):
                     metrics.update(self._sync[v])
 
     def in_flight(self) -> list[InFlight] | None:
-        """Drain the stream (every rollout in flight, waited for, no push meanwhile): what a
-        checkpoint saves so that a resume trains the next steps on the same episodes."""
+        """What a checkpoint saves so that a resume trains the next steps on the same episodes: per
+        rollout in flight, its episodes when it has finished, else (one process) its trajectories'
+        replies so far, taken while generation is paused (until the next push); a job drains every
+        rollout in flight (waited for, no push meanwhile). A replayed run first lets the turns the
+        record samples with the current weights be sampled (the next push waits for them)."""
+        if self.journal is not None:
+            if self.gate is not None:
+                self.gate.before_push(self._taken + 1)
+            self.journal.pause()
         for s, future in list(self._rollouts.items()):
+            if self.journal is not None and not future.done() and self.journal.complete(s):
+                continue  # kept half-finished below
             episodes = future.result()
             del self._rollouts[s]
             versions = [t.weights_version for e in episodes for t in e.turns if t.weights_version is not None]
             newest = max(versions, default=s)  # the canary's check of it goes on the batch (``_take``)
             self._done[s] = InFlight(s, min(min(versions, default=s), s), episodes, dict(self._sync.get(newest, {})))
-        if not self._done:
-            return None
-        return [self._done[s] for s in sorted(self._done)]
+        partial = []
+        for s in self._rollouts:
+            replies = self.journal.snapshot(s) if self.journal is not None else {}
+            versions = [r["weights_version"] for rs in replies.values() for r in rs if r.get("weights_version") is not None]
+            newest = max(versions, default=None)
+            partial.append(InFlight(s, min(min(versions, default=s), s), RolloutResult([]),
+                                    dict(self._sync.get(newest, {})) if newest is not None else {}, replies=replies))
+        records = sorted([*self._done.values(), *partial], key=lambda rec: rec.step)
+        return records or None
 
     def resume_in_flight(self, saved: InFlight | list[InFlight], step: int) -> None:
-        """Take back the rollouts a checkpoint drained (``in_flight()``), the first for ``step``."""
+        """Take back the rollouts a checkpoint kept (``in_flight()``), the first for ``step``: the
+        finished ones' episodes, and the unfinished ones' replies, served when they run again."""
         records = saved if isinstance(saved, list) else [saved]
         for i, rec in enumerate(records):
             if not isinstance(rec, InFlight) or rec.step != step + i:
                 raise ValueError(f"the checkpoint's in-flight rollouts do not follow step {step} in order (record {i} "
                                  f"is not the rollout of step {step + i}): the checkpoint's inflight.pt does not belong "
                                  "to this run")
-            self._done[rec.step] = rec
-            newest = max((t.weights_version for e in rec.episodes for t in e.turns if t.weights_version is not None),
-                         default=None)
+            replies = getattr(rec, "replies", None)
+            if replies is not None:
+                if self.journal is None:
+                    raise ValueError(f"the checkpoint holds half-finished rollouts (step {rec.step}), which only a "
+                                     "run of one process with an HFPolicy generator resumes; resume it as it was "
+                                     "run (--nproc 1)")
+                self.journal.hold(replies, rec.step)
+                newest = max((r["weights_version"] for rs in replies.values() for r in rs
+                              if r.get("weights_version") is not None), default=None)
+            else:
+                self._done[rec.step] = rec
+                newest = max((t.weights_version for e in rec.episodes for t in e.turns
+                              if t.weights_version is not None), default=None)
             if rec.sync and newest is not None:
                 self._sync.setdefault(newest, dict(rec.sync))
 
     def close(self) -> None:
         """Wait for the rollouts in flight (their results unused), then close as the base driver."""
+        if self.journal is not None:  # a last checkpoint's pause
+            self.journal.release()
         for s, future in list(self._rollouts.items()):
             try:
                 future.result()
