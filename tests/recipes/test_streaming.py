@@ -142,3 +142,34 @@ def test_a_job_of_two_ranks_streams_on_shared_replicas_and_resumes_from_its_drai
     assert schedule[0]["max_staleness"] == K and [s["step"] for s in schedule[1:]] == [0, 1, 2, 3], schedule
     assert schedule[1:3] == before[1:3], "the resume rewrote the steps taken before the checkpoint"
     assert max(r["rollout/staleness_max"] for r in rl) >= 1, "the stream never ran ahead of the trainer"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_completion_order_batches_record_replay_and_resume_exactly(tmp_path: Path, tiny_vlm_dir: Path, monkeypatch):
+    """``rollout.batch_order: completion`` on 2 HF replicas with long-tailed env steps: each batch
+    is the first groups to finish among the rollouts in flight (some of a later step's), the schedule
+    records them, and a replay of it SIGKILLed after checkpoint 2 and resumed from the finished
+    groups that checkpoint kept trains on the same batches to the same metrics and weights."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    run = [*STREAM, "steps=4", "rollout.batch_order=completion", "envs.0.n_train=4",
+           "envs.0.latency={dist: lognormal, median_s: 0.1, sigma: 1.5, max_s: 2.0}"]
+    free = train(tmp_path, tiny_vlm_dir, None, "free_completion", *run, timeout=500)
+    rl = [r for r in metrics(free) if r.get("phase") == "rl" and "rollout/staleness_max" in r]
+    assert [r["step"] for r in rl] == [1, 2, 3, 4]
+    for r in rl:
+        assert r["rollout/episodes"] == 4 and 0 <= r["rollout/staleness_max"] <= K, r
+    schedule = _schedule(free)
+    taken = [tuple(u) for rec in schedule[1:] for u in rec["units"]]
+    assert len(taken) == 16 and len(set(taken)) == 16, taken  # every group taken once
+    slots = [[u // 4 for u, _ in rec["units"]] for rec in schedule[1:]]
+    print(f"slots of each batch's groups: {slots}; dropped {[len(rec['dropped']) for rec in schedule[1:]]}")
+    cut = killed_after_checkpoint(tmp_path, tiny_vlm_dir, None, "cut_completion", *run,
+                                  f"rollout.replay_schedule={free}", timeout=500)
+    from vagent.runs.checkpoint import load_object
+
+    (kept,) = load_object(cut / "checkpoints" / "step_000002", "inflight")
+    assert kept.order["units"] and kept.order["started"] >= 2, kept.order
+    run_job(train_cmd(None, "--resume", str(cut)), tmp_path, timeout=500)
+    assert _schedule(cut)[1:] == schedule[1:]
+    _assert_same(free, cut)

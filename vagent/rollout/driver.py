@@ -91,6 +91,11 @@ def check_rollout_setup(settings: RolloutConfig, distributed: bool) -> None:
                           "job's ranks each play a share of the trajectories, which the replay's turn gate does not "
                           "follow. Replay with --nproc 1 (its replicas still spread over hosts), or drop "
                           "rollout.replay_schedule to stream freely.")
+    if distributed and settings.batch_order == "completion":
+        raise ConfigError("rollout.batch_order completion forms each batch from the first groups to finish, in one "
+                          "training process: a job's ranks each play a share of every rollout and would have to agree "
+                          "on which groups finished first. Run it with --nproc 1 (its replicas still spread over "
+                          "hosts), or set rollout.batch_order step.")
     if distributed and settings.engine == "vllm" and settings.replicas == 0:
         raise ConfigError("rollout.engine vllm in a job of several ranks runs as Ray actor replicas that every rank "
                           "shares (rank 0 pushes the gathered weights): set rollout.replicas N >= 1, or run one "
@@ -128,6 +133,10 @@ class InFlight:
     sync: dict[str, float] = field(default_factory=dict)
     run_id: str | None = None
     replies: dict[int, list[dict]] | None = None
+    #: a completion-order stream's (``rollout.batch_order: completion``): its finished groups not yet
+    #: taken, whose episodes ``episodes`` holds in that order: ``{"units": [[unit, attempt,
+    #: episodes], ...], "started": the last step whose groups were started}``
+    order: dict | None = None
 
     def __getstate__(self) -> dict:
         """The pickled state: ``episodes`` as ``{"episodes": [Episode, ...], "metrics": {...}}``

@@ -98,7 +98,7 @@ if TYPE_CHECKING:  # torch, the judges and the run config stay out of `import va
     from vagent.rewards import ReasoningReward
     from vagent.runconfig import RunConfig
 
-__all__ = ["EnvSpec", "LastCheckpoint", "RolloutResult", "TrainRollout", "rollout", "rollout_on_ranks", "rollout_metrics",
+__all__ = ["EnvSpec", "LastCheckpoint", "RolloutResult", "TrainRollout", "rollout", "rollout_on_ranks", "rollout_metrics", "merge_rollouts",
            "spec_blocks", "MODES", "SCHEDULES"]
 
 
@@ -213,18 +213,26 @@ def rollout_on_ranks(specs: Sequence[EnvSpec], policy: Policy, sampling: Samplin
         ep.group_id += lo
         ep.traj_id = ep.group_id * group_size + member
     parts = gather_objects((list(mine), mine.metrics), "rollout episodes")
+    return merge_rollouts(parts, str(kw.get("schedule", "lockstep")))
+
+
+def merge_rollouts(parts: Sequence[tuple[list[Episode], Mapping[str, float]]], schedule: str) -> RolloutResult:
+    """One rollout of ``parts`` (each its episodes and metrics: a job's ranks, or the groups of a
+    completion-order batch) that ran at the same time: ``rollout_metrics`` of all the episodes, a
+    timing (``*_time_s``) the slowest part's, any other metric the episode-weighted mean (reasoning
+    judges' means, prompt-cache fraction), and the token rate over the timing that bounds it."""
     episodes = [ep for eps, _ in parts for ep in eps]
     metrics = rollout_metrics(episodes)
     n = [len(eps) for eps, _ in parts]
     for key in sorted({k for _, m in parts for k in m} - set(metrics)):
         vals = [(m[key], k) for (_, m), k in zip(parts, n) if key in m]
-        if key.endswith("_time_s"):  # ranks roll out at the same time: the step waits for the slowest
+        if key.endswith("_time_s"):  # the parts roll out at the same time: the step waits for the slowest
             metrics[key] = max(v for v, _ in vals)
-        else:  # episode-weighted mean (reasoning judges' means, prompt-cache fraction)
+        else:
             metrics[key] = sum(v * k for v, k in vals) / max(1, sum(k for _, k in vals))
     # lockstep: generation time is wall time; async: it is summed over overlapping trajectories,
-    # so the rate divides by the rollout's wall time (each the slowest rank's)
-    clock = "perf/rollout_time_s" if kw.get("schedule") == "async" else "perf/generate_time_s"
+    # so the rate divides by the rollout's wall time (each the slowest part's)
+    clock = "perf/rollout_time_s" if schedule == "async" else "perf/generate_time_s"
     if clock in metrics:
         tokens = sum(len(t.sampled_token_ids) for e in episodes for t in e.turns)
         metrics["perf/rollout_tokens_per_s"] = tokens / max(1e-9, metrics[clock])
@@ -261,14 +269,23 @@ class TrainRollout:
     judge: ReasoningReward | None
     last_checkpoint: LastCheckpoint
 
-    def __call__(self, policy: Policy, step: int, unshard: bool) -> RolloutResult:
+    def groups(self, step: int) -> int:
+        """How many env groups the rollout of ``step`` holds (its env seeds)."""
+        return len(train_env_specs(self.cfg, step))
+
+    def __call__(self, policy: Policy, step: int, unshard: bool, group: int | None = None) -> RolloutResult:
+        """The rollout of ``step`` (``group``: only its env group ``group``, on sampling seeds of its
+        own, as group 0 of a one-group rollout: ``rollout.batch_order: completion``)."""
         from vagent.distributed import generation_mode  # torch: `import vagent.rollout` stays light
 
         cfg, updates_done = self.cfg, step  # the driver's `step`: the updates done
+        specs, sampling = train_env_specs(cfg, updates_done), sampling_for(cfg, updates_done)
+        if group is not None:
+            specs = [specs[group]]
+            sampling = dataclasses.replace(sampling, seed=derive_seed(sampling.seed, "group", group))
         try:
             with generation_mode(self.model) if unshard else contextlib.nullcontext():
-                return rollout_on_ranks(train_env_specs(cfg, updates_done), policy, sampling_for(cfg, updates_done),
-                                        group_size=cfg.rollout.group_size, max_turns=cfg.rollout.max_turns,
+                return rollout_on_ranks(specs, policy, sampling, group_size=cfg.rollout.group_size, max_turns=cfg.rollout.max_turns,
                                         mode=cfg.rollout.mode, window=cfg.rollout.window, judge=self.judge,
                                         schedule=cfg.rollout.schedule)
         except RuntimeError as exc:

@@ -95,9 +95,13 @@ def _streaming_driver(cfg: RunConfig, run: TrainRollout, policy: Policy, engine:
                        resume_at=first_step or None)
            if run_root is not None and world().is_main else None)  # every rank holds the gathered batch
     replay = read_schedule(settings.replay_schedule) if settings.replay_schedule else None
-    return StreamingDriver(run, policy, engine=engine, model=model, max_staleness=settings.max_staleness,
-                           steps=cfg.steps, owns_ray=owns_ray, canary=canary, log=log, replay=replay,
-                           first_step=first_step, deadline_s=settings.generate_timeout_s)
+    kw = dict(engine=engine, model=model, max_staleness=settings.max_staleness, steps=cfg.steps, owns_ray=owns_ray,
+              canary=canary, log=log, replay=replay, first_step=first_step, deadline_s=settings.generate_timeout_s)
+    if settings.batch_order == "completion":
+        from vagent.rollout.completion import CompletionDriver
+
+        return CompletionDriver(run, policy, too_stale=settings.too_stale, group_size=settings.group_size, **kw)
+    return StreamingDriver(run, policy, **kw)  # type: ignore[arg-type]
 
 
 __all__ = ["make_driver"]

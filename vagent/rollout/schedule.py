@@ -27,7 +27,7 @@ import hashlib
 import json
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -71,6 +71,9 @@ class RecordedSchedule:
     digest: str
     max_staleness: int
     steps: dict[int, dict[int, list[int]]]
+    #: per step of a completion-order run: the batch's groups and the groups dropped as too stale
+    #: (``{"units": [[unit, attempt], ...], "dropped": [[unit, attempt, {member: versions}], ...]}``)
+    batches: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
 def _schedule_path(source: str | Path) -> Path:
@@ -91,20 +94,27 @@ def read_schedule(source: str | Path) -> RecordedSchedule:
         if header.get("schedule") != FORMAT:
             raise ValueError(f"the header line is not {{\"schedule\": {FORMAT}, ...}}")
         steps: dict[int, dict[int, list[int]]] = {}
+        batches: dict[int, dict[str, Any]] = {}
         for ln in lines[1:]:
             rec = json.loads(ln)
             steps[int(rec["step"])] = {int(k): [int(v) for v in vs] for k, vs in rec["versions"].items()}
+            if "units" in rec:
+                batches[int(rec["step"])] = {
+                    "units": [(int(u), int(a)) for u, a in rec["units"]],
+                    "dropped": [(int(u), int(a), {int(m): [int(v) for v in vs] for m, vs in d.items()})
+                                for u, a, d in rec.get("dropped", [])]}
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ScheduleError(f"{path} is not a rollout schedule vagent wrote ({exc}); give the run directory of a "
                             "streaming run") from None
     k = int(header.get("max_staleness", 0))
     for step, trajs in steps.items():  # a turn of step s's batch is sampled by weights s - K .. s, or never
-        bad = next(((t, v) for t, vs in trajs.items() for v in vs if not max(0, step - k) <= v <= step), None)
+        low = 0 if step in batches else max(0, step - k)  # a completion-order batch may keep older groups
+        bad = next(((t, v) for t, vs in trajs.items() for v in vs if not low <= v <= step), None)
         if bad is not None:
             raise ScheduleError(f"{path}: step {step}'s trajectory {bad[0]} has a turn sampled by weights {bad[1]}, "
-                                f"outside {max(0, step - k)}..{step} (the batch of step {step} is taken after {step} "
+                                f"outside {low}..{step} (the batch of step {step} is taken after {step} "
                                 f"updates and holds tokens at most max_staleness={k} updates old)")
-    return RecordedSchedule(str(path), str(header.get("config")), k, steps)
+    return RecordedSchedule(str(path), str(header.get("config")), k, steps, batches)
 
 
 def replay_problem(source: str | Path, digest: str) -> str | None:
@@ -144,8 +154,11 @@ class ScheduleLog:
         tmp.write_text("".join(ln + "\n" for ln in [header, *kept]))
         tmp.replace(self.path)
 
-    def record(self, step: int, episodes: Sequence[Episode]) -> None:
-        line = json.dumps({"step": step, "versions": {str(k): v for k, v in turn_versions(episodes).items()}})
+    def record(self, step: int, episodes: Sequence[Episode], extra: Mapping[str, Any] | None = None) -> None:
+        """Append step ``step``'s batch: its turn versions, and ``extra`` (a completion-order batch's
+        ``units`` and ``dropped``, :mod:`vagent.rollout.completion`)."""
+        line = json.dumps({"step": step, "versions": {str(k): v for k, v in turn_versions(episodes).items()},
+                           **dict(extra or {})})
         with self.path.open("a") as f:
             f.write(line + "\n")
             f.flush()

@@ -180,9 +180,10 @@ class StreamingDriver(RolloutDriver):
         self._take(episodes, step)
         return episodes
 
-    def _take(self, episodes: RolloutResult, step: int) -> None:
-        """Check the batch against the staleness bound and the replayed record, record its schedule,
-        and add its metrics."""
+    def _take(self, episodes: RolloutResult, step: int, bounded: bool = True,
+              record: dict | None = None) -> None:
+        """Check the batch against the staleness bound (``bounded``) and the replayed record,
+        record its schedule (with ``record``'s fields), and add its metrics."""
         versions = turn_versions(episodes)
         missing = sum(v < 0 for vs in versions.values() for v in vs)
         if missing:
@@ -190,7 +191,7 @@ class StreamingDriver(RolloutDriver):
                                f"{type(self.engine).__name__} does not stamp its replies, so the stream cannot bound "
                                "their staleness. Report this with the run's train.log.")
         oldest = min((v for vs in versions.values() for v in vs), default=step)
-        if step - oldest > self.max_staleness:
+        if bounded and step - oldest > self.max_staleness:
             raise RuntimeError(f"step {step}'s batch holds a turn sampled with weights {oldest}, "
                                f"{step - oldest} updates old, over rollout.max_staleness={self.max_staleness}: the "
                                "stream started a rollout too early. Report this with the run's train.log.")
@@ -200,7 +201,7 @@ class StreamingDriver(RolloutDriver):
                 raise ScheduleError(f"replaying {self.replay.path}: step {step}'s batch diverged from the record "
                                     f"({where}); the replay needs the recorded run's model and config")
         if self.log is not None:
-            self.log.record(step, episodes)
+            self.log.record(step, episodes, record)
         metrics = getattr(episodes, "metrics", None)
         if metrics is not None:
             metrics.update(staleness(episodes, step))
@@ -249,6 +250,9 @@ class StreamingDriver(RolloutDriver):
                 raise ValueError(f"the checkpoint's in-flight rollouts do not follow step {step} in order (record {i} "
                                  f"is not the rollout of step {step + i}): the checkpoint's inflight.pt does not belong "
                                  "to this run")
+            if getattr(rec, "order", None) is not None:
+                raise ValueError("the checkpoint holds the groups of a completion-order stream (rollout.batch_order "
+                                 "completion) and this run forms batches by step: resume with the run's config.yaml")
             replies = getattr(rec, "replies", None)
             if replies is not None:
                 if self.journal is None:

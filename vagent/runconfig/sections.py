@@ -182,6 +182,14 @@ class RolloutConfig:
     #: steps, and each continues from its tokens on the new weights (one reply spans versions; every
     #: token keeps its own log-prob and version). false = a push waits for the running replies
     interrupt: bool = False
+    #: streaming: how a batch is formed. step = the rollout of step s (its env seeds), taken whole
+    #: (waits for its slowest trajectory); completion = the first groups to finish among every
+    #: rollout in flight (whole groups, in completion order; one training process)
+    batch_order: Literal["step", "completion"] = "step"
+    #: batch_order completion: a group whose oldest token is more than max_staleness updates behind
+    #: when its batch is taken is dropped and generated again (drop, counted in rollout/dropped) or
+    #: trained with the decoupled loss's truncated behaviour weights (keep)
+    too_stale: Literal["drop", "keep"] = "drop"
     #: a streaming run's directory (or its rollout_schedule.jsonl) whose recorded schedule (which
     #: weights version sampled each turn) this run follows: same config, same episodes and weights;
     #: null = free-running (the schedule is recorded in this run's directory)

@@ -102,6 +102,15 @@ def check_streaming(cfg: RunConfig) -> None:
         need(not rollout.overlap,
              f"rollout.max_staleness {k} replaces rollout.overlap 1 (K = 1 is its schedule, with weights pushed "
              "mid-rollout): set rollout.overlap 0.")
+    if rollout.batch_order != "step":
+        need(k >= 1, f"rollout.batch_order {rollout.batch_order} forms batches from the groups of every rollout in "
+                     "flight, which only a streaming run has: set rollout.max_staleness >= 1 (with rollout.replicas "
+                     f">= 1), or batch_order step (got max_staleness {k}).")
+    if rollout.too_stale != "drop":
+        need(rollout.batch_order == "completion",
+             f"rollout.too_stale {rollout.too_stale} decides what happens to a group older than max_staleness, which "
+             "only rollout.batch_order completion can take (step order bounds every batch by construction): set "
+             "rollout.batch_order completion, or drop rollout.too_stale.")
     if rollout.interrupt:
         need(k >= 1,
              "rollout.interrupt stops replies mid-generation when a weight push lands, which happens only on a "
