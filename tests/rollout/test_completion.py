@@ -192,6 +192,7 @@ def test_a_checkpoint_keeps_the_finished_groups_in_order_and_a_resume_takes_them
             e.set()
         driver.close()
     assert len(saved) == 1 and saved[0].step == 1 and saved[0].order["units"] == [[2, 0, 1], [0, 0, 1]]
+    assert saved[0].order["metrics"] == [{"perf/rollout_time_s": 0.1}] * 2
     assert saved[0].order["started"] == 1
     fresh = Groups()
     resumed = _driver(fresh, steps=2)
@@ -200,6 +201,7 @@ def test_a_checkpoint_keeps_the_finished_groups_in_order_and_a_resume_takes_them
         resumed.engine.weights_version = 1  # as update 1's push leaves it (a resumed trainer pushes its weights)
         batch = resumed.get(1)
         assert _units(batch) == [2, 0]  # taken as they finished, without playing them again
+        assert batch.metrics["perf/rollout_time_s"] == 0.1  # with their own rollouts' metrics
         assert fresh.go == {}  # no group of the resumed run was released: none was needed
         with pytest.raises(ValueError, match="not a completion-order stream's groups for step 3"):
             resumed.resume_in_flight(saved, 3)

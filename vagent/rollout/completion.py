@@ -24,8 +24,8 @@ env group (``group_size`` trajectories of one env seed: GRPO's and GiGPO's unit)
   turns to their recorded versions, drops the recorded groups, and takes the recorded groups in the
   recorded order, so a replay gives the same batches;
 - a checkpoint drains the stream (every group in flight finishes, no push meanwhile) and keeps the
-  finished groups not yet taken, in completion order, with the last slot started (one
-  ``InFlight`` with ``order``), so ``--resume`` takes the same groups in the same order.
+  finished groups not yet taken, in completion order, with their metrics and the last slot started
+  (one ``InFlight`` with ``order``), so ``--resume`` takes the same groups in the same order.
 
 One training process only (a job's ranks would have to agree which groups finished first:
 refused in one line, :func:`vagent.rollout.driver.check_rollout_setup`).
@@ -248,10 +248,11 @@ class CompletionDriver(StreamingDriver):
         versions = _versions(episodes)
         newest = max(versions, default=None)
         units = [[u, self._attempt[u], len(res)] for u, res in zip(order, results)]
+        metrics = [{k: float(v) for k, v in getattr(res, "metrics", {}).items()} for res in results]
         step = self._taken + 1
         return [InFlight(step, min(min(versions, default=step), step), RolloutResult(episodes),
                          dict(self._sync.get(newest, {})) if newest is not None else {},
-                         order={"units": units, "started": self._started})]
+                         order={"units": units, "metrics": metrics, "started": self._started})]
 
     def resume_in_flight(self, saved: InFlight | list[InFlight], step: int) -> None:
         """Take back the finished groups a checkpoint kept (``in_flight()``), in their order."""
@@ -262,9 +263,10 @@ class CompletionDriver(StreamingDriver):
             raise ValueError(f"the checkpoint's in-flight rollouts are not a completion-order stream's groups for step "
                              f"{step} (rollout.batch_order completion): resume with the run's config.yaml")
         episodes, at = list(rec.episodes), 0
-        for unit, attempt, n in order["units"]:
+        metrics = list(order.get("metrics") or [{} for _ in order["units"]])
+        for (unit, attempt, n), m in zip(order["units"], metrics):
             done: Future[RolloutResult] = Future()
-            done.set_result(RolloutResult(episodes[at:at + n]))
+            done.set_result(RolloutResult(episodes[at:at + n], dict(m)))
             at += n
             self._units[int(unit)], self._attempt[int(unit)] = done, int(attempt)
             self._order.append(int(unit))

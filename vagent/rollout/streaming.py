@@ -11,8 +11,9 @@ the next ``K`` steps run at once on the engine replicas, each a thread of its ow
 - the rollout of step ``s`` starts when the trainer has made ``s - K`` updates, so every token of
   the batch the trainer takes at step ``s`` is at most ``K`` updates old, by construction
   (``rollout/staleness_max <= K``; a batch older than that is an error, never silently trained);
-- batches are formed by step, as in every other mode (step ``s``'s env seeds), not by completion
-  order, so a run's only timing-dependent input is which version sampled each turn: the schedule,
+- batches are formed by step, as in every other mode (step ``s``'s env seeds; completion order is
+  :mod:`vagent.rollout.completion`), so a run's only timing-dependent input is which version
+  sampled each turn: the schedule,
   recorded in ``<run>/rollout_schedule.jsonl`` and replayable (``rollout.replay_schedule``,
   :mod:`vagent.rollout.schedule`).
 - a checkpoint keeps the trajectories in flight as they are (one process): it pauses generation
