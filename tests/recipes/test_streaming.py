@@ -149,8 +149,9 @@ def test_a_job_of_two_ranks_streams_on_shared_replicas_and_resumes_from_its_drai
 def test_completion_order_batches_record_replay_and_resume_exactly(tmp_path: Path, tiny_vlm_dir: Path, monkeypatch):
     """``rollout.batch_order: completion`` on 2 HF replicas with long-tailed env steps: each batch
     is the first groups to finish among the rollouts in flight (some of a later step's), the schedule
-    records them, and a replay of it SIGKILLed after checkpoint 2 and resumed from the finished
-    groups that checkpoint kept trains on the same batches to the same metrics and weights."""
+    records them, and a replay of it SIGKILLed after checkpoint 2 and resumed from the groups that
+    checkpoint kept (finished, and half-finished: their replies so far) trains on the same batches to
+    the same metrics and weights."""
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     run = [*STREAM, "steps=4", "rollout.batch_order=completion", "envs.0.n_train=4",
            "envs.0.latency={dist: lognormal, median_s: 0.1, sigma: 1.5, max_s: 2.0}"]
@@ -169,7 +170,15 @@ def test_completion_order_batches_record_replay_and_resume_exactly(tmp_path: Pat
     from vagent.runs.checkpoint import load_object
 
     (kept,) = load_object(cut / "checkpoints" / "step_000002", "inflight")
-    assert kept.order["units"] and kept.order["started"] >= 2, kept.order
+    running = {u for u, _, _ in kept.order["running"]}
+    # a group the record samples on both sides of weights 2 waits (the replay's gate) at checkpoint 2: kept
+    # half-finished, with its replies before weights 2
+    spans = {rec["units"][int(t)][0] for rec in schedule[1:] for t, v in rec["versions"].items() if min(v) < 2 <= max(v)}
+    print(f"checkpoint 2: finished groups {[u for u, _, _ in kept.order['units']]}, half-finished {sorted(running)}, "
+          f"spanning weights 2 by the record {sorted(spans)}")
+    assert spans <= running and kept.order["started"] >= 2, (spans, kept.order)
+    for u, _, replies in kept.order["running"]:
+        assert all(r["weights_version"] < 2 for rs in replies.values() for r in rs), replies
     run_job(train_cmd(None, "--resume", str(cut)), tmp_path, timeout=500)
     assert _schedule(cut)[1:] == schedule[1:]
     _assert_same(free, cut)

@@ -118,17 +118,17 @@ def test_the_pause_waits_for_running_replies_and_holds_new_ones_until_released()
     running.join(5.0)
 
 
-def test_a_journal_refuses_two_trajectories_on_one_key_and_keyless_requests_mark_the_rollout_incomplete():
+def test_a_journal_refuses_two_trajectories_on_one_key_and_a_request_without_a_key():
     journal = ReplyJournal()
     first, second = journal.engine(_Clock(0.0), 1), journal.engine(_Clock(0.0), 1)
     first.generate([_request(3)], None)
     with pytest.raises(RuntimeError, match="got turn 0 of trajectory 3 after 1 turns: two trajectories share a key"):
         second.generate([_request(3)], None)
-    assert journal.complete(1)
     from vagent.models.generation import GenerationRequest
 
-    first.generate([GenerationRequest([1], None, None)], None)
-    assert not journal.complete(1)  # a checkpoint then waits for that rollout instead
+    with pytest.raises(ValueError, match="a streaming rollout's request has no trajectory key"):
+        first.generate([GenerationRequest([1], None, None)], None)
+    assert journal.snapshot(1) == {3: [as_record(_Clock(0.0).generate([_request(3)], None)[0])]}
 
 
 def test_a_journaled_reply_round_trips_as_plain_data_and_a_damaged_one_is_named():

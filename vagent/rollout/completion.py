@@ -96,7 +96,6 @@ class CompletionDriver(StreamingDriver):
         if too_stale not in ("drop", "keep"):
             raise ValueError(f"too_stale must be drop or keep, got {too_stale!r}")
         super().__init__(run, policy, **kw)
-        self.journal = None  # a checkpoint drains the groups in flight (module docstring)
         self.too_stale, self.group_size = too_stale, group_size
         first = kw.get("first_step", 0)
         self.n_groups = run.groups(first)
@@ -107,6 +106,7 @@ class CompletionDriver(StreamingDriver):
         self._order: list[int] = []  # finished groups not taken, in completion order
         self._cv = threading.Condition()
         self._started = first - 1  # the last slot whose groups were started
+        self._resumed: list[tuple[int, int]] = []  # half-finished groups a resume starts after its first push
         self._group_pool = ThreadPoolExecutor(max_workers=(self.max_staleness + 2) * self.n_groups,
                                         thread_name_prefix="vagent-group")
 
@@ -117,8 +117,11 @@ class CompletionDriver(StreamingDriver):
         policy = self.policy
         engine = getattr(policy, "engine", None)
         if engine is not None:  # the same policy, its trajectories routed by keys of this group's own
+            inner: Any = _Rekeyed(engine, key * max(1, self.group_size))
+            if self.journal is not None:  # and its replies journaled: a checkpoint keeps it half-finished
+                inner = self.journal.engine(inner, key)
             policy = copy.copy(policy)
-            policy.engine = _Rekeyed(engine, key * max(1, self.group_size))  # type: ignore[attr-defined]
+            policy.engine = inner  # type: ignore[attr-defined]
         if self.gate is not None:
             policy = GatedPolicy(policy, self.gate, key)
         try:
@@ -127,8 +130,9 @@ class CompletionDriver(StreamingDriver):
             if self.gate is not None:
                 self.gate.finished(key)
 
-    def _submit_unit(self, unit: int) -> None:
-        attempt = self._attempt.get(unit, -1) + 1
+    def _submit_unit(self, unit: int, attempt: int | None = None) -> None:
+        """Start group ``unit``: its next attempt, or ``attempt`` (a half-finished one resumed)."""
+        attempt = self._attempt.get(unit, -1) + 1 if attempt is None else attempt
         self._attempt[unit] = attempt
         slot, g = divmod(unit, self.n_groups)
         if self.gate is not None:
@@ -170,12 +174,17 @@ class CompletionDriver(StreamingDriver):
         with self._cv:
             self._order.remove(unit)
             future = self._units.pop(unit)
+        if self.journal is not None:
+            self.journal.forget(unit * MAX_ATTEMPTS + self._attempt[unit])
         return future.result()
 
     def get(self, step: int) -> RolloutResult:
         """Push the weights of ``step`` updates, keep the groups of slots ``step .. step + K`` in
         flight, and return the first ``G`` groups to finish (the recorded ones on a replay)."""
         self._push(step)
+        for unit, attempt in self._resumed:  # on the weights just pushed, as in the uninterrupted run
+            self._submit_unit(unit, attempt)
+        self._resumed = []
         for s in range(step, step + self.max_staleness + 1):
             self._submit(s)
         recorded = self.replay.batches.get(step) if self.replay is not None else None
@@ -233,26 +242,41 @@ class CompletionDriver(StreamingDriver):
 
     # ------------------------------------------------------------------ checkpoints
     def in_flight(self) -> list[InFlight] | None:
-        """Drain the stream (every group in flight finishes; no push meanwhile) and keep the
-        finished groups not yet taken, in completion order, and the last slot started."""
-        for future in list(self._units.values()):
-            future.exception()  # waited for; a failed group fails the take that gets it
+        """What a checkpoint keeps: the finished groups not yet taken, in completion order (with
+        their metrics), the last slot started, and (one process with a journal) each unfinished
+        group's replies so far, taken while generation is paused until the next push; without a
+        journal every group in flight is waited for first (no push meanwhile)."""
+        if self.journal is not None:
+            if self.gate is not None:  # the turns the record samples with the current weights first
+                self.gate.before_push(self._taken + 1)
+            self.journal.pause()
+        if self.journal is None:  # drained: every group in flight finishes and joins the order
+            for future in list(self._units.values()):
+                future.exception()
+            with self._cv:
+                while len(self._order) < len(self._units):
+                    self._cv.wait(timeout=5.0)
         with self._cv:
-            while len(self._order) < len(self._units):
-                self._cv.wait(timeout=5.0)
             order = list(self._order)
+            running = [u for u in self._units if u not in order]
         results = [self._units[u].result() for u in order]
-        if not order:
+        journal = self.journal
+        partial: list[tuple[int, int, dict[int, list[dict[str, Any]]]]] = (
+            [(u, self._attempt[u], journal.snapshot(u * MAX_ATTEMPTS + self._attempt[u])) for u in running]
+            if journal is not None else [])
+        if not order and not partial:
             return None
         episodes = [e for res in results for e in res]
-        versions = _versions(episodes)
+        versions = _versions(episodes) + [int(r["weights_version"]) for _, _, rs in partial for ms in rs.values()
+                                          for r in ms if r.get("weights_version") is not None]
         newest = max(versions, default=None)
         units = [[u, self._attempt[u], len(res)] for u, res in zip(order, results)]
         metrics = [{k: float(v) for k, v in getattr(res, "metrics", {}).items()} for res in results]
         step = self._taken + 1
         return [InFlight(step, min(min(versions, default=step), step), RolloutResult(episodes),
                          dict(self._sync.get(newest, {})) if newest is not None else {},
-                         order={"units": units, "metrics": metrics, "started": self._started})]
+                         order={"units": units, "metrics": metrics, "running": [list(p) for p in partial],
+                                "started": self._started})]
 
     def resume_in_flight(self, saved: InFlight | list[InFlight], step: int) -> None:
         """Take back the finished groups a checkpoint kept (``in_flight()``), in their order."""
@@ -273,6 +297,13 @@ class CompletionDriver(StreamingDriver):
         if at != len(episodes):
             raise ValueError(f"the checkpoint's in-flight groups list {at} episodes and hold {len(episodes)}: its "
                              "inflight.pt is damaged")
+        for unit, attempt, replies in order.get("running") or []:
+            if self.journal is None:
+                raise ValueError("the checkpoint holds half-finished groups, which only a run of one process with an "
+                                 "HFPolicy generator resumes; resume it as it was run (--nproc 1)")
+            self.journal.hold(replies, int(unit) * MAX_ATTEMPTS + int(attempt))
+            self._attempt[int(unit)] = int(attempt)
+            self._resumed.append((int(unit), int(attempt)))
         self._started = int(order["started"])
         self._taken = step - 1
         newest = max(_versions(episodes), default=None)

@@ -19,8 +19,8 @@ next reply is the first one generated.
 - :class:`JournalEngine` is one rollout's engine: the policy's engine behind the journal, serving a
   checkpoint's outputs for the turns it holds and recording the rest.
 
-A request without a trajectory key cannot be journaled; the journal then says so
-(``complete(step)`` False) and the checkpoint waits for that rollout as before.
+Every request must carry its trajectory key (the rollout sets it: ``Conversation.key``); one
+without is an error, not a trajectory a checkpoint would silently lose.
 """
 
 from __future__ import annotations
@@ -65,7 +65,6 @@ class ReplyJournal:
         self._paused = False
         self._running = 0  # generate calls under way
         self._records: dict[int, dict[int, list[dict[str, Any]]]] = {}
-        self._keyless: set[int] = set()  # steps with a request the journal could not key
         self._saved = {s: {int(k): list(v) for k, v in d.items()} for s, d in (saved or {}).items()}
 
     def hold(self, saved: dict[int, list[dict[str, Any]]], step: int) -> None:
@@ -77,7 +76,6 @@ class ReplyJournal:
         """Rollout ``step``'s engine: ``inner`` behind this journal (its records start empty)."""
         with self._cv:
             self._records[step] = {}
-            self._keyless.discard(step)
         return JournalEngine(inner, self, step)
 
     def _served(self, step: int, key: int | None, n: int) -> dict[str, Any] | None:
@@ -95,11 +93,8 @@ class ReplyJournal:
             self._running -= 1
             self._cv.notify_all()
 
-    def _record(self, step: int, key: int | None, n: int, rec: dict[str, Any]) -> None:
+    def _record(self, step: int, key: int, n: int, rec: dict[str, Any]) -> None:
         with self._cv:
-            if key is None:
-                self._keyless.add(step)
-                return
             replies = self._records.setdefault(step, {}).setdefault(key, [])
             if len(replies) != n:
                 raise RuntimeError(f"the reply journal of rollout {step} got turn {n} of trajectory {key} after "
@@ -124,11 +119,6 @@ class ReplyJournal:
     def paused(self) -> bool:
         return self._paused
 
-    def complete(self, step: int) -> bool:
-        """Whether rollout ``step``'s journal holds every reply it got (no request lacked a key)."""
-        with self._cv:
-            return step not in self._keyless
-
     def snapshot(self, step: int) -> dict[int, list[dict[str, Any]]]:
         """Rollout ``step``'s replies so far, ``{trajectory key: [record, ...]}`` (a copy)."""
         with self._cv:
@@ -139,7 +129,6 @@ class ReplyJournal:
         with self._cv:
             self._records.pop(step, None)
             self._saved.pop(step, None)
-            self._keyless.discard(step)
 
 
 class JournalEngine:
@@ -155,6 +144,10 @@ class JournalEngine:
         return getattr(self.inner, name)
 
     def generate(self, requests: Sequence[GenerationRequest], params: SamplingParams) -> list[GenerationOutput]:
+        if any(getattr(req, "key", None) is None for req in requests):
+            raise ValueError("a streaming rollout's request has no trajectory key (GenerationRequest.key): the reply "
+                             "journal keys each trajectory's replies by it, so a checkpoint can keep them. Build the "
+                             "requests from the rollout's conversations (Conversation.key)")
         with self._lock:
             turns = []
             for req in requests:
@@ -184,7 +177,7 @@ class JournalEngine:
 
     def _record_all(self, turns: list[tuple[int | None, int]], outputs: list[GenerationOutput | None]) -> None:
         for (key, n), out in zip(turns, outputs):
-            if out is not None:
+            if out is not None and key is not None:
                 self.journal._record(self.step, key, n, as_record(out))
 
 

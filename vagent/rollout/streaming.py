@@ -225,7 +225,7 @@ class StreamingDriver(RolloutDriver):
                 self.gate.before_push(self._taken + 1)
             self.journal.pause()
         for s, future in list(self._rollouts.items()):
-            if self.journal is not None and not future.done() and self.journal.complete(s):
+            if self.journal is not None and not future.done():
                 continue  # kept half-finished below
             episodes = future.result()
             del self._rollouts[s]
