@@ -23,9 +23,12 @@ env group (``group_size`` trajectories of one env seed: GRPO's and GiGPO's unit)
   dropped with their turns' versions (``"dropped"``); ``rollout.replay_schedule`` holds each group's
   turns to their recorded versions, drops the recorded groups, and takes the recorded groups in the
   recorded order, so a replay gives the same batches;
-- a checkpoint drains the stream (every group in flight finishes, no push meanwhile) and keeps the
-  finished groups not yet taken, in completion order, with their metrics and the last slot started
-  (one ``InFlight`` with ``order``), so ``--resume`` takes the same groups in the same order.
+- a checkpoint keeps the finished groups not yet taken, in completion order, with their metrics,
+  the last slot started, and each unfinished group's replies so far (the reply journal,
+  :mod:`vagent.rollout.journal`, keyed by group attempt; generation paused until the next push),
+  in one ``InFlight`` with ``order``, so ``--resume`` takes the same groups in the same order and
+  plays the unfinished ones on from their replies (after its first push). Without a journal (a
+  policy other than an HFPolicy) it drains: every group in flight finishes first.
 
 One training process only (a job's ranks would have to agree which groups finished first:
 refused in one line, :func:`vagent.rollout.driver.check_rollout_setup`).

@@ -135,8 +135,8 @@ class InFlight:
     replies: dict[int, list[dict]] | None = None
     #: a completion-order stream's (``rollout.batch_order: completion``): its finished groups not yet
     #: taken, whose episodes ``episodes`` holds in that order: ``{"units": [[unit, attempt,
-    #: episodes], ...], "metrics": [each group's rollout metrics], "started": the last step whose
-    #: groups were started}``
+    #: episodes], ...], "metrics": [each group's rollout metrics], "running": [[unit, attempt,
+    #: its replies so far], ...], "started": the last step whose groups were started}``
     order: dict | None = None
 
     def __getstate__(self) -> dict:
