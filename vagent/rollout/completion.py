@@ -36,7 +36,6 @@ refused in one line, :func:`vagent.rollout.driver.check_rollout_setup`).
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import functools
 import threading
@@ -47,7 +46,8 @@ from vagent.rollout.driver import InFlight
 from vagent.rollout.finish import RolloutResult
 from vagent.rollout.policy import Policy
 from vagent.rollout.records import Episode
-from vagent.rollout.schedule import GatedPolicy, RecordedSchedule, ScheduleError, VersionGate
+from vagent.rollout.journal import on_engine, reply_versions
+from vagent.rollout.schedule import GatedPolicy, RecordedSchedule, ScheduleError, VersionGate, turn_versions
 from vagent.rollout.streaming import StreamingDriver
 
 #: attempts of one group (a group dropped as too stale is played again): the gate's key per attempt
@@ -114,17 +114,19 @@ class CompletionDriver(StreamingDriver):
                                         thread_name_prefix="vagent-group")
 
     # ------------------------------------------------------------------ the stream
+    def _key(self, unit: int, attempt: int | None = None) -> int:
+        """A group attempt's key (the gate's and the journal's): its current attempt by default."""
+        return unit * MAX_ATTEMPTS + (self._attempt[unit] if attempt is None else attempt)
+
     def _play(self, slot: int, g: int, attempt: int) -> RolloutResult:
-        unit = slot * self.n_groups + g
-        key = unit * MAX_ATTEMPTS + attempt
+        key = self._key(slot * self.n_groups + g, attempt)
         policy = self.policy
         engine = getattr(policy, "engine", None)
         if engine is not None:  # the same policy, its trajectories routed by keys of this group's own
             inner: Any = _Rekeyed(engine, key * max(1, self.group_size))
             if self.journal is not None:  # and its replies journaled: a checkpoint keeps it half-finished
                 inner = self.journal.engine(inner, key)
-            policy = copy.copy(policy)
-            policy.engine = inner  # type: ignore[attr-defined]
+            policy = on_engine(policy, inner)
         if self.gate is not None:
             policy = GatedPolicy(policy, self.gate, key)
         try:
@@ -139,7 +141,7 @@ class CompletionDriver(StreamingDriver):
         self._attempt[unit] = attempt
         slot, g = divmod(unit, self.n_groups)
         if self.gate is not None:
-            self.gate.started(unit * MAX_ATTEMPTS + attempt)
+            self.gate.started(self._key(unit, attempt))
         future = self._group_pool.submit(self._play, slot, g, attempt)
         self._units[unit] = future
         future.add_done_callback(functools.partial(self._finished, unit))
@@ -178,7 +180,7 @@ class CompletionDriver(StreamingDriver):
             self._order.remove(unit)
             future = self._units.pop(unit)
         if self.journal is not None:
-            self.journal.forget(unit * MAX_ATTEMPTS + self._attempt[unit])
+            self.journal.forget(self._key(unit))
         return future.result()
 
     def get(self, step: int) -> RolloutResult:
@@ -198,7 +200,7 @@ class CompletionDriver(StreamingDriver):
                     raise ScheduleError(f"replaying {self.replay.path}: step {step} dropped attempt {attempt} of group "  # type: ignore[union-attr]
                                         f"{unit}, and this run is at attempt {self._attempt.get(unit)}")
                 res = self._pop(self._wait_for(unit))
-                dropped.append([unit, attempt, self._member_versions(res)])
+                dropped.append([unit, attempt, turn_versions(res)])
                 self._submit_unit(unit)
         taken: list[tuple[int, int, RolloutResult]] = []
         while len(taken) < self.n_groups:
@@ -212,7 +214,7 @@ class CompletionDriver(StreamingDriver):
             res = self._pop(unit)
             oldest = min(_versions(res), default=step)
             if recorded is None and self.too_stale == "drop" and step - oldest > self.max_staleness:
-                dropped.append([unit, attempt, self._member_versions(res)])
+                dropped.append([unit, attempt, turn_versions(res)])
                 self._submit_unit(unit)  # played again on the newest weights
                 continue
             taken.append((unit, attempt, res))
@@ -224,9 +226,6 @@ class CompletionDriver(StreamingDriver):
         self._take(episodes, step, bounded=self.too_stale == "drop", record=record)
         episodes.metrics["rollout/in_flight"] = float(len(self._units))
         return episodes
-
-    def _member_versions(self, res: Sequence[Episode]) -> dict[int, list[int]]:
-        return {e.traj_id: [t.weights_version if t.weights_version is not None else -1 for t in e.turns] for e in res}
 
     def _batch(self, taken: list[tuple[int, int, RolloutResult]], step: int) -> RolloutResult:
         """The taken groups as one rollout: numbered in the order taken, metrics merged."""
@@ -253,7 +252,7 @@ class CompletionDriver(StreamingDriver):
             if self.gate is not None:  # the turns the record samples with the current weights first
                 self.gate.before_push(self._taken + 1)
             self.journal.pause()
-        if self.journal is None:  # drained: every group in flight finishes and joins the order
+        else:  # drained: every group in flight finishes and joins the order
             for future in list(self._units.values()):
                 future.exception()
             with self._cv:
@@ -265,13 +264,12 @@ class CompletionDriver(StreamingDriver):
         results = [self._units[u].result() for u in order]
         journal = self.journal
         partial: list[tuple[int, int, dict[int, list[dict[str, Any]]]]] = (
-            [(u, self._attempt[u], journal.snapshot(u * MAX_ATTEMPTS + self._attempt[u])) for u in running]
+            [(u, self._attempt[u], journal.snapshot(self._key(u))) for u in running]
             if journal is not None else [])
         if not order and not partial:
             return None
         episodes = [e for res in results for e in res]
-        versions = _versions(episodes) + [int(r["weights_version"]) for _, _, rs in partial for ms in rs.values()
-                                          for r in ms if r.get("weights_version") is not None]
+        versions = _versions(episodes) + [v for _, _, rs in partial for v in reply_versions(rs)]
         newest = max(versions, default=None)
         units = [[u, self._attempt[u], len(res)] for u, res in zip(order, results)]
         metrics = [{k: float(v) for k, v in getattr(res, "metrics", {}).items()} for res in results]
@@ -304,7 +302,7 @@ class CompletionDriver(StreamingDriver):
             if self.journal is None:
                 raise ValueError("the checkpoint holds half-finished groups, which only a run of one process with an "
                                  "HFPolicy generator resumes; resume it as it was run (--nproc 1)")
-            self.journal.hold(replies, int(unit) * MAX_ATTEMPTS + int(attempt))
+            self.journal.hold(replies, self._key(int(unit), int(attempt)))
             self._attempt[int(unit)] = int(attempt)
             self._resumed.append((int(unit), int(attempt)))
         self._started = int(order["started"])

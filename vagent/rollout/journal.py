@@ -56,6 +56,19 @@ def from_record(rec: dict[str, Any]) -> GenerationOutput:
                             rec.get("weights_version"), rec.get("token_versions"))
 
 
+def reply_versions(replies: dict[int, list[dict[str, Any]]]) -> list[int]:
+    """The weights versions of a journal's records (``{key: [record, ...]}``) that carry one."""
+    return [int(r["weights_version"]) for rs in replies.values() for r in rs if r.get("weights_version") is not None]
+
+
+def on_engine(policy: Any, engine: Any) -> Any:
+    """A shallow copy of ``policy`` (an HFPolicy: it shares the encoder and its lock) generating on
+    ``engine``: one rollout's policy on that rollout's journaled (or re-keyed) engine."""
+    out = copy.copy(policy)
+    out.engine = engine
+    return out
+
+
 class ReplyJournal:
     """Every generated output of the rollouts in flight, and the pause a checkpoint takes (see
     the module docstring). ``saved``: a checkpoint's journals to serve, ``{step: {key: [record]}}``."""
@@ -181,4 +194,4 @@ class JournalEngine:
                 self.journal._record(self.step, key, n, as_record(out))
 
 
-__all__ = ["FIELDS", "JournalEngine", "ReplyJournal", "as_record", "from_record"]
+__all__ = ["FIELDS", "JournalEngine", "ReplyJournal", "as_record", "from_record", "on_engine", "reply_versions"]

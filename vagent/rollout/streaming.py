@@ -41,14 +41,13 @@ replay a schedule (its gate would have to know which rank plays which trajectory
 
 from __future__ import annotations
 
-import copy
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Sequence
 
 from vagent.rollout.driver import InFlight, RolloutDriver
 from vagent.rollout.finish import RolloutResult
-from vagent.rollout.journal import ReplyJournal
+from vagent.rollout.journal import ReplyJournal, on_engine, reply_versions
 from vagent.rollout.policy import Policy
 from vagent.rollout.records import Episode
 from vagent.rollout.schedule import (
@@ -132,8 +131,7 @@ class StreamingDriver(RolloutDriver):
 
         policy = self.policy
         if self.journal is not None:  # the same policy on this rollout's journaled engine
-            policy = copy.copy(policy)
-            policy.engine = self.journal.engine(self.policy.engine, step)  # type: ignore[attr-defined]
+            policy = on_engine(policy, self.journal.engine(getattr(policy, "engine"), step))
         if self.gate is not None:
             policy = GatedPolicy(policy, self.gate, step)
         try:
@@ -235,7 +233,7 @@ class StreamingDriver(RolloutDriver):
         partial = []
         for s in self._rollouts:
             replies = self.journal.snapshot(s) if self.journal is not None else {}
-            versions = [r["weights_version"] for rs in replies.values() for r in rs if r.get("weights_version") is not None]
+            versions = reply_versions(replies)
             newest = max(versions, default=None)
             partial.append(InFlight(s, min(min(versions, default=s), s), RolloutResult([]),
                                     dict(self._sync.get(newest, {})) if newest is not None else {}, replies=replies))
@@ -261,8 +259,7 @@ class StreamingDriver(RolloutDriver):
                                      "run of one process with an HFPolicy generator resumes; resume it as it was "
                                      "run (--nproc 1)")
                 self.journal.hold(replies, rec.step)
-                newest = max((r["weights_version"] for rs in replies.values() for r in rs
-                              if r.get("weights_version") is not None), default=None)
+                newest = max(reply_versions(replies), default=None)
             else:
                 self._done[rec.step] = rec
                 newest = max((t.weights_version for e in rec.episodes for t in e.turns
