@@ -121,27 +121,33 @@ def test_a_streaming_run_records_its_schedule_and_replays_and_resumes_exactly(tm
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_a_job_of_two_ranks_streams_on_shared_replicas_and_resumes_from_its_drained_checkpoint(
+@pytest.mark.timeout(1200)
+def test_a_job_of_two_ranks_streams_on_shared_replicas_and_resumes_as_its_uninterrupted_replay(
         tmp_path: Path, tiny_vlm_dir: Path, monkeypatch):
     """``--nproc 2`` with K = 2: each rank plays its share of every rollout in flight and the K + 1
     rollouts gather on groups of their own beside the trainer's collectives (a shared group would
     interleave them and hang or mix batches). SIGKILLed after checkpoint 2, the job resumes on the
-    rollouts that checkpoint drained, and rank 0 alone records the schedule, one line per step."""
+    rollouts that checkpoint drained and streams step 4's anew; rank 0 alone records the schedule,
+    one line per step. An uninterrupted job of 2 ranks replaying that schedule (each rank's turns
+    held to the versions the record gives its share of the trajectories) then trains on the same
+    episodes to the same metrics and weights: the killed and resumed job equals an uninterrupted one."""
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    job = [*STREAM, "steps=4", "envs.0.n_train=4"]
+    job = [*STREAM, "steps=5", "envs.0.n_train=4"]
     cut = killed_after_checkpoint(tmp_path, tiny_vlm_dir, 2, "job", *job, timeout=500)
     before = _schedule(cut)
     run_job(train_cmd(2, "--resume", str(cut)), tmp_path, timeout=500)
     rl = [r for r in metrics(cut) if r.get("phase") == "rl" and "rollout/staleness_max" in r]
-    assert [r["step"] for r in rl][-2:] == [3, 4] and sorted({r["step"] for r in rl}) == [1, 2, 3, 4], rl
+    assert [r["step"] for r in rl][-3:] == [3, 4, 5] and sorted({r["step"] for r in rl}) == [1, 2, 3, 4, 5], rl
     for r in rl:
         assert r["rollout/episodes"] == 4 and r["rollout/errors"] == 0, r  # both ranks' shares, gathered
         assert 0 <= r["rollout/staleness_min"] <= r["rollout/staleness_max"] <= K, r
     schedule = _schedule(cut)
-    assert schedule[0]["max_staleness"] == K and [s["step"] for s in schedule[1:]] == [0, 1, 2, 3], schedule
+    assert schedule[0]["max_staleness"] == K and [s["step"] for s in schedule[1:]] == [0, 1, 2, 3, 4], schedule
     assert schedule[1:3] == before[1:3], "the resume rewrote the steps taken before the checkpoint"
     assert max(r["rollout/staleness_max"] for r in rl) >= 1, "the stream never ran ahead of the trainer"
+    replay = train(tmp_path, tiny_vlm_dir, 2, "job-replay", *job, f"rollout.replay_schedule={cut}", timeout=500)
+    assert _schedule(replay)[1:] == schedule[1:]
+    _assert_same(cut, replay)
 
 
 @pytest.mark.slow

@@ -106,14 +106,10 @@ def test_a_schedule_of_another_max_staleness_is_refused(tmp_path):
                           "has 1: set it to 2"), msg
 
 
-def test_a_replay_in_a_job_of_several_ranks_is_refused_and_free_streaming_is_not():
-    with pytest.raises(ConfigError) as info:
-        check_rollout_setup(RolloutConfig(replicas=2, max_staleness=1, replay_schedule="runs/a"), distributed=True)
-    msg = str(info.value)
-    assert "\n" not in msg and msg.startswith("rollout.replay_schedule runs/a replays a schedule in one process"), msg
-    assert "Replay with --nproc 1" in msg and "drop rollout.replay_schedule to stream freely" in msg
+def test_a_job_of_several_ranks_streams_and_replays():
     pytest.importorskip("ray", reason="replicas need Ray")
     check_rollout_setup(RolloutConfig(replicas=2, max_staleness=1), distributed=True)  # streams on N ranks
+    check_rollout_setup(RolloutConfig(replicas=2, max_staleness=1, replay_schedule="runs/a"), distributed=True)
     check_rollout_setup(RolloutConfig(replicas=2, overlap=1), distributed=True)
     check_rollout_setup(RolloutConfig(replicas=2, max_staleness=1), distributed=False)
 

@@ -232,6 +232,24 @@ def test_the_gated_policy_counts_turns_per_conversation():
     assert policy._turns == {7: 2, 8: 2}
 
 
+def test_a_rank_of_a_job_owes_only_its_own_trajectories_turns_and_gates_them_by_their_run_wide_ids():
+    """Rank 1 of a job plays trajectories 2-3 of the record as its own 0-1 (``offset`` 2): a push
+    waits for its turns only (rank 0's trajectory 0 is not sampled here), and its trajectory 1
+    (the record's 3) waits for the version recorded for 3."""
+    gate = _gate({0: {0: [0, 0], 2: [0], 3: [0, 1]}})
+    gate.started(0, range(2, 4))
+    assert sorted(gate._pending) == [(0, 2, 0), (0, 3, 0), (0, 3, 1)]
+    policy = GatedPolicy(ScriptedPolicy(lambda c: f"key {c.key}"), gate, 0, offset=2)
+    sampling = SamplingConfig()
+    policy.act([Conversation(key=0), Conversation(key=1)], sampling)  # the record's 2 and 3, turn 0: weights 0
+    gate.before_push(1)  # no turn of this rank is owed to weights 0 (rank 0's trajectory 0 is not its own)
+    t, out = _start(policy.act, [Conversation(key=1)], sampling)  # the record's 3, turn 1: weights 1
+    assert _held(t), "trajectory 1 of rank 1 ran on weights 0, which the record gives its trajectory 1 (rank 0's)"
+    gate.pushed(1)
+    assert _went(t, out)
+    assert policy._turns == {2: 1, 3: 2}
+
+
 # --- streaming: staleness and resumed in-flight rollouts ---------------------------------------
 
 

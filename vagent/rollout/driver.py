@@ -86,11 +86,6 @@ def check_rollout_setup(settings: RolloutConfig, distributed: bool) -> None:
 
     from vagent.config import ConfigError
 
-    if distributed and settings.replay_schedule:
-        raise ConfigError(f"rollout.replay_schedule {settings.replay_schedule} replays a schedule in one process: a "
-                          "job's ranks each play a share of the trajectories, which the replay's turn gate does not "
-                          "follow. Replay with --nproc 1 (its replicas still spread over hosts), or drop "
-                          "rollout.replay_schedule to stream freely.")
     if distributed and settings.batch_order == "completion":
         raise ConfigError("rollout.batch_order completion forms each batch from the first groups to finish, in one "
                           "training process: a job's ranks each play a share of every rollout and would have to agree "

@@ -273,6 +273,15 @@ class TrainRollout:
         """How many env groups the rollout of ``step`` holds (its env seeds)."""
         return len(train_env_specs(self.cfg, step))
 
+    def share(self, step: int) -> range:
+        """The trajectory ids (as one process numbers them) that this rank plays in the rollout of
+        ``step``: every one in one process, a contiguous block of whole groups in a job."""
+        from vagent.distributed import world  # torch, as below
+
+        job, size = world(), self.cfg.rollout.group_size
+        lo, hi = spec_blocks(self.groups(step), job.size)[job.rank] if job.distributed else (0, self.groups(step))
+        return range(lo * size, hi * size)
+
     def __call__(self, policy: Policy, step: int, unshard: bool, group: int | None = None) -> RolloutResult:
         """The rollout of ``step`` (``group``: only its env group ``group``, on sampling seeds of its
         own, as group 0 of a one-group rollout: ``rollout.batch_order: completion``)."""

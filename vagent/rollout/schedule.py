@@ -29,7 +29,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Container, Mapping, Sequence
 
 from vagent.rollout.policy import Conversation, Policy, Reply, SamplingConfig
 from vagent.rollout.records import Episode
@@ -177,10 +177,13 @@ class VersionGate:
         self._version = version
         self._pending: dict[tuple[int, int, int], int] = {}  # (step, traj, turn) -> recorded version
 
-    def started(self, step: int) -> None:
-        """Rollout ``step`` started: its recorded turns are now owed before a newer push."""
+    def started(self, step: int, trajs: Container[int] | None = None) -> None:
+        """Rollout ``step`` started: its recorded turns are now owed before a newer push (only
+        those of ``trajs``: the trajectories this rank of a job plays; None: every one)."""
         with self._cv:
             for traj, versions in self.recorded.steps.get(step, {}).items():
+                if trajs is not None and traj not in trajs:
+                    continue
                 for turn, v in enumerate(versions):
                     self._pending[(step, traj, turn)] = v
 
@@ -229,10 +232,11 @@ class VersionGate:
 class GatedPolicy:
     """The generator's policy for one rollout of a replayed schedule: each conversation's turn
     waits for its recorded version (``VersionGate``); turns are counted per trajectory (the
-    conversation's ``key``)."""
+    conversation's ``key`` plus ``offset``: a job's rank numbers its own trajectories from 0, and
+    the record numbers them as one process does, from its first spec's)."""
 
-    def __init__(self, inner: Policy, gate: VersionGate, step: int):
-        self.inner, self.gate, self.step = inner, gate, step
+    def __init__(self, inner: Policy, gate: VersionGate, step: int, offset: int = 0):
+        self.inner, self.gate, self.step, self.offset = inner, gate, step, offset
         self._turns: dict[int, int] = {}
         self._lock = threading.Lock()
 
@@ -243,7 +247,7 @@ class GatedPolicy:
         with self._lock:
             turns = []
             for c in conversations:
-                key = int(c.key if c.key is not None else -1)
+                key = int(c.key) + self.offset if c.key is not None else -1
                 turns.append((key, self._turns.get(key, 0)))
                 self._turns[key] = turns[-1][1] + 1
         for key, turn in turns:

@@ -95,6 +95,13 @@ def _journalable(policy: Policy) -> bool:
     return isinstance(policy, HFPolicy)
 
 
+def _share(run: object, step: int) -> range:
+    """The trajectory ids this rank plays in the rollout of ``step`` (``TrainRollout.share``); a
+    plain callable standing in for the run's rollout plays them all."""
+    share = getattr(run, "share", None)
+    return share(step) if share is not None else range(1 << 62)
+
+
 class StreamingDriver(RolloutDriver):
     """Step ``k``'s episodes from a stream of rollouts (see the module docstring).
 
@@ -132,8 +139,8 @@ class StreamingDriver(RolloutDriver):
         policy = self.policy
         if self.journal is not None:  # the same policy on this rollout's journaled engine
             policy = on_engine(policy, self.journal.engine(getattr(policy, "engine"), step))
-        if self.gate is not None:
-            policy = GatedPolicy(policy, self.gate, step)
+        if self.gate is not None:  # a job's rank numbers its trajectories from 0, the record from its share's first
+            policy = GatedPolicy(policy, self.gate, step, offset=_share(self.run, step).start)
         try:
             with on_group(self._groups[step % len(self._groups)]):
                 return self.run(policy, step, False)
@@ -144,8 +151,8 @@ class StreamingDriver(RolloutDriver):
     def _submit(self, step: int) -> None:
         if step in self._rollouts or step in self._done or step >= self.steps:
             return
-        if self.gate is not None:
-            self.gate.started(step)
+        if self.gate is not None:  # this rank's trajectories' recorded turns are owed before a newer push
+            self.gate.started(step, _share(self.run, step))
         self._rollouts[step] = self._stream.submit(self._rollout, step)
 
     def _push_now(self, version: int) -> None:
