@@ -153,7 +153,7 @@ def test_an_interrupt_the_replicas_do_not_report_stops_the_run_and_one_they_do_i
             interrupt_report(bad)
 
 
-def test_completion_order_needs_a_stream_and_one_process_and_too_stale_needs_completion_order():
+def test_completion_order_needs_a_stream_and_too_stale_needs_completion_order():
     msg = _refused(["rollout.batch_order=completion"])
     assert msg.startswith("rollout.batch_order completion forms batches from the groups of every rollout in flight"), msg
     assert "set rollout.max_staleness >= 1" in msg and "got max_staleness 0" in msg
@@ -162,8 +162,5 @@ def test_completion_order_needs_a_stream_and_one_process_and_too_stale_needs_com
     assert "set rollout.batch_order completion" in msg
     assert load_config(None, [*STREAM, "rollout.batch_order=completion", "rollout.too_stale=keep"]).rollout.too_stale \
         == "keep"
-    with pytest.raises(ConfigError) as info:
-        check_rollout_setup(RolloutConfig(replicas=2, max_staleness=1, batch_order="completion"), distributed=True)
-    msg = str(info.value)
-    assert "\n" not in msg and msg.startswith("rollout.batch_order completion forms each batch from the first groups"), msg
-    assert "--nproc 1" in msg and "rollout.batch_order step" in msg
+    pytest.importorskip("ray", reason="replicas need Ray")
+    check_rollout_setup(RolloutConfig(replicas=2, max_staleness=1, batch_order="completion"), distributed=True)

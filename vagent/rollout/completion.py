@@ -30,8 +30,13 @@ env group (``group_size`` trajectories of one env seed: GRPO's and GiGPO's unit)
   plays the unfinished ones on from their replies (after its first push). Without a journal (a
   policy other than an HFPolicy) it drains: every group in flight finishes first.
 
-One training process only (a job's ranks would have to agree which groups finished first:
-refused in one line, :func:`vagent.rollout.driver.check_rollout_setup`).
+In a job of several ranks each rank plays the groups of its block of env seeds (the block it plays
+in step order, ``spec_blocks``) in every slot, on its own, and forms its share of the batch from the
+first of its own groups to finish (as many as its block holds); the shares are gathered in rank
+order, so the batch's positions follow the blocks. A rank decides its drops on its own; the record
+lists every rank's groups, and a replay holds each rank to the groups the record gives its block.
+A job's checkpoint drains (every group in flight finishes first) and keeps every rank's finished
+groups, gathered; on resume each rank takes back those of its block.
 """
 
 from __future__ import annotations
@@ -102,6 +107,11 @@ class CompletionDriver(StreamingDriver):
         self.too_stale, self.group_size = too_stale, group_size
         first = kw.get("first_step", 0)
         self.n_groups = run.groups(first)
+        from vagent.distributed import world
+        from vagent.rollout.loop import spec_blocks
+
+        job = world()  # this rank's env groups (every one in one process)
+        self.own = range(*spec_blocks(self.n_groups, job.size)[job.rank])
         if self.replay is not None:
             self.gate = VersionGate(unit_gate_schedule(self.replay, group_size), first, kw.get("deadline_s", 1800.0))
         self._units: dict[int, Future[RolloutResult]] = {}  # groups in flight or finished, not taken
@@ -110,7 +120,7 @@ class CompletionDriver(StreamingDriver):
         self._cv = threading.Condition()
         self._started = first - 1  # the last slot whose groups were started
         self._resumed: list[tuple[int, int]] = []  # half-finished groups a resume starts after its first push
-        self._group_pool = ThreadPoolExecutor(max_workers=(self.max_staleness + 2) * self.n_groups,
+        self._group_pool = ThreadPoolExecutor(max_workers=(self.max_staleness + 2) * max(1, len(self.own)),
                                         thread_name_prefix="vagent-group")
 
     # ------------------------------------------------------------------ the stream
@@ -159,7 +169,7 @@ class CompletionDriver(StreamingDriver):
             raise RuntimeError(f"the rollout of step {step} has {self.run.groups(step)} env groups and the first had "
                                f"{self.n_groups}: rollout.batch_order completion needs as many every step")
         self._started = step
-        for g in range(self.n_groups):
+        for g in self.own:
             self._submit_unit(step * self.n_groups + g)
 
     def _wait_for(self, unit: int | None) -> int:
@@ -193,6 +203,10 @@ class CompletionDriver(StreamingDriver):
         for s in range(step, step + self.max_staleness + 1):
             self._submit(s)
         recorded = self.replay.batches.get(step) if self.replay is not None else None
+        mine = self.own
+        if recorded is not None:  # this rank's share of the record: its block's positions and groups
+            recorded = {"units": recorded["units"][mine.start:mine.stop],
+                        "dropped": [d for d in recorded["dropped"] if d[0] % self.n_groups in mine]}
         dropped: list[list[Any]] = []
         if recorded is not None:  # the record's drops first (their new attempts may be in this batch)
             for unit, attempt, _ in recorded["dropped"]:
@@ -203,7 +217,7 @@ class CompletionDriver(StreamingDriver):
                 dropped.append([unit, attempt, turn_versions(res)])
                 self._submit_unit(unit)
         taken: list[tuple[int, int, RolloutResult]] = []
-        while len(taken) < self.n_groups:
+        while len(taken) < len(mine):
             want = recorded["units"][len(taken)][0] if recorded is not None else None
             unit = self._wait_for(want)
             attempt = self._attempt[unit]
@@ -218,6 +232,7 @@ class CompletionDriver(StreamingDriver):
                 self._submit_unit(unit)  # played again on the newest weights
                 continue
             taken.append((unit, attempt, res))
+        taken, dropped = self._gather(taken, dropped)
         episodes = self._batch(taken, step)
         episodes.metrics["rollout/dropped"] = float(len(dropped))
         record = {"units": [[u, a] for u, a, _ in taken], "dropped": [[u, a, {str(m): v for m, v in d.items()}]
@@ -226,6 +241,18 @@ class CompletionDriver(StreamingDriver):
         self._take(episodes, step, bounded=self.too_stale == "drop", record=record)
         episodes.metrics["rollout/in_flight"] = float(len(self._units))
         return episodes
+
+    @staticmethod
+    def _gather(taken: list[tuple[int, int, RolloutResult]], dropped: list[list[Any]]
+                ) -> tuple[list[tuple[int, int, RolloutResult]], list[list[Any]]]:
+        """Every rank's share of the batch (its groups taken and dropped), in rank order: the
+        batch's positions follow the ranks' blocks (one process: its own)."""
+        from vagent.distributed import gather_objects
+
+        mine = ([(u, a, list(res), dict(getattr(res, "metrics", {}))) for u, a, res in taken], dropped)
+        parts = gather_objects(mine, "completion-order batch")
+        return ([(u, a, RolloutResult(eps, m)) for part, _ in parts for u, a, eps, m in part],
+                [d for _, ds in parts for d in ds])
 
     def _batch(self, taken: list[tuple[int, int, RolloutResult]], step: int) -> RolloutResult:
         """The taken groups as one rollout: numbered in the order taken, metrics merged."""
@@ -266,13 +293,19 @@ class CompletionDriver(StreamingDriver):
         partial: list[tuple[int, int, dict[int, list[dict[str, Any]]]]] = (
             [(u, self._attempt[u], journal.snapshot(self._key(u))) for u in running]
             if journal is not None else [])
-        if not order and not partial:
+        from vagent.distributed import gather_objects
+
+        # a job's ranks each hold their own groups: every rank's, gathered (a job drains: no partial)
+        parts = gather_objects(([[u, self._attempt[u], len(res)] for u, res in zip(order, results)],
+                                [{k: float(v) for k, v in getattr(res, "metrics", {}).items()} for res in results],
+                                [e for res in results for e in res]), "completion-order groups in flight")
+        units = [u for us, _, _ in parts for u in us]
+        metrics = [m for _, ms, _ in parts for m in ms]
+        episodes = [e for _, _, es in parts for e in es]
+        if not units and not partial:
             return None
-        episodes = [e for res in results for e in res]
         versions = _versions(episodes) + [v for _, _, rs in partial for v in reply_versions(rs)]
         newest = max(versions, default=None)
-        units = [[u, self._attempt[u], len(res)] for u, res in zip(order, results)]
-        metrics = [{k: float(v) for k, v in getattr(res, "metrics", {}).items()} for res in results]
         step = self._taken + 1
         return [InFlight(step, min(min(versions, default=step), step), RolloutResult(episodes),
                          dict(self._sync.get(newest, {})) if newest is not None else {},
@@ -280,7 +313,8 @@ class CompletionDriver(StreamingDriver):
                                 "started": self._started})]
 
     def resume_in_flight(self, saved: InFlight | list[InFlight], step: int) -> None:
-        """Take back the finished groups a checkpoint kept (``in_flight()``), in their order."""
+        """Take back the finished groups a checkpoint kept (``in_flight()``), in their order (a job's
+        rank: those of its block)."""
         records = saved if isinstance(saved, list) else [saved]
         rec = records[0] if len(records) == 1 else None
         order = getattr(rec, "order", None)
@@ -293,6 +327,8 @@ class CompletionDriver(StreamingDriver):
             done: Future[RolloutResult] = Future()
             done.set_result(RolloutResult(episodes[at:at + n], dict(m)))
             at += n
+            if int(unit) % self.n_groups not in self.own:
+                continue  # another rank's group
             self._units[int(unit)], self._attempt[int(unit)] = done, int(attempt)
             self._order.append(int(unit))
         if at != len(episodes):

@@ -86,11 +86,6 @@ def check_rollout_setup(settings: RolloutConfig, distributed: bool) -> None:
 
     from vagent.config import ConfigError
 
-    if distributed and settings.batch_order == "completion":
-        raise ConfigError("rollout.batch_order completion forms each batch from the first groups to finish, in one "
-                          "training process: a job's ranks each play a share of every rollout and would have to agree "
-                          "on which groups finished first. Run it with --nproc 1 (its replicas still spread over "
-                          "hosts), or set rollout.batch_order step.")
     if distributed and settings.engine == "vllm" and settings.replicas == 0:
         raise ConfigError("rollout.engine vllm in a job of several ranks runs as Ray actor replicas that every rank "
                           "shares (rank 0 pushes the gathered weights): set rollout.replicas N >= 1, or run one "

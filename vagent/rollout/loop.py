@@ -193,15 +193,16 @@ Judge = Callable[[list[Episode]], Mapping[str, float]]
 
 
 def rollout_on_ranks(specs: Sequence[EnvSpec], policy: Policy, sampling: SamplingConfig, *, group_size: int = 1,
-                     judge: Judge | None = None, **kw: Any) -> RolloutResult:
+                     judge: Judge | None = None, local: bool = False, **kw: Any) -> RolloutResult:
     """:func:`rollout` of ``specs``, shared between the ranks of a job (see *Ranks* in the
     module docstring), then the reasoning-reward stage: ``judge`` (a ``ReasoningReward``, or None)
-    scores each rank's own episodes (``judge_episodes``) before they are gathered. One process:
+    scores each rank's own episodes (``judge_episodes``) before they are gathered. One process, or
+    ``local`` (this rank plays every spec and gathers nothing: a completion-order group):
     ``judge_episodes(rollout(specs, ...), judge)``."""
     from vagent.distributed import gather_objects, world  # heavy (torch): API-only evaluation imports this module
 
     job = world()
-    if not job.distributed:
+    if local or not job.distributed:
         return judge_episodes(rollout(specs, policy, sampling, group_size=group_size, **kw), judge)
     lo, hi = spec_blocks(len(specs), job.size)[job.rank]
     mine = RolloutResult([], {})
@@ -284,7 +285,8 @@ class TrainRollout:
 
     def __call__(self, policy: Policy, step: int, unshard: bool, group: int | None = None) -> RolloutResult:
         """The rollout of ``step`` (``group``: only its env group ``group``, on sampling seeds of its
-        own, as group 0 of a one-group rollout: ``rollout.batch_order: completion``)."""
+        own, as group 0 of a one-group rollout played by this rank alone: ``rollout.batch_order:
+        completion``, whose job ranks each play groups of their own)."""
         from vagent.distributed import generation_mode  # torch: `import vagent.rollout` stays light
 
         cfg, updates_done = self.cfg, step  # the driver's `step`: the updates done
@@ -296,7 +298,7 @@ class TrainRollout:
             with generation_mode(self.model) if unshard else contextlib.nullcontext():
                 return rollout_on_ranks(specs, policy, sampling, group_size=cfg.rollout.group_size, max_turns=cfg.rollout.max_turns,
                                         mode=cfg.rollout.mode, window=cfg.rollout.window, judge=self.judge,
-                                        schedule=cfg.rollout.schedule)
+                                        schedule=cfg.rollout.schedule, local=group is not None)
         except RuntimeError as exc:
             from vagent.runs.errors import NonFiniteError, check_module_finite  # torch, as above
 
