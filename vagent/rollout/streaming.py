@@ -35,8 +35,10 @@ K = 1 is overlap 1's schedule with pushes that land mid-rollout. Needs engine re
 (``rollout.replicas >= 1``). In a job of several ranks each rank plays its share of every rollout
 on the shared replicas, and the K + 1 rollouts in flight gather their episodes on K + 1 process
 groups of their own (step ``s`` on group ``s mod (K + 1)``: a group holds one rollout at a time),
-beside the trainer's collectives on the default group; rank 0 records the schedule. A job does not
-replay a schedule (its gate would have to know which rank plays which trajectory).
+beside the trainer's collectives on the default group; rank 0 records the schedule. A job replays
+one as a process does: each rank's gate owes and holds the turns of the trajectories it plays
+(``TrainRollout.share``: their ids in the record, where the rank numbers them from 0), and the
+push, a collective, starts only when every rank's gate let it.
 """
 
 from __future__ import annotations

@@ -184,7 +184,7 @@ class RolloutConfig:
     interrupt: bool = False
     #: streaming: how a batch is formed. step = the rollout of step s (its env seeds), taken whole
     #: (waits for its slowest trajectory); completion = the first groups to finish among every
-    #: rollout in flight (whole groups, in completion order; one training process)
+    #: rollout in flight (whole groups, in completion order; a job's ranks each take their share)
     batch_order: Literal["step", "completion"] = "step"
     #: batch_order completion: a group whose oldest token is more than max_staleness updates behind
     #: when its batch is taken is dropped and generated again (drop, counted in rollout/dropped) or
