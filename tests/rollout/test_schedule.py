@@ -350,12 +350,12 @@ def test_a_replayed_batch_that_diverged_from_the_record_is_refused():
 
 def test_half_finished_rollouts_need_the_journal_and_completion_groups_need_completion_order():
     """A checkpoint's half-finished rollouts (``InFlight.replies``) resume only where the replies can
-    be served again (one process, an HFPolicy generator); a completion-order stream's groups
+    be served again (an HFPolicy generator); a completion-order stream's groups
     (``InFlight.order``) only in completion order."""
     driver = _driver([], 3)
     try:
         assert driver.journal is None  # no HFPolicy here
-        with pytest.raises(ValueError, match=r"holds half-finished rollouts \(step 3\), which only a run of one process"):
+        with pytest.raises(ValueError, match=r"holds half-finished rollouts \(step 3\), which only a run whose policy generates through an HFPolicy"):
             driver.resume_in_flight([InFlight(3, 2, RolloutResult([]), replies={0: []})], 3)
         with pytest.raises(ValueError, match="holds the groups of a completion-order stream"):
             driver.resume_in_flight([InFlight(3, 2, RolloutResult([]), order={"units": [], "started": 4})], 3)

@@ -35,8 +35,8 @@ in step order, ``spec_blocks``) in every slot, on its own, and forms its share o
 first of its own groups to finish (as many as its block holds); the shares are gathered in rank
 order, so the batch's positions follow the blocks. A rank decides its drops on its own; the record
 lists every rank's groups, and a replay holds each rank to the groups the record gives its block.
-A job's checkpoint drains (every group in flight finishes first) and keeps every rank's finished
-groups, gathered; on resume each rank takes back those of its block.
+A job's checkpoint gathers every rank's finished and half-finished groups; on resume each rank
+takes back those of its block.
 """
 
 from __future__ import annotations
@@ -295,13 +295,14 @@ class CompletionDriver(StreamingDriver):
             if journal is not None else [])
         from vagent.distributed import gather_objects
 
-        # a job's ranks each hold their own groups: every rank's, gathered (a job drains: no partial)
+        # a job's ranks each hold their own groups: every rank's, gathered
         parts = gather_objects(([[u, self._attempt[u], len(res)] for u, res in zip(order, results)],
                                 [{k: float(v) for k, v in getattr(res, "metrics", {}).items()} for res in results],
-                                [e for res in results for e in res]), "completion-order groups in flight")
-        units = [u for us, _, _ in parts for u in us]
-        metrics = [m for _, ms, _ in parts for m in ms]
-        episodes = [e for _, _, es in parts for e in es]
+                                [e for res in results for e in res], partial), "completion-order groups in flight")
+        units = [u for us, _, _, _ in parts for u in us]
+        metrics = [m for _, ms, _, _ in parts for m in ms]
+        episodes = [e for _, _, es, _ in parts for e in es]
+        partial = [p for _, _, _, ps in parts for p in ps]
         if not units and not partial:
             return None
         versions = _versions(episodes) + [v for _, _, rs in partial for v in reply_versions(rs)]
@@ -335,9 +336,11 @@ class CompletionDriver(StreamingDriver):
             raise ValueError(f"the checkpoint's in-flight groups list {at} episodes and hold {len(episodes)}: its "
                              "inflight.pt is damaged")
         for unit, attempt, replies in order.get("running") or []:
+            if int(unit) % self.n_groups not in self.own:
+                continue  # another rank's group
             if self.journal is None:
-                raise ValueError("the checkpoint holds half-finished groups, which only a run of one process with an "
-                                 "HFPolicy generator resumes; resume it as it was run (--nproc 1)")
+                raise ValueError("the checkpoint holds half-finished groups, which only a run whose policy generates "
+                                 "through an HFPolicy (engine replicas) resumes; resume it with the run's config.yaml")
             self.journal.hold(replies, self._key(int(unit), int(attempt)))
             self._attempt[int(unit)] = int(attempt)
             self._resumed.append((int(unit), int(attempt)))

@@ -23,9 +23,10 @@ the next ``K`` steps run at once on the engine replicas, each a thread of its ow
   ``replies``, :mod:`vagent.rollout.journal`), and generation goes on right after the next push.
   A resume runs each unfinished rollout again from its env resets with those replies served (its
   env steps replay the actions), then generates on, so under the same schedule the resumed run
-  equals the uninterrupted one, which paused at the same steps. A job of several ranks (each rank
-  plays a share of each rollout) drains instead: the checkpoint waits for every rollout in flight
-  (no push meanwhile) and keeps their episodes.
+  equals the uninterrupted one, which paused at the same steps. In a job of several ranks each
+  rank journals the replies of its share; the checkpoint gathers them by their ids in the run
+  (a rollout finished on one rank has finished on all: its gather passed), and a resumed rank
+  serves those of its share.
 
 The loss for mixed versions is decoupled PPO (``vagent.recipes.stages.off_policy``): the ratio
 against the trainer's log-probs before the update (the proximal policy), times the truncated
@@ -131,8 +132,8 @@ class StreamingDriver(RolloutDriver):
         self._groups = [side_group(f"streamed rollout {i}") for i in range(max_staleness + 1)]
         self._rollouts: dict[int, Future[RolloutResult]] = {}
         self._done: dict[int, InFlight] = {}  # rollouts a resume handed back
-        # one process: every reply of the rollouts in flight, so a checkpoint keeps them half-finished
-        self.journal = ReplyJournal() if all(g is None for g in self._groups) and _journalable(policy) else None
+        # every reply of the rollouts in flight (a job's rank: of its share), so a checkpoint keeps them half-finished
+        self.journal = ReplyJournal() if _journalable(policy) else None
         self._taken = first_step  # updates done at the last take (the next push's version - 1)
 
     def _rollout(self, step: int) -> RolloutResult:
@@ -223,16 +224,22 @@ class StreamingDriver(RolloutDriver):
 
     def in_flight(self) -> list[InFlight] | None:
         """What a checkpoint saves so that a resume trains the next steps on the same episodes: per
-        rollout in flight, its episodes when it has finished, else (one process) its trajectories'
-        replies so far, taken while generation is paused (until the next push); a job drains every
-        rollout in flight (waited for, no push meanwhile). A replayed run first lets the turns the
-        record samples with the current weights be sampled (the next push waits for them)."""
+        rollout in flight, its episodes when it has finished, else its trajectories' replies so far
+        (a job: every rank's, by their ids in the run), taken while generation is paused (until the
+        next push); without a journal (a policy other than an HFPolicy) every rollout in flight is
+        waited for (no push meanwhile). A replayed run first lets the turns the record samples with
+        the current weights be sampled (the next push waits for them)."""
+        from vagent.distributed import gather_objects
+
         if self.journal is not None:
             if self.gate is not None:
                 self.gate.before_push(self._taken + 1)
             self.journal.pause()
+        # a rollout finished on one rank of a job has finished on every one (its episodes' gather passed)
+        done = {s for s, future in self._rollouts.items() if self.journal is None or future.done()}
+        done = set().union(*gather_objects(sorted(done), "finished rollouts in flight"))
         for s, future in list(self._rollouts.items()):
-            if self.journal is not None and not future.done():
+            if s not in done:
                 continue  # kept half-finished below
             episodes = future.result()
             del self._rollouts[s]
@@ -241,7 +248,9 @@ class StreamingDriver(RolloutDriver):
             self._done[s] = InFlight(s, min(min(versions, default=s), s), episodes, dict(self._sync.get(newest, {})))
         partial = []
         for s in self._rollouts:
-            replies = self.journal.snapshot(s) if self.journal is not None else {}
+            offset = _share(self.run, s).start  # a job's rank keys its own trajectories from 0
+            mine = {k + offset: v for k, v in (self.journal.snapshot(s) if self.journal is not None else {}).items()}
+            replies = {k: v for part in gather_objects(mine, "half-finished replies") for k, v in part.items()}
             versions = reply_versions(replies)
             newest = max(versions, default=None)
             partial.append(InFlight(s, min(min(versions, default=s), s), RolloutResult([]),
@@ -265,9 +274,10 @@ class StreamingDriver(RolloutDriver):
             if replies is not None:
                 if self.journal is None:
                     raise ValueError(f"the checkpoint holds half-finished rollouts (step {rec.step}), which only a "
-                                     "run of one process with an HFPolicy generator resumes; resume it as it was "
-                                     "run (--nproc 1)")
-                self.journal.hold(replies, rec.step)
+                                     "run whose policy generates through an HFPolicy (engine replicas) resumes; "
+                                     "resume it with the run's config.yaml")
+                share = _share(self.run, rec.step)  # this rank's trajectories, keyed from 0 as it plays them
+                self.journal.hold({k - share.start: v for k, v in replies.items() if k in share}, rec.step)
                 newest = max(reply_versions(replies), default=None)
             else:
                 self._done[rec.step] = rec
