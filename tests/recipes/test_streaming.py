@@ -242,6 +242,8 @@ def test_a_job_of_two_ranks_batches_in_completion_order_and_resumes_as_its_unint
 
     (kept,) = load_object(cut / "checkpoints" / "step_000002", "inflight")
     held = [u for u, _, _ in kept.order["units"]] + [u for u, _, _ in kept.order["running"]]
+    print(f"checkpoint 2: finished groups {[u for u, _, _ in kept.order['units']]}, half-finished "
+          f"{[u for u, _, _ in kept.order['running']]}")
     # the 8 groups of slots 0-3 not taken by step 2, finished or half-finished, 4 of each rank's block
     assert sorted(u % 4 // 2 for u in held) == [0] * 4 + [1] * 4, kept.order
     run_job(train_cmd(2, "--resume", str(cut)), tmp_path, timeout=500)
