@@ -25,6 +25,8 @@ import os, time
 from vagent.models.remote import _kill_own_ray_processes, ray_session_processes, start_ray
 
 ray = start_ray(1)
+time.sleep(3)  # a prestarted worker would be up by now
+print("workers before any task", sum(p.name().startswith("ray::IDLE") for p in ray_session_processes(os.getpid())))
 worker, nice = ray.get(ray.remote(lambda: (os.getpid(), os.nice(0))).remote())
 print("worker", worker)
 print("nice", nice, os.nice(0))
@@ -51,6 +53,8 @@ def test_every_process_of_the_session_is_found_and_killed(monkeypatch):
     # workers (engine replicas) run at the driver's priority, not Ray's default +15, which a busy machine starves
     nice = next(w[1:] for w in lines if w[0] == "nice")
     assert nice[0] == nice[1], f"a Ray worker runs at niceness {nice[0]}, its driver at {nice[1]}"
+    # no idle worker is started ahead of demand (each costs its start-up; vagent's work runs in actors)
+    assert ["workers", "before", "any", "task", "0"] in lines, out.stdout
     assert {"raylet", "gcs_server"} <= set(found.values()), found
     assert ["left", "0"] in lines, out.stdout
     assert not [pid for pid in found if _running(pid)], "a killed process still runs"

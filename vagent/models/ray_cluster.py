@@ -45,7 +45,8 @@ def start_ray(num_cpus: int | None = None, object_store_mb: int = 256, *, num_gp
     listens on loopback only and Ray 2.60 would otherwise write a token file. Workers (engine
     replicas, sweep trials) run at the driver's priority (``RAY_worker_niceness=0`` unless the
     caller set it; at Ray's default +15 a worker's CPU work took 29x as long beside two busy
-    processes on a 2-core machine: bench/busy_replica.py). On a busy machine
+    processes on a 2-core machine: bench/busy_replica.py), and no idle worker is started ahead of
+    demand (``RAY_prestart_worker_first_driver=0``, ``RAY_enable_worker_prestart=0``). On a busy machine
     Ray's raylet may not register within Ray's fixed 30 s: the start is then tried again (``tries``
     times in all), after killing the failed attempt's processes. Call ``ray.shutdown()`` when done
     (``RemoteEngine.close(shutdown=True)`` does).
@@ -65,6 +66,10 @@ def start_ray(num_cpus: int | None = None, object_store_mb: int = 256, *, num_gp
     # workers (the engine replicas: the rollout's generators) at the driver's priority: at Ray's default
     # niceness +15 any busy process beside them takes the cores first, and the rollout crawls
     os.environ.setdefault("RAY_worker_niceness", "0")
+    # no idle workers started ahead of demand: vagent's Ray work is actors (replicas, trials), each in
+    # a worker of its own, so a prestarted worker only costs its start-up (~0.9 s of CPU a cluster)
+    os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
+    os.environ.setdefault("RAY_enable_worker_prestart", "0")
     _reap_and_watch(kwargs.get("_temp_dir"))
     from vagent.omp import without_own_wait_settings
 
