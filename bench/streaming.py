@@ -12,9 +12,9 @@ tiny model: a timing run, not a learning one) on FrozenLake whose every step tak
 - ``overlap1``: ``rollout.overlap 1``: step k+1's rollout runs while step k updates (staleness 1);
 - ``stream-K`` (K = 1, 2, 4): ``rollout.max_staleness K``: rollouts of the next K steps keep
   generating while the trainer updates, weights pushed right after each update;
-- ``completion-2``: ``stream-2`` with ``rollout.batch_order: completion``: each batch is the first
-  groups to finish among the rollouts in flight (a too-stale group is dropped and played again;
-  ``completion-2-keep``: trained, corrected, instead);
+- ``completion-K`` (K = 1, 2): ``stream-K`` with ``rollout.batch_order: completion``: each batch is
+  the first groups to finish among the rollouts in flight (a too-stale group is dropped and played
+  again; ``completion-K-keep``: trained, corrected, instead);
 - ``stream-K-interrupt``: the same with ``rollout.interrupt: true``: a push stops the replies being
   generated between decode steps and they continue on the new weights (the push does not wait for
   them); ``split replies`` counts the replies a push split.
@@ -60,6 +60,9 @@ MODES = {
     "stream-1-interrupt": ["rollout.overlap=0", "rollout.max_staleness=1", "rollout.interrupt=true"],
     "stream-2-interrupt": ["rollout.overlap=0", "rollout.max_staleness=2", "rollout.interrupt=true"],
     "stream-4-interrupt": ["rollout.overlap=0", "rollout.max_staleness=4", "rollout.interrupt=true"],
+    "completion-1": ["rollout.overlap=0", "rollout.max_staleness=1", "rollout.batch_order=completion"],
+    "completion-1-keep": ["rollout.overlap=0", "rollout.max_staleness=1", "rollout.batch_order=completion",
+                          "rollout.too_stale=keep"],
     "completion-2": ["rollout.overlap=0", "rollout.max_staleness=2", "rollout.batch_order=completion"],
     "completion-2-keep": ["rollout.overlap=0", "rollout.max_staleness=2", "rollout.batch_order=completion",
                           "rollout.too_stale=keep"],
