@@ -279,8 +279,8 @@ class TrainRollout:
         ``step``: every one in one process, a contiguous block of whole groups in a job."""
         from vagent.distributed import world  # torch, as below
 
-        job, size = world(), self.cfg.rollout.group_size
-        lo, hi = spec_blocks(self.groups(step), job.size)[job.rank] if job.distributed else (0, self.groups(step))
+        job, size = world(), self.cfg.rollout.group_size  # outside a job: rank 0 of 1
+        lo, hi = spec_blocks(self.groups(step), job.size)[job.rank]
         return range(lo * size, hi * size)
 
     def __call__(self, policy: Policy, step: int, unshard: bool, group: int | None = None) -> RolloutResult:

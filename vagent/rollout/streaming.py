@@ -246,11 +246,15 @@ class StreamingDriver(RolloutDriver):
             versions = [t.weights_version for e in episodes for t in e.turns if t.weights_version is not None]
             newest = max(versions, default=s)  # the canary's check of it goes on the batch (``_take``)
             self._done[s] = InFlight(s, min(min(versions, default=s), s), episodes, dict(self._sync.get(newest, {})))
+        # every rank's replies of the unfinished rollouts, in one gather, by their ids in the run (a job's
+        # rank keys its own trajectories from 0)
+        journal = self.journal
+        mine = {s: {k + _share(self.run, s).start: v for k, v in (journal.snapshot(s) if journal is not None else {}).items()}
+                for s in self._rollouts}
+        parts = gather_objects(mine, "half-finished replies")
         partial = []
         for s in self._rollouts:
-            offset = _share(self.run, s).start  # a job's rank keys its own trajectories from 0
-            mine = {k + offset: v for k, v in (self.journal.snapshot(s) if self.journal is not None else {}).items()}
-            replies = {k: v for part in gather_objects(mine, "half-finished replies") for k, v in part.items()}
+            replies = {k: v for part in parts for k, v in part[s].items()}
             versions = reply_versions(replies)
             newest = max(versions, default=None)
             partial.append(InFlight(s, min(min(versions, default=s), s), RolloutResult([]),
