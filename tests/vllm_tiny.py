@@ -29,3 +29,13 @@ def build_vllm_tiny(out_dir: Path, image_size: int = 64, std: float = 0.2, seed:
     shutil.copytree(base, out_dir)  # tokenizer, processor, chat template, config
     loaded.model.save_pretrained(out_dir)
     return Path(out_dir)
+
+
+def docs_train_command() -> list[str]:
+    """The ``vagent train`` line of docs/models.md's vLLM section ("Running it"), as written (its
+    words before the comment)."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "models.md").read_text()
+    section = text[text.index("**Running it.**"):]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    (line,) = [x for x in block.splitlines() if " train " in x]
+    return line.split("#", 1)[0].split()

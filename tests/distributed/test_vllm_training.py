@@ -5,9 +5,11 @@ that rank 0 pushes the gathered FSDP2 weights to. A streaming run (``rollout.max
 generates on a vLLM replica while the trainer updates, with ``rollout.interrupt`` (a push stops
 the replica's running replies by vLLM's request abort): every turn carries the weights version vLLM
 stamped, the batches stay within K = 1 update, the schedule is recorded, the canary checks each
-push, and the replica reports that it was built with the interrupt.
+push, and the replica reports that it was built with the interrupt. The one-process vLLM run is
+docs/models.md's training command as written (``.venv-vllm/bin/vagent train rollout.engine=vllm``,
+from the repository) plus the overrides of a short tiny run.
 
-The three runs start at once (one fixture; vLLM's start-up is most of their time). Every turn of
+The four runs start at once (one fixture; vLLM's start-up is most of their time). Every turn of
 step 2 must come from the weights pushed after update 1 (version 1); the sampling-time log-probs
 must equal the trainer's own re-scoring (``actor/logprob_diff``), which a missing push would break
 (0.45 instead of 3e-6 when the push is skipped)."""
@@ -23,9 +25,14 @@ from pathlib import Path
 import pytest
 
 from tests.distributed.conftest import SMALL, checkpoint_weights, max_rel_diff, metrics, train_cmd
-from tests.vllm_tiny import build_vllm_tiny
+from tests.vllm_tiny import build_vllm_tiny, docs_train_command
 
 pytestmark = pytest.mark.vllm
+
+REPO = Path(__file__).resolve().parents[2]
+#: docs/models.md's ``.venv-vllm/bin/vagent train rollout.engine=vllm``: the "vllm" run is that command (from the
+#: repository, with the venv's own entry point) plus the overrides that make it a short run of the tiny model
+DOCS_TRAIN = docs_train_command()
 
 TWO_STEPS = ["steps=2", "ppo.critic_backbone=separate", "update.kl_coef=0", "log.rollouts_every=1"]
 RUNS = {
@@ -49,8 +56,12 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     for name, (nproc, extra) in RUNS.items():
         cmd = train_cmd(nproc, *SMALL, *TWO_STEPS, *extra, f"out_dir={tmp / name}", f"model.path={model}",
                         "model.cache_dir=UNUSED")
+        cwd = tmp
+        if name == "vllm" and (REPO / DOCS_TRAIN[0]).exists():  # docs/models.md's command, as a user runs it
+            cmd = [str(REPO / DOCS_TRAIN[0]), *DOCS_TRAIN[1:], *cmd[4:]]
+            cwd = REPO
         log = open(tmp / f"{name}.log", "w")
-        procs[name] = (subprocess.Popen(cmd, cwd=tmp, env=env, stdout=log, stderr=subprocess.STDOUT,
+        procs[name] = (subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                         start_new_session=True), log, cmd)
     deadline = time.monotonic() + 900
     try:
@@ -70,6 +81,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     for name in RUNS:
         (run,) = [p for p in (tmp / name).iterdir() if p.is_dir()]
         out[name] = run
+        (tmp / f"{name}.cmd.json").write_text(json.dumps(procs[name][2]))  # the command that made it
     return out
 
 
@@ -151,3 +163,15 @@ def test_a_streaming_run_generates_on_a_vllm_replica_within_its_staleness(runs):
     # rollout.interrupt reached the vLLM replica: it reported, from its own engine, that a push stops its replies
     log = (run / "train.log").read_text()
     assert "rollout.interrupt: the replica reports that a waiting push stops the replies" in log, log[-3000:]
+
+
+def test_the_docs_train_command_runs_in_the_vllm_venv(runs):
+    """docs/models.md's training command, run from the repository with the venv's own ``vagent``
+    entry point (the "vllm" run): it trains, and step 1's turns were sampled by vLLM with the weights
+    pushed before it (version 0)."""
+    cmd = json.loads((runs["vllm"].parents[1] / "vllm.cmd.json").read_text())
+    if cmd[0] != str(REPO / DOCS_TRAIN[0]):
+        pytest.skip(f"{DOCS_TRAIN[0]} is not built here (scripts/vllm-env)")
+    assert cmd[1:1 + len(DOCS_TRAIN) - 1] == DOCS_TRAIN[1:]
+    first = rl(runs["vllm"])[0]
+    assert first["rollout/weights_version"] == 0.0 and "sync/canary_max_abs_diff" in first

@@ -75,44 +75,7 @@ def test_the_docs_example_runs_and_a_push_prints_no_failed_to_load_line(tmp_path
     assert " INFO " not in text, [line for line in text.splitlines() if " INFO " in line][:5]
 
 
-def docs_train_command() -> list[str]:
-    """The ``vagent train`` line of docs/models.md's vLLM section ("Running it"), as written (its
-    words before the comment)."""
-    from pathlib import Path
-
-    text = (Path(__file__).resolve().parents[2] / "docs" / "models.md").read_text()
-    section = text[text.index("**Running it.**"):]
-    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
-    (line,) = [x for x in block.splitlines() if " train " in x]
-    return line.split("#", 1)[0].split()
-
-
 def test_the_docs_train_command_is_found():
+    from tests.vllm_tiny import docs_train_command
+
     assert docs_train_command() == [".venv-vllm/bin/vagent", "train", "rollout.engine=vllm"]
-
-
-@pytest.mark.vllm
-def test_the_docs_train_command_runs_in_the_vllm_venv(tmp_path):
-    """docs/models.md's training command, run from the repository with the venv's own ``vagent``
-    entry point, plus overrides that make it one short step on a tiny vLLM-servable model: it trains,
-    and step 1's turns were sampled by vLLM with the weights pushed before it (version 0)."""
-    import json
-    import subprocess
-    from pathlib import Path
-
-    from tests.distributed.conftest import SMALL
-    from tests.vllm_tiny import build_vllm_tiny
-
-    repo = Path(__file__).resolve().parents[2]
-    cmd = docs_train_command()
-    if not (repo / cmd[0]).exists():
-        pytest.skip(f"{cmd[0]} is not built here (scripts/vllm-env)")
-    model = build_vllm_tiny(tmp_path / "model")
-    extra = [*SMALL, f"model.path={model}", "model.cache_dir=UNUSED", "rollout.vllm_gpu_memory=0.02",
-             f"out_dir={tmp_path / 'runs'}"]
-    out = subprocess.run([str(repo / cmd[0]), *cmd[1:], *extra], cwd=repo, capture_output=True, text=True, timeout=600,
-                         env=dict(os.environ, OMP_NUM_THREADS="1"))
-    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
-    (metrics,) = (tmp_path / "runs").glob("*/metrics.jsonl")
-    rl = [json.loads(x) for x in metrics.read_text().splitlines() if "rollout/weights_version" in x]
-    assert rl and rl[0]["rollout/weights_version"] == 0.0 and "sync/canary_max_abs_diff" in rl[0]
