@@ -219,6 +219,8 @@ def test_every_replica_stuck_stops_with_one_line_naming_the_setting(replicas, ra
 
 
 def test_canary_and_stats_calls_time_out_with_one_line(replicas, ray_cluster, tiny_vlm):
+    from vagent.runs.errors import TrainingError
+
     attach, handles = replicas([("stats",), ("logprobs",), ("generate",)], generate_s=SHORT_S)
     engine = attach()
     tokens = tiny_vlm.encoder.tokenizer("The goal is below you.")["input_ids"]
@@ -228,7 +230,7 @@ def test_canary_and_stats_calls_time_out_with_one_line(replicas, ray_cluster, ti
                                                      SamplingParams(do_sample=False, max_new_tokens=4)))]
     for i, (name, call) in enumerate(calls):
         _, err, took = within(SHORT_S + MARGIN_S, call)
-        assert isinstance(err, TimeoutError), (name, err)
+        assert isinstance(err, TimeoutError) and isinstance(err, TrainingError), (name, err)  # a run: one line
         assert str(err).startswith(f"engine replica {i} (pid {engine.pids[i]}) did not answer {name} within "
                                    "rollout.generate_timeout_s=4 s (stuck; killed); if it is only slow, raise "
                                    "rollout.generate_timeout_s"), err
@@ -240,7 +242,9 @@ def test_canary_and_stats_calls_time_out_with_one_line(replicas, ray_cluster, ti
 def test_a_replica_that_never_gets_ready_is_an_error_within_the_push_timeout(replicas):
     attach, _ = replicas([(), ("__init__",)], push_s=SHORT_S)
     _, err, took = within(SHORT_S + MARGIN_S, attach)
-    assert isinstance(err, TimeoutError), err
+    from vagent.runs.errors import TrainingError
+
+    assert isinstance(err, TimeoutError) and isinstance(err, TrainingError), err  # a run says it in one line
     assert str(err).startswith("engine replica 1 was not ready within rollout.push_timeout_s=4 s"), err
     assert str(err).endswith("raise rollout.push_timeout_s") and took >= SHORT_S
 

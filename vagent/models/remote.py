@@ -65,8 +65,8 @@ from vagent.models.ray_cluster import (  # noqa: F401
 from vagent.models.ray_cluster import replica_options as _replica_options  # noqa: F401
 # the actors' bodies and the push helpers live beside this module; importable from here
 from vagent.models.replica_actors import (  # noqa: F401
-    EngineReplica, NoReplicaLeft, PushGate, ReplicaLost, VLLMReplica, adapter_names, check_adapter_push, pushed_state,
-    sequence_token_logprobs,
+    EngineReplica, NoReplicaLeft, PushGate, ReplicaLost, ReplicaTimeout, VLLMReplica, adapter_names,
+    check_adapter_push, pushed_state, sequence_token_logprobs,
 )
 from vagent.models.replica_routing import ReplicaTable
 
@@ -217,7 +217,7 @@ class RemoteEngine:
                     lacks += f" or the custom resources {{{wanted}}} of rollout.replica_resources"
                     offer = ("; a node offers them when started with `ray start --address HEAD:PORT --resources '{"
                              + ", ".join(f'"{k}": N' for k in self.resources) + "}'`")
-                raise TimeoutError(
+                raise ReplicaTimeout(
                     f"engine replica {i} was not ready within rollout.push_timeout_s={self.push_timeout_s:g} s (still "
                     f"loading, or waiting for {lacks} the Ray cluster lacks: see `ray status`{offer}); if its start "
                     "is only slow, raise rollout.push_timeout_s") from None
@@ -348,8 +348,8 @@ class RemoteEngine:
             return self._ray.get(ref, timeout=self.generate_timeout_s)
         except self._ray.exceptions.GetTimeoutError:
             why = self._drop_stuck(replica, call, "rollout.generate_timeout_s", self.generate_timeout_s, 0)
-            raise TimeoutError(f"{why}; if it is only slow, raise rollout.generate_timeout_s (seconds; "
-                               "docs/distributed.md, 'Timeouts of remote calls')") from None
+            raise ReplicaTimeout(f"{why}; if it is only slow, raise rollout.generate_timeout_s (seconds; "
+                                 "docs/distributed.md, 'Timeouts of remote calls')") from None
         except _dead_errors(self._ray) as exc:
             self._table.mark_dead(replica, f"died ({type(exc).__name__}) during {call}", 0)
             raise ReplicaLost(f"engine replica {replica} (pid {self.pids[replica]}) died during {call}: "

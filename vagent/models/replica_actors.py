@@ -31,6 +31,14 @@ class NoReplicaLeft(TrainingError):
     message names each replica's fate and the deadline to raise if they were only slow."""
 
 
+class ReplicaTimeout(TrainingError, TimeoutError):
+    """A replica did not start (load its weights, or get the CPUs / GPUs / custom resources it asks
+    for) within ``rollout.push_timeout_s``, or did not answer a call by index (a weight check's
+    ``logprobs`` or ``generate``, ``stats``) within ``rollout.generate_timeout_s``: a
+    ``TimeoutError`` to the caller, and a ``TrainingError``, so a run that it stops says it in one
+    line, without a traceback."""
+
+
 class ReplicaLost(RuntimeError):
     """A replica asked by index (``generate_on``, ``replica_logprobs``) died during the call; it is
     marked dead, so routing skips it from then on."""
@@ -243,5 +251,5 @@ def sequence_token_logprobs(model: Any, input_ids: Sequence[int], n_prompt: int,
         model.train(was_training)
 
 
-__all__ = ["EngineReplica", "VLLMReplica", "PushGate", "NoReplicaLeft", "ReplicaLost", "adapter_names",
-           "check_adapter_push", "pushed_state", "sequence_token_logprobs"]
+__all__ = ["EngineReplica", "VLLMReplica", "PushGate", "NoReplicaLeft", "ReplicaLost", "ReplicaTimeout",
+           "adapter_names", "check_adapter_push", "pushed_state", "sequence_token_logprobs"]
