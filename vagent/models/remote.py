@@ -391,6 +391,6 @@ def _cpu_copy(model: Any, dtype: Any = None) -> Any:
     return out if dtype is None else out.to(dtype)
 
 
-__all__ = ["RemoteEngine", "NoReplicaLeft", "ReplicaLost", "EngineReplica", "VLLMReplica", "PushGate", "start_ray", "join_ray", "import_ray",
+__all__ = ["RemoteEngine", "NoReplicaLeft", "ReplicaLost", "ReplicaTimeout", "EngineReplica", "VLLMReplica", "PushGate", "start_ray", "join_ray", "import_ray",
            "sequence_token_logprobs", "RAY_HINT", "adapter_names", "check_adapter_push", "pushed_state", "PUSH_TIMEOUT_S",
            "GENERATE_TIMEOUT_S"]

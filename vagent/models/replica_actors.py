@@ -39,9 +39,10 @@ class ReplicaTimeout(TrainingError, TimeoutError):
     line, without a traceback."""
 
 
-class ReplicaLost(RuntimeError):
+class ReplicaLost(TrainingError):
     """A replica asked by index (``generate_on``, ``replica_logprobs``) died during the call; it is
-    marked dead, so routing skips it from then on."""
+    marked dead, so routing skips it from then on. A ``TrainingError``: a run that it stops (the
+    weight check's last live replica) says it in one line."""
 
 
 class PushGate:
