@@ -296,41 +296,31 @@ def test_replica_resources_are_checked_when_the_config_loads():
         load_config(None, ["rollout.replicas=0", f"rollout.replica_resources={PINNED}"])
 
 
-def _processes_under(root: str, within_s: float) -> list[str]:
-    """The command lines that name ``root`` (a Ray temp folder) still running after up to ``within_s``."""
-    deadline = time.monotonic() + within_s
-    while True:
-        left = []
-        for p in psutil.process_iter(["cmdline"]):
-            line = " ".join(p.info["cmdline"] or [])
-            if root in line:
-                left.append(line[:160])
-        if not left or time.monotonic() > deadline:
-            return left
-        time.sleep(0.5)
-
-
 @pytest.mark.timeout(300)
-def test_a_cluster_without_the_resource_is_named_at_the_start_up_deadline(tmp_path, tiny_vlm_dir):
+def test_a_cluster_without_the_resource_is_named_at_the_start_up_deadline(tmp_path, tiny_vlm_dir, monkeypatch):
     """``vagent train`` on a local cluster (no node offers vagent_replica): the replica never starts,
     and the run stops at ``rollout.push_timeout_s`` with one error line (no traceback) that names the
     resource and how a node offers it."""
+    from tests.ray_sessions import outlives
+
     root = tempfile.mkdtemp(prefix="vr-", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
+    monkeypatch.setenv("RAY_TMPDIR", root)  # the run's cluster in a folder of its own (env of _env())
     cmd = train_cmd(None, *SMALL, f"out_dir={tmp_path / 'runs'}", f"model.path={tiny_vlm_dir}",
                     "model.cache_dir=UNUSED", "rollout.replicas=1", f"rollout.replica_resources={PINNED}",
                     "rollout.push_timeout_s=3")
     try:
         t0 = time.monotonic()
-        out = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=240,
-                             env=_env(RAY_TMPDIR=root))
+        run = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=_env())
+        stdout, stderr = run.communicate(timeout=240)
         took = time.monotonic() - t0
-        left = _processes_under(root, within_s=30)  # the run's own cluster went with it
+        left = outlives(run.pid, seconds=30)  # the run's own cluster went with it
     finally:
         shutil.rmtree(root, ignore_errors=True)
     assert not left, f"Ray processes of the failed run outlived it: {left}"
-    text = out.stdout + out.stderr
-    assert out.returncode == 1 and "Traceback" not in text, text[-4000:]
-    (msg,) = [line for line in out.stderr.splitlines() if line.startswith("error: ")]
+    text = stdout + stderr
+    assert run.returncode == 1 and "Traceback" not in text, text[-4000:]
+    (msg,) = [line for line in stderr.splitlines() if line.startswith("error: ")]
     assert msg.startswith("error: engine replica 0 was not ready within rollout.push_timeout_s=3 s"), msg
     assert ("waiting for CPUs / GPUs or the custom resources {vagent_replica: 1} of rollout.replica_resources the "
             "Ray cluster lacks: see `ray status`; a node offers them when started with `ray start --address HEAD:PORT "
