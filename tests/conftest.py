@@ -3,6 +3,10 @@ torch's default thread pool; measured 20-40x slower generation with 2 threads un
 
 import importlib.util
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -30,6 +34,18 @@ def pytest_runtest_setup(item):
         if os.environ.get("VAGENT_REQUIRE_VLLM") == "1":
             pytest.fail(f"VAGENT_REQUIRE_VLLM=1 but {why}", pytrace=False)
         pytest.skip(why)
+
+
+@pytest.fixture()
+def own_ray_temp(monkeypatch) -> Iterator[Path]:
+    """Ray's temp folder for this test alone (``RAY_TMPDIR``; Ray and the reaper's scan both read
+    it): the sessions it watches are marked there, where the start of another run on the host
+    (which reaps the dead drivers' marked sessions of its own folder, /tmp/ray by default) never
+    looks."""
+    root = tempfile.mkdtemp(prefix="vr-", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
+    monkeypatch.setenv("RAY_TMPDIR", root)
+    yield Path(root) / "ray"
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def pytest_ignore_collect(collection_path, config):

@@ -86,15 +86,43 @@ def train(tmp: Path, model: Path, nproc: int | None, name: str, *extra: str, tim
     return run
 
 
+def rank_process(job: subprocess.Popen, rank: int):
+    """The worker (``psutil.Process``) of ``rank`` among a launcher's children (torchrun sets RANK in
+    its environment)."""
+    import psutil
+
+    for child in psutil.Process(job.pid).children(recursive=True):
+        try:
+            if child.environ().get("RANK") == str(rank) and "vagent" in " ".join(child.cmdline()):
+                return child
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    raise AssertionError(f"no worker with RANK={rank} under the launcher {job.pid}")
+
+
 def killed_after_checkpoint(tmp: Path, model: Path, nproc: int | None, name: str, *extra: str, step: int = 2,
-                            timeout: float = 400) -> Path:
-    """A ``vagent train`` run under ``tmp/name`` SIGKILLed (its whole process group) as soon as
-    checkpoint ``step`` is written, which must hold the rollout in flight (``inflight.pt``);
-    returns its run directory, to be resumed."""
+                            timeout: float = 400, kill: str = "group") -> Path:
+    """A ``vagent train`` run under ``tmp/name`` SIGKILLed as soon as checkpoint ``step`` is written,
+    which must hold the rollout in flight (``inflight.pt``); returns its run directory, to be resumed.
+
+    What is killed (``kill``):
+
+    - ``"group"``: the whole process group, the launcher and every rank;
+    - ``"trainer"`` (one process, with engine replicas): the trainer's process alone, as the OOM
+      killer would; no process of its Ray cluster may outlive it by 30 s (Ray's agents, reparented
+      to init, did before the reaper's watchdog). The test must use ``own_ray_temp``, so no other
+      run on the host reaps what the watchdog must kill;
+    - ``"rank1"`` (a job of 2 ranks, with engine replicas): rank 1 alone; torchrun stops rank 0, the
+      Ray driver, without its cleanup running, the job exits 1 naming rank 1, and no process of
+      rank 0's Ray cluster may outlive it by 30 s."""
     import signal
 
+    from tests.ray_sessions import outlives, session_processes
     from tests.waiting import wait_for_file
+    from vagent.models.ray_reaper import MARKER
 
+    assert kill in ("group", "trainer", "rank1"), kill
+    assert kill == "group" or (kill == "trainer") == (nproc is None), f"kill={kill!r} does not fit nproc={nproc}"
     out = tmp / name
     cmd = train_cmd(nproc, *SMALL, f"out_dir={out}", f"model.path={model}", "model.cache_dir=UNUSED", *extra)
     job = subprocess.Popen(cmd, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -103,8 +131,29 @@ def killed_after_checkpoint(tmp: Path, model: Path, nproc: int | None, name: str
     try:
         wait_for_file(job, out, f"*/checkpoints/{ckpt}/state.pt", f"step {step}'s checkpoint", timeout, poll_s=0.02)
         assert list(out.glob(f"*/checkpoints/{ckpt}/inflight.pt")), f"step {step}'s checkpoint holds no rollout in flight"
-        job.send_signal(signal.SIGKILL)
-        job.wait(timeout=30)
+        if kill == "group":
+            job.send_signal(signal.SIGKILL)
+            job.wait(timeout=30)
+        elif kill == "trainer":
+            names = " ".join(session_processes(job.pid))
+            assert "ray::DashboardAgent" in names and "ray::RuntimeEnvAgent" in names, names
+            ray_temp = Path(os.environ["RAY_TMPDIR"]) / "ray"
+            assert list(ray_temp.glob(f"session_*_{job.pid}/{MARKER}")), f"not marked in {ray_temp}"
+            job.send_signal(signal.SIGKILL)
+            job.wait(timeout=30)
+            left = outlives(job.pid, 30)
+            assert not left, f"processes of the killed trainer's Ray cluster still run: {left}"
+        else:
+            driver = rank_process(job, 0).pid  # rank 0 started the Ray cluster
+            assert any("EngineReplica" in line for line in session_processes(driver)), session_processes(driver)
+            rank_process(job, 1).send_signal(signal.SIGKILL)
+            try:  # the job must end: torchrun stops rank 0
+                text, _ = job.communicate(timeout=120)
+            except subprocess.TimeoutExpired:
+                pytest.fail("the job still ran 120 s after rank 1 was killed")
+            assert job.returncode == 1 and "rank 1 was killed by SIGKILL" in text, text[-4000:]
+            left = outlives(driver, 30)
+            assert not left, f"processes of rank 0's Ray cluster outlived the failed job: {left}"
     finally:
         if job.poll() is None:
             job.kill()

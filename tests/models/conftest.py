@@ -1,12 +1,7 @@
-"""Tiny models built once per test session (about 1 s each after the imports); a Ray temp folder
-of a test's own (``own_ray_temp``)."""
+"""Tiny models built once per test session (about 1 s each after the imports)."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -62,18 +57,6 @@ def tiny_qwen3_vl(tmp_path_factory):
     from vagent.models.loading import load_policy
 
     return load_policy(build_tiny_vlm(tmp_path_factory.mktemp("tiny_qwen3_vl"), family="qwen3_vl", seed=0))
-
-
-@pytest.fixture()
-def own_ray_temp(monkeypatch) -> Iterator[Path]:
-    """Ray's temp folder for this test alone (``RAY_TMPDIR``; Ray and the reaper's scan both read
-    it): the sessions it watches are marked there, where the start of another run on the host
-    (which reaps the dead drivers' marked sessions of its own folder, /tmp/ray by default) never
-    looks."""
-    root = tempfile.mkdtemp(prefix="vr-", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
-    monkeypatch.setenv("RAY_TMPDIR", root)
-    yield Path(root) / "ray"
-    shutil.rmtree(root, ignore_errors=True)
 
 
 def interrupt_after(n: int):

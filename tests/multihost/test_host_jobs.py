@@ -10,7 +10,9 @@ script, and a job that loses a host and resumes on the same hosts.
   --rdzv-endpoint <host0>:PORT`` on host0 and host1, host1's processes SIGKILLed once checkpoint
   ``step_000001`` is written (host0's job then fails), and ``--resume RUN`` with the same host
   arguments on both hosts: the resumed run continues from step 1 and ends with the SLURM job's
-  weights (bit for bit: same ranks, same hosts) and its metrics.
+  weights (bit for bit: same ranks, same hosts) and its metrics. Host0's job, failed, names the
+  host whose rank closed the connection and the checkpoint to resume from, at once (host1's kernel
+  closes its connections as its processes die).
 
 The SLURM job runs once per module and is the uninterrupted run the resume is compared with (one
 2-host job less: the file takes 45-55 s on the 2-core machine).
@@ -134,7 +136,8 @@ def test_the_slurm_script_runs_one_task_per_host_with_rank_0_on_node_rank_0(clus
     assert job.returncode == 0, job.output[-3000:] + "\n".join(t[-3000:] for t in job.tasks)
     assert job.left == {}, f"processes outlived the batch script on the hosts (now killed): {job.left}"
     assert "run directory:" in job.tasks[0] and "run directory:" not in job.tasks[1], job.tasks  # rank 0 on host0
-    assert "ranks: 2 (2 nodes x 1, torchrun)" in job.tasks[0] and "on 2 ranks" in job.tasks[0], job.tasks[0][-3000:]
+    assert "ranks: 2 (2 nodes x 1, torchrun)" in job.tasks[0] and "on 2 ranks" in job.tasks[0] \
+        and "wall time:" in job.tasks[0], job.tasks[0][-3000:]
     for task in job.tasks:
         for text in ("recvVector", "node_rank is only used", "Traceback", "TCPStore"):
             assert text not in task, (text, task[-3000:])
@@ -146,6 +149,7 @@ def test_the_slurm_script_runs_one_task_per_host_with_rank_0_on_node_rank_0(clus
     assert json.loads((job.run / "summary.json").read_text())["ranks"] == 2
     assert sorted(p.name for p in (job.run / "checkpoints").iterdir() if p.name.startswith("step_")) == [
         "step_000001", "step_000002"]
+    assert (job.run / "checkpoints" / "step_000001" / "dcp").is_dir()  # the ranks' shards
 
 
 def _resume_cmd(cl: C.Cluster, rank: int, run: Path) -> list[str]:
@@ -173,12 +177,24 @@ def test_a_job_that_lost_host1_resumes_on_the_same_hosts_as_if_uninterrupted(clu
             assert time.monotonic() < deadline, "no checkpoint step_000001 after 400 s"
             time.sleep(0.05)
         C.kill_all(cluster.host(1).netns)
+        t_kill = time.monotonic()
         code = _wait_all(cluster, nodes[:1], 120, logs[:1])[0]
+        heard_s = time.monotonic() - t_kill
     finally:
         _stop(*nodes, cluster=cluster)
     killed_s = time.monotonic() - t0
     text = logs[0].read_text()
+    # host1's kernel closes its connections as its processes die, so host0 hears at once, well within
+    # its collectives' dist.timeout_s=60 (tests/multihost/test_hosts.py: a cut cable, heard at the timeout)
+    print(f"host1's processes killed: host0's job ended {heard_s:.1f} s later")
     assert code == 1 and "--nnodes 2 --node-rank R --rdzv-endpoint" in text, text[-4000:]
+    assert "rank 0/2: collective '" in text and "dist.timeout_s=60s" in text, text[-4000:]
+    assert "error: the torchrun job failed: rank 0 exited with status 1" in text, text[-4000:]
+    assert "(the newest: step_000001" in text, text[-2000:]
+    # gloo words a lost peer as "Connection closed by peer [ADDR]" or "Read error [ADDR]:PORT:
+    # Connection reset by peer", by timing; vagent's own line names the host either way
+    assert f": rank 1 (host {cluster.host(1).address}) closed the connection" in text, text[-4000:]
+    assert heard_s < 60, f"host0 stopped {heard_s:.0f} s after host1's processes were killed (dist.timeout_s=60)"
     (run,) = list((tmp_path / "runs").iterdir())
     assert not (run / "checkpoints" / "step_000002").exists(), "the job finished step 2 before host1 was killed"
 

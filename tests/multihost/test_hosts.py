@@ -264,16 +264,12 @@ def test_an_env_server_on_host2_serves_a_run_on_host0(cluster, tmp_path, tiny_vl
                 _stop(server, cluster=cluster)
 
 
-#: how host1 goes: its processes SIGKILLed (its kernel closes their connections, so host0 hears at
-#: once), or first its cable cut at the bridge and then its processes killed (a host that loses
-#: power: nothing reaches host0, which waits for dist.timeout_s)
-GONE = {"killed": False, "cut-then-killed": True}
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("how", list(GONE))
-def test_host1_gone_mid_run_stops_host0_within_the_collective_timeout(cluster, tmp_path, tiny_vlm_dir, how):
+def test_host1_gone_mid_run_stops_host0_within_the_collective_timeout(cluster, tmp_path, tiny_vlm_dir):
+    """Host1 loses power mid-run: its cable is cut at the bridge, then its processes killed, so nothing
+    reaches host0, which waits for dist.timeout_s and then names the ranks on other hosts. (Host1's
+    processes killed with the cable up, heard at once: tests/multihost/test_host_jobs.py's lost host.)"""
     timeout_s = 15
     nodes = _start_job(cluster, tmp_path, tiny_vlm_dir, "steps=2", f"dist.timeout_s={timeout_s}")
     logs = [tmp_path / "node0.log", tmp_path / "node1.log"]
@@ -284,8 +280,7 @@ def test_host1_gone_mid_run_stops_host0_within_the_collective_timeout(cluster, t
             assert nodes[0].poll() is None, logs[0].read_text()[-4000:]
             assert time.monotonic() < deadline, "no checkpoint after 400 s"
             time.sleep(0.05)
-        if GONE[how]:
-            C.ip(*cable, "down")
+        C.ip(*cable, "down")
         killed = C.kill_all(cluster.host(1).netns)
         t0 = time.monotonic()
         code = _wait_all(cluster, nodes[:1], timeout_s + 120, logs[:1])[0]
@@ -294,18 +289,13 @@ def test_host1_gone_mid_run_stops_host0_within_the_collective_timeout(cluster, t
         _stop(*nodes, cluster=cluster)
         C.ip(*cable, "up")
     text = logs[0].read_text()
-    print(f"{how}: host1's {len(killed)} processes killed; host0's job ended {waited:.1f} s later")
+    print(f"cable cut, host1's {len(killed)} processes killed; host0's job ended {waited:.1f} s later")
     print("\n".join(line for line in text.splitlines() if "error" in line.lower())[-3000:])
     assert code == 1, text[-4000:]
     assert "rank 0/2: collective '" in text and f"dist.timeout_s={timeout_s}s" in text, text[-4000:]
     assert "error: the torchrun job failed: rank 0 exited with status 1" in text, text[-4000:]
     assert "--nnodes 2 --node-rank R --rdzv-endpoint" in text, text[-2000:]  # the resume of a job of 2 hosts
     assert "(the newest: step_00000" in text, text[-2000:]
-    assert waited < timeout_s + 60, f"host0 stopped {waited:.0f} s after host1 was gone (timeout {timeout_s} s)"
-    if GONE[how]:
-        assert waited >= timeout_s - 1, f"host0 stopped after {waited:.1f} s, before dist.timeout_s={timeout_s}"
-        assert f"the ranks on other hosts: rank 1 (host {cluster.host(1).address})" in text, text[-4000:]
-    else:
-        # gloo words a lost peer as "Connection closed by peer [ADDR]" or "Read error [ADDR]:PORT:
-        # Connection reset by peer", by timing; vagent's own line names the host either way
-        assert f": rank 1 (host {cluster.host(1).address}) closed the connection" in text, text[-4000:]
+    assert timeout_s - 1 <= waited < timeout_s + 60, \
+        f"host0 stopped {waited:.1f} s after host1 was gone, not at dist.timeout_s={timeout_s}"
+    assert f"the ranks on other hosts: rank 1 (host {cluster.host(1).address})" in text, text[-4000:]

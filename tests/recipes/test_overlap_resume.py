@@ -12,7 +12,14 @@ overlap-1 runs are not bitwise equal to each other (their weights differ by ~1e-
 steps, the engine's recorded log-probs by ~1e-6: collectives of the update and the background
 rollout's gather interleave differently; a mean of signed terms such as ``loss/policy`` then
 differs by up to ~1e-4 relative), so in two ranks the weights versions must be equal and every
-number within 1e-3 relative (1e-6 absolute)."""
+number within 1e-3 relative (1e-6 absolute).
+
+Each run is killed as the OOM killer would kill it, one process: in one process the trainer, in
+two ranks rank 1 (torchrun then stops rank 0, the Ray driver, without its cleanup running, and the
+job names rank 1). No process of the run's Ray cluster may outlive it (Ray's agents were
+reparented to init and outlived a killed trainer before the reaper's watchdog); the clusters live
+in a Ray temp folder of the test's own (``own_ray_temp``), so no other run on the host reaps what
+the watchdog must kill."""
 
 from __future__ import annotations
 
@@ -43,11 +50,12 @@ def _comparable(records: list[dict]) -> list[dict]:
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("nproc, replicas", [(None, 2), (2, 1)], ids=["1-rank-2-replicas", "2-ranks-1-replica"])
 def test_a_resumed_overlap_run_equals_the_uninterrupted_one(tmp_path: Path, tiny_vlm_dir: Path, monkeypatch,
-                                                            nproc: int | None, replicas: int):
+                                                            own_ray_temp: Path, nproc: int | None, replicas: int):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     overlap = [*OVERLAP, f"rollout.replicas={replicas}"]
     full = train(tmp_path, tiny_vlm_dir, nproc, "full", *overlap, timeout=400)
-    cut = killed_after_checkpoint(tmp_path, tiny_vlm_dir, nproc, "cut", *overlap)
+    cut = killed_after_checkpoint(tmp_path, tiny_vlm_dir, nproc, "cut", *overlap,
+                                  kill="trainer" if nproc is None else "rank1")
     run_job(train_cmd(nproc, "--resume", str(cut)), tmp_path, timeout=400)
     a, b = _comparable(metrics(full)), _comparable(metrics(cut))
     assert [(r.get("phase"), r.get("step")) for r in a] == [(r.get("phase"), r.get("step")) for r in b]
