@@ -4,8 +4,7 @@ says which rank failed, and keeps its checkpoints, so ``--resume`` finishes the 
 - a rank killed with SIGKILL (the OOM killer's way): torchrun sees the worker die, stops the
   other rank and names the dead one; the resumed run equals the uninterrupted one, its metrics
   record for record and its weights bit for bit (same world size). A whole job SIGKILLed (the
-  launcher and every rank) and resumed: tests/recipes/test_overlap_resume.py and
-  test_streaming.py.
+  launcher and every rank) and resumed: the 2-rank jobs of tests/recipes/test_streaming.py.
 - a rank that hangs (SIGSTOP): the other rank's collective gives up after ``dist.timeout_s`` with
   an error naming its rank, the collective and the setting; torchrun then stops the hung rank.
 - with engine replicas, no process of rank 0's Ray cluster outlives the failed job: the 2-rank case
