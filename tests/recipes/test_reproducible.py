@@ -105,7 +105,7 @@ def _environment(tmp: Path, name: str, proc: subprocess.Popen) -> dict | None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(2400)  # two short runs: ~2 min alone, far longer on a shared machine
+@pytest.mark.timeout(2400)  # one or two short runs: ~1 min alone, far longer on a shared machine
 def test_scaled_default_pipeline_identical_across_processes_load_and_omp_threads(tmp_path):
     """One run with ``OMP_NUM_THREADS=1`` equals the golden run of its CPU (recorded in another process,
     without that variable): the run's numbers depend on neither. On a CPU or an environment without
