@@ -47,41 +47,52 @@ def read_records(path: Path) -> list[Proc]:
     if shutil.which("dump-acct") is None:
         raise SystemExit("dump-acct not found: install Debian's acct package (apt-get install acct)")
     out = subprocess.run(["dump-acct", str(path)], capture_output=True, text=True, check=True).stdout
+    ticks = os.sysconf("SC_CLK_TCK")
     procs = []
     for line in out.splitlines():
         f = [x.strip() for x in line.split("|")]
         # command|version|utime|stime|etime|uid|gid|mem|io|pid|ppid|flags|exitcode|tty|start (times in ticks)
-        ticks = os.sysconf("SC_CLK_TCK")
         procs.append(Proc(f[0], (float(f[2]) + float(f[3])) / ticks,
                           datetime.strptime(f[14], "%a %b %d %H:%M:%S %Y").timestamp(), float(f[4]) / ticks,
                           int(f[9]), int(f[10])))
     return procs
 
 
-def command_tree(procs: list[Proc], root: int) -> tuple[list[Proc], list[Proc]]:
-    """The root's process tree (by parent pid) and the processes reparented to init (with their own
-    descendants) that started inside the tree's time window."""
+def by_parent(procs: list[Proc]) -> dict[int, list[Proc]]:
     kids: dict[int, list[Proc]] = defaultdict(list)
     for p in procs:
         kids[p.ppid].append(p)
+    return kids
 
-    def descendants(pid: int) -> list[Proc]:
-        out, stack = [], [pid]
-        while stack:
-            for c in kids.get(stack.pop(), []):
-                out.append(c)
-                stack.append(c.pid)
-        return out
 
-    tree = [p for p in procs if p.pid == root] + descendants(root)
+def descendants(kids: dict[int, list[Proc]], pid: int) -> list[Proc]:
+    """Every recorded process below ``pid`` (``kids``: :func:`by_parent`)."""
+    out, stack = [], [pid]
+    while stack:
+        for c in kids.get(stack.pop(), []):
+            out.append(c)
+            stack.append(c.pid)
+    return out
+
+
+def window(procs: list[Proc]) -> tuple[float, float]:
+    """From the first start to the last end of ``procs``."""
+    return min(p.start for p in procs), max(p.start + p.elapsed_s for p in procs)
+
+
+def command_tree(procs: list[Proc], root: int) -> tuple[list[Proc], list[Proc]]:
+    """The root's process tree (by parent pid) and the processes reparented to init (with their own
+    descendants) that started inside the tree's time window."""
+    kids = by_parent(procs)
+    tree = [p for p in procs if p.pid == root] + descendants(kids, root)
     if not tree:
         raise SystemExit(f"no accounting record of pid {root} or its children in this file")
-    t0, t1 = min(p.start for p in tree), max(p.start + p.elapsed_s for p in tree)
+    t0, t1 = window(tree)
     seen = {p.pid for p in tree}
     reparented: list[Proc] = []
     for p in procs:
         if p.ppid == 1 and p.pid not in seen and t0 <= p.start <= t1:
-            for q in [p, *descendants(p.pid)]:
+            for q in [p, *descendants(kids, p.pid)]:
                 if q.pid not in seen:
                     seen.add(q.pid)
                     reparented.append(q)
@@ -92,9 +103,7 @@ def parts(tree: list[Proc]) -> list[tuple[str, float]]:
     """The command's parts by start time: each ``pip`` process, and each long ``python`` process (a
     pytest session), that is not inside a pytest session's own tree (a test's ``vagent train`` or
     ``pip``) starts one; consecutive ones of the same kind merge. Named by kind and order."""
-    kids: dict[int, list[Proc]] = defaultdict(list)
-    for p in tree:
-        kids[p.ppid].append(p)
+    kids = by_parent(tree)
     inside: set[int] = set()
     marks: list[tuple[str, float]] = []
     last = None
@@ -104,11 +113,7 @@ def parts(tree: list[Proc]) -> list[tuple[str, float]]:
         kind = "install" if p.name == "pip" else \
             "pytest" if p.name in ("python", "python3") and p.elapsed_s > 30 and p.cpu_s > 5 else None
         if kind == "pytest":
-            stack = [p.pid]
-            while stack:
-                for c in kids.get(stack.pop(), []):
-                    inside.add(c.pid)
-                    stack.append(c.pid)
+            inside |= {c.pid for c in descendants(kids, p.pid)}
         if kind and kind != last:
             marks.append((f"{kind} {sum(k.startswith(kind) for k, _ in marks) + 1}", p.start))
             last = kind
@@ -119,8 +124,7 @@ def report(procs: list[Proc], root: int, top: int) -> None:
     tree, reparented = command_tree(procs, root)
     everything = tree + reparented
     total = sum(p.cpu_s for p in everything)
-    t0 = min(p.start for p in tree)
-    t1 = max(p.start + p.elapsed_s for p in tree)
+    t0, t1 = window(tree)
     print(f"{total:.0f} s of CPU ({total / 60:.1f} min) in {len(everything)} processes over "
           f"{(t1 - t0) / 60:.1f} min: {sum(p.cpu_s for p in tree):.0f} s in the command's tree, "
           f"{sum(p.cpu_s for p in reparented):.0f} s in processes reparented to init (Ray's daemons and workers, "
