@@ -6,6 +6,9 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "cpu_numerics_probe.py"
@@ -18,9 +21,23 @@ def _probe_module():
     return mod
 
 
+def _probes_in_a_new_process() -> dict[str, str]:
+    """``probes()`` as the script runs it: first thing in a process of its own, with the thread
+    variables of a ``vagent`` command (the suite's MKL_NUM_THREADS=1 and OMP_NUM_THREADS=1 removed:
+    under MKL_NUM_THREADS=1, ATen's causal-attention backward digests differently on a process's
+    first probe, at 2 threads after 1, than on a later one)."""
+    code = ("import importlib.util, json, sys; s = importlib.util.spec_from_file_location('p', sys.argv[1]); "
+            "m = importlib.util.module_from_spec(s); s.loader.exec_module(m); print(json.dumps(m.probes()))")
+    env = {k: v for k, v in os.environ.items() if k not in ("MKL_NUM_THREADS", "OMP_NUM_THREADS")}
+    out = subprocess.run([sys.executable, "-c", code, str(SCRIPT)], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout)
+
+
 def test_probe_digests_repeat_a_changed_op_is_named_and_the_recorded_fingerprints_are_complete():
     probe = _probe_module()
-    first, second = probe.probes(), probe.probes()
+    first, second = _probes_in_a_new_process(), _probes_in_a_new_process()
     assert first == second and len(first) >= 20
     assert {k.split("/")[0] for k in first} == {"mkl", "onednn", "aten"}
     a = {"probes": first}

@@ -22,7 +22,7 @@ from vagent.envs.checker import check_env
 from vagent.envs.formats import render_response
 from vagent.envs.svg import LEGEND, SVGEnv, describe_state, extract_svg, parse_svg_response
 from vagent.envs.svg.render import (
-    _WORKER, RendererUnavailable, RenderLimits, cairosvg_available, check_svg, render_svg, resolve_renderer, worker_starts,
+    _WORKER, MAX_REF_CHARS, RendererUnavailable, RenderLimits, cairosvg_available, check_svg, render_svg, resolve_renderer, worker_starts,
 )
 from vagent.envs.svg.shapes import cell_of, position_phrase
 from vagent.envs.svg.similarity import (
@@ -185,20 +185,24 @@ def test_external_references_are_listed_and_never_loaded(tmp_path):
     buf = io.BytesIO()
     Image.new("RGB", (8, 8), (255, 0, 0)).save(buf, format="PNG")
     data_url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    long_url = "http://127.0.0.1:9/" + "a" * 200 + ".png"
     svg = ('<svg xmlns="http://www.w3.org/2000/svg" xmlns:xlink="http://www.w3.org/1999/xlink" width="32" height="32">'
            f'<image href="file://{red}" x="0" y="0" width="32" height="32"/>'
            f'<image xlink:href="{red}" x="0" y="0" width="32" height="32"/>'
            f'<image href="{data_url}" x="0" y="0" width="32" height="32"/>'
            '<image href="http://127.0.0.1:9/x.png" x="0" y="0" width="32" height="32"/>'
+           f'<image href="{long_url}" x="0" y="0" width="32" height="32"/>'
            '<rect width="4" height="4" style="fill:url(http://127.0.0.1:9/p.svg#g)"/>'
            '<style>@import url("http://127.0.0.1:9/a.css");</style></svg>')
     for timeout in (0.0, 5.0):
         res = render_svg(svg, 32, 32, "cairosvg", RenderLimits(timeout_s=timeout))
         assert res.error is None
         assert np.asarray(res.image).min() == 255  # nothing was drawn: no file, data: or network access
-        assert f"file://{red}" in res.refused_refs and str(red) in res.refused_refs
+        # each reference as far as MAX_REF_CHARS (the test's tmp_path may be longer: pytest-xdist's is)
+        assert f"file://{red}"[:MAX_REF_CHARS] in res.refused_refs and str(red)[:MAX_REF_CHARS] in res.refused_refs
         assert "http://127.0.0.1:9/x.png" in res.refused_refs and "http://127.0.0.1:9/a.css" in res.refused_refs
         assert any(r.startswith("data:image/png") for r in res.refused_refs)
+        assert long_url[:MAX_REF_CHARS] in res.refused_refs and max(map(len, res.refused_refs)) == MAX_REF_CHARS
     # internal references still work
     ok = render_svg('<svg xmlns="http://www.w3.org/2000/svg" xmlns:xlink="http://www.w3.org/1999/xlink" width="8" '
                     'height="8"><defs><rect id="r" width="8" height="8" fill="#0000ff"/></defs><use xlink:href="#r"/></svg>',

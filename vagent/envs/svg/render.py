@@ -52,6 +52,9 @@ from vagent.envs.svg.cairo_worker import _WORKER, RendererUnavailable, _describe
 from vagent.envs.svg.pil_render import on_white, pil_render
 
 RENDERERS = ("auto", "cairosvg", "pil")
+#: how much of each refused reference ``refused_refs`` keeps (its first characters: a data: URL or a
+#: long path is cut, so the list stays short whatever the SVG holds)
+MAX_REF_CHARS = 80
 _URL_IN_CSS = re.compile(r"url\(\s*['\"]?([^'\")]*)['\"]?\s*\)", re.IGNORECASE)
 _IMPORT_IN_CSS = re.compile(r"@import\s+(?:url\()?\s*['\"]?([^'\")\s;]*)", re.IGNORECASE)
 
@@ -167,12 +170,12 @@ def check_svg(svg: str, limits: RenderLimits) -> tuple[ET.Element | None, str | 
                 return None, f"the SVG has more than {limits.max_use} <use> elements; draw shapes directly", ()
         for key, value in el.attrib.items():
             if local_name(key) == "href" and _external(value):
-                refused.append(value[:80])
+                refused.append(value[:MAX_REF_CHARS])
             elif "url(" in value.lower():
-                refused += [u[:80] for u in _URL_IN_CSS.findall(value) if _external(u)]
+                refused += [u[:MAX_REF_CHARS] for u in _URL_IN_CSS.findall(value) if _external(u)]
         if name == "style" and el.text:
-            refused += [u[:80] for u in _URL_IN_CSS.findall(el.text) if _external(u)]
-            refused += [u[:80] for u in _IMPORT_IN_CSS.findall(el.text) if _external(u)]
+            refused += [u[:MAX_REF_CHARS] for u in _URL_IN_CSS.findall(el.text) if _external(u)]
+            refused += [u[:MAX_REF_CHARS] for u in _IMPORT_IN_CSS.findall(el.text) if _external(u)]
         stack.extend((child, depth + 1) for child in el)
     if "xml-stylesheet" in svg[:4096]:
         refused.append("<?xml-stylesheet?>")
