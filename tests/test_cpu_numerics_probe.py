@@ -26,10 +26,9 @@ def _probes_in_a_new_process() -> dict[str, str]:
     variables of a ``vagent`` command (the suite's MKL_NUM_THREADS=1 and OMP_NUM_THREADS=1 removed:
     under MKL_NUM_THREADS=1, ATen's causal-attention backward digests differently on a process's
     first probe, at 2 threads after 1, than on a later one)."""
-    code = ("import importlib.util, json, sys; s = importlib.util.spec_from_file_location('p', sys.argv[1]); "
-            "m = importlib.util.module_from_spec(s); s.loader.exec_module(m); print(json.dumps(m.probes()))")
+    code = "import json, cpu_numerics_probe; print(json.dumps(cpu_numerics_probe.probes()))"
     env = {k: v for k, v in os.environ.items() if k not in ("MKL_NUM_THREADS", "OMP_NUM_THREADS")}
-    out = subprocess.run([sys.executable, "-c", code, str(SCRIPT)], env=env, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", code], cwd=SCRIPT.parent, env=env, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout)

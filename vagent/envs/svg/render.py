@@ -170,16 +170,16 @@ def check_svg(svg: str, limits: RenderLimits) -> tuple[ET.Element | None, str | 
                 return None, f"the SVG has more than {limits.max_use} <use> elements; draw shapes directly", ()
         for key, value in el.attrib.items():
             if local_name(key) == "href" and _external(value):
-                refused.append(value[:MAX_REF_CHARS])
+                refused.append(value)
             elif "url(" in value.lower():
-                refused += [u[:MAX_REF_CHARS] for u in _URL_IN_CSS.findall(value) if _external(u)]
+                refused += [u for u in _URL_IN_CSS.findall(value) if _external(u)]
         if name == "style" and el.text:
-            refused += [u[:MAX_REF_CHARS] for u in _URL_IN_CSS.findall(el.text) if _external(u)]
-            refused += [u[:MAX_REF_CHARS] for u in _IMPORT_IN_CSS.findall(el.text) if _external(u)]
+            refused += [u for u in _URL_IN_CSS.findall(el.text) if _external(u)]
+            refused += [u for u in _IMPORT_IN_CSS.findall(el.text) if _external(u)]
         stack.extend((child, depth + 1) for child in el)
     if "xml-stylesheet" in svg[:4096]:
         refused.append("<?xml-stylesheet?>")
-    return root, None, tuple(dict.fromkeys(refused))
+    return root, None, tuple(dict.fromkeys(r[:MAX_REF_CHARS] for r in refused))
 
 
 # ---------------------------------------------------------------------------------------------
