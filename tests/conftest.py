@@ -67,6 +67,14 @@ def pytest_configure(config):
     torch.set_num_threads(1)
 
 
+def pytest_collection_finish(session):
+    """Every test module is imported (torch, transformers, vagent): freeze what the imports made, as
+    a vagent command does (vagent/startup.py), so that this process's full collections skip them."""
+    import gc
+
+    gc.freeze()
+
+
 def _precompile_vagent() -> None:
     """Write vagent's bytecode once, before the suite starts its ~200 Python processes (``vagent
     train`` runs, torchrun ranks, Ray actors, servers). Where PYTHONDONTWRITEBYTECODE is set (as on

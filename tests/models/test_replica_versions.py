@@ -167,3 +167,14 @@ def test_the_gate_is_released_when_the_call_raises(method):
 
     threading.Thread(target=both, daemon=True).start()
     assert done.wait(WAIT_S)
+
+
+def test_a_replica_freezes_what_its_set_up_made(tiny_vlm):
+    """A Ray actor's imports run while Ray unpickles its model, outside vagent's control: the
+    replica freezes everything alive once it is built (vagent/startup.py), so that the collector's
+    full collections skip torch's and transformers' objects for the actor's whole life."""
+    import gc
+
+    frozen = gc.get_freeze_count()
+    EngineReplica(copy.deepcopy(tiny_vlm.model), tiny_vlm.encoder)  # its model copy: new objects
+    assert gc.get_freeze_count() > frozen

@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from vagent.startup import heavy_imports
+
 
 def torchrun_args(nproc: int, train_args: Sequence[str], *, nnodes: int = 1, node_rank: int | None = None,
                   rdzv_endpoint: str | None = None, rdzv_id: str = "vagent") -> list[str]:
@@ -73,10 +75,11 @@ def launch(nproc: int, train_args: Sequence[str], *, nnodes: int = 1, node_rank:
     if run_dir is None and out_dir is not None and run_name is not None and Path(out_dir).expanduser().is_dir():
         before = set(Path(out_dir).expanduser().glob(f"{run_name}-*"))
     started = time.time()
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import main as torchrun_main
+    with heavy_imports():  # vagent/startup.py
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        from torch.distributed.run import main as torchrun_main
 
-    from vagent.distributed.world import LAUNCHER_PID_ENV
+        from vagent.distributed.world import LAUNCHER_PID_ENV
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's own default; threads= in the config overrides
     os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # the ranks' parent: they end when it does

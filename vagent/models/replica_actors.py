@@ -24,6 +24,7 @@ from typing import Any, Iterator, Sequence
 
 from vagent.models.generation import GenerationOutput, GenerationRequest, SamplingParams
 from vagent.runs.errors import TrainingError
+from vagent.startup import freeze_set_up
 
 
 class NoReplicaLeft(TrainingError):
@@ -109,6 +110,7 @@ class EngineReplica:
         self.gate = PushGate()
         if interrupt:  # rollout.interrupt: a waiting push stops the running replies between decode steps
             self.engine.engine.interrupt = lambda: self.gate.pushes_waiting > 0
+        freeze_set_up()  # the imports (made while Ray unpickled the model) and the model: out of the collector's walks
 
     def ready(self) -> tuple[int, bool, bool]:
         """(this actor's pid, whether its engine needs the raw images, whether a waiting push stops
@@ -164,6 +166,7 @@ class VLLMReplica:
         self.gate = PushGate()
         if interrupt:  # rollout.interrupt: a waiting push stops the running replies between scheduler steps
             self.vllm.interrupt = lambda: self.gate.pushes_waiting > 0
+        freeze_set_up()  # vagent/startup.py
 
     def ready(self) -> tuple[int, bool, bool]:
         """(this actor's pid, whether its engine needs the raw images: yes, whether a waiting push

@@ -29,6 +29,7 @@ from vagent.config import ConfigError
 from vagent.envs import make_config
 from vagent.plugins import PluginImportError, add_import_argument, import_modules
 from vagent.runconfig import RunConfig, describe_all
+from vagent.startup import heavy_imports
 
 if TYPE_CHECKING:
     from vagent.recipes.consent import CodeConsent
@@ -168,9 +169,10 @@ def run_train(args: argparse.Namespace) -> int:
         cfg = None if args.resume else _run_config(args)
     except ConfigError as exc:
         return _refused(_error(_in_job(str(exc))))
-    from vagent.distributed import barrier, shutdown_world  # heavy (torch): `vagent --help` stays fast
-    from vagent.recipes.sft import DataError  # heavy (torch)
-    from vagent.runs import TrainingError  # heavy (torch)
+    with heavy_imports():  # torch, transformers, the recipes: out of the garbage collector's walks (vagent/startup.py)
+        from vagent.distributed import barrier, shutdown_world  # heavy (torch): `vagent --help` stays fast
+        from vagent.recipes.sft import DataError  # heavy (torch)
+        from vagent.runs import TrainingError  # heavy (torch)
 
     try:
         _train(args, cfg)
@@ -246,8 +248,9 @@ def _run_config(args: argparse.Namespace) -> RunConfig:
 
 def _train(args: argparse.Namespace, cfg: RunConfig | None) -> None:
     """``train`` of ``--resume RUN_DIR`` (``cfg`` None), or of ``cfg`` (:func:`_run_config`)."""
-    from vagent.recipes.run import train  # heavy (torch, the recipes)
-    from vagent.runs.progress import ConfigSource  # heavy (vagent.runs imports torch)
+    with heavy_imports():
+        from vagent.recipes.run import train  # heavy (torch, the recipes)
+        from vagent.runs.progress import ConfigSource  # heavy (vagent.runs imports torch)
 
     if cfg is None:
         train(resume=args.resume, quiet=args.quiet, overrides=args.overrides, consent=_consent(args))
@@ -292,7 +295,8 @@ def launch_job(args: argparse.Namespace) -> int:
             preflight(cfg, (args.nproc or 1) * args.nnodes)
         except (ConfigError, PluginImportError) as exc:
             return _error(str(exc))
-    from vagent.distributed.launch import launch  # heavy (torch)
+    with heavy_imports():
+        from vagent.distributed.launch import launch  # heavy (torch)
 
     train_args = list(args.overrides)
     if args.smoke:

@@ -14,7 +14,10 @@ from typing import Any
 
 def make_hf_policy(spec: Any) -> Any:
     """An ``HFPolicy`` for a ``ModelSpec`` with ``backend: hf`` (``model`` = a local directory)."""
-    from vagent.rollout.hf_policy import HFPolicy
+    from vagent.startup import heavy_imports
+
+    with heavy_imports():  # torch, transformers: out of the garbage collector's walks
+        from vagent.rollout.hf_policy import HFPolicy
 
     kw: dict[str, Any] = {"device": spec.device, "dtype": spec.dtype}
     if spec.gguf_file:
