@@ -141,6 +141,12 @@ def fingerprint(no_mkldnn: bool = False) -> dict:
             "torch": torch.__version__, "probes": probes()}
 
 
+#: probes whose digest is not the same in every process on one CPU (tests/test_cpu_numerics_probe.py
+#: measured it): ``torch.exp`` of the 300 x 128 input differed in 6 of 60 fresh processes on a 2-core
+#: Intel Xeon VM, mostly beside a busy loop. A difference in one of them between two CPUs says nothing.
+UNSTABLE = frozenset({"aten/exp"})
+
+
 def compare(a: dict, b: dict) -> list[str]:
     """The probes whose digests differ between two fingerprints."""
     return [k for k in a["probes"] if a["probes"].get(k) != b["probes"].get(k)]
@@ -156,7 +162,8 @@ def main() -> int:
         for side, fp in (("A", a), ("B", b)):
             print(f"{side}: {fp['cpu'].get('cpu_model')} {fp['settings']}")
         diff = compare(a, b)
-        print("\n".join(f"differs: {k}" for k in diff) or f"all {len(a['probes'])} probes equal")
+        print("\n".join(f"differs: {k}" + (" (it also differs between processes on one CPU)" if k in UNSTABLE else "")
+                        for k in diff) or f"all {len(a['probes'])} probes equal")
         return 1 if diff else 0
     print(json.dumps(fingerprint(args.no_mkldnn), indent=2))
     return 0

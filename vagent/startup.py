@@ -7,9 +7,10 @@ objects is ever garbage. :func:`heavy_imports` runs a block of imports with the 
 then moves every object alive (``gc.freeze``) to the permanent generation, which later
 collections skip. Results are unchanged: only the collector's scheduling moves.
 
-Where: the ``vagent train`` command (one process, each torchrun rank, the ``--nproc`` launcher),
-a sweep's trials, ``vagent eval``'s hf models, and the engine replica actors (:func:`freeze_set_up`
-once their model is loaded).
+Where: the ``vagent train`` command (one process, each torchrun rank, the ``--nproc`` launcher)
+and ``vagent.recipes.train``, a sweep's trials, ``vagent eval``'s hf models, and the engine replica
+actors, which unpickle their model and encoder themselves inside a block
+(``vagent.models.replica_actors.Deferred``) and freeze again once built (:func:`freeze_set_up`).
 Measured on a 2-core Intel Xeon (load ~1), a 1-process tiny ``vagent train`` (2 PPO steps): 6.1 s
 of CPU before, 4.9 s after (docs/results.md, "Start-up"; ``bench/startup_cpu.py``).
 
@@ -44,7 +45,6 @@ def heavy_imports() -> Iterator[None]:
 
 
 def freeze_set_up() -> None:
-    """Freeze every object alive now: for a process whose imports ran outside a
-    :func:`heavy_imports` block (a Ray actor's, while Ray unpickled its arguments), once its set-up
-    is done; they live until it exits."""
+    """Freeze every object alive now, once a long-lived process's set-up is done (an engine
+    replica's model and engine): they live until it exits."""
     gc.freeze()

@@ -65,7 +65,7 @@ from vagent.models.ray_cluster import (  # noqa: F401
 from vagent.models.ray_cluster import replica_options as _replica_options  # noqa: F401
 # the actors' bodies and the push helpers live beside this module; importable from here
 from vagent.models.replica_actors import (  # noqa: F401
-    EngineReplica, NoReplicaLeft, PushGate, ReplicaLost, ReplicaTimeout, VLLMReplica, adapter_names,
+    Deferred, EngineReplica, NoReplicaLeft, PushGate, ReplicaLost, ReplicaTimeout, VLLMReplica, adapter_names,
     check_adapter_push, pushed_state, sequence_token_logprobs,
 )
 from vagent.models.replica_routing import ReplicaTable
@@ -127,9 +127,10 @@ class RemoteEngine:
         named = replica_options(replicas, names, resources)
         ray = running_ray()
         actor = ray.remote(EngineReplica)
-        model_ref = ray.put(_cpu_copy(model, dtype))
+        # unpickled by each actor itself, its imports out of the garbage collector's walks (replica_actors)
+        model, shared_encoder = Deferred(ref=ray.put(_cpu_copy(model, dtype))), Deferred(encoder)
         handles = [actor.options(num_cpus=num_cpus, max_concurrency=max_concurrency, **kw).remote(
-            model_ref, encoder, prefix_cache, threads, interrupt=interrupt) for kw in named]
+            model, shared_encoder, prefix_cache, threads, interrupt=interrupt) for kw in named]
         self._setup(ray, encoder, handles, owner=True, timeouts=(push_timeout_s, generate_timeout_s),
                     resources=resources)
 
@@ -164,7 +165,7 @@ class RemoteEngine:
         ray = running_ray()
         actor = ray.remote(VLLMReplica)
         handles = [actor.options(num_cpus=num_cpus, num_gpus=num_gpus, max_concurrency=max_concurrency, **kw).remote(
-            str(model_dir), encoder, dict(engine_kwargs), interrupt=interrupt) for kw in named]
+            str(model_dir), Deferred(encoder), dict(engine_kwargs), interrupt=interrupt) for kw in named]
         engine = cls.__new__(cls)
         engine._setup(ray, encoder, handles, owner=True, timeouts=(push_timeout_s, generate_timeout_s),
                       resources=resources)

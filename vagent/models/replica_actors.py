@@ -12,7 +12,10 @@ cannot starve it); the calls held back run on the new weights, stamped with the 
 caller's deadline (``rollout.push_timeout_s``) covers that wait: a push stays a single remote call.
 
 Importing this module imports neither Ray nor vLLM nor transformers: the engines load inside
-the actors.
+the actors. Ray unpickles an actor's arguments before its ``__init__`` runs, and unpickling a model
+or a processor imports torch and transformers; ``RemoteEngine`` therefore hands the replicas their
+model and encoder as ``Deferred`` arguments, which ``__init__`` unpickles itself inside
+``vagent.startup.heavy_imports`` (the garbage collector off, then frozen).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any, Iterator, Sequence
 
 from vagent.models.generation import GenerationOutput, GenerationRequest, SamplingParams
 from vagent.runs.errors import TrainingError
-from vagent.startup import freeze_set_up
+from vagent.startup import freeze_set_up, heavy_imports
 
 
 class NoReplicaLeft(TrainingError):
@@ -90,15 +93,48 @@ class PushGate:
                 self._cv.notify_all()
 
 
+class Deferred:
+    """An actor argument that the actor unpickles itself (:meth:`load`), not Ray before ``__init__``
+    (module docstring): ``Deferred(obj)`` holds ``obj`` pickled; ``Deferred(ref=ray.put(obj))``
+    holds an object-store reference (a model that several replicas share), which Ray leaves
+    unresolved inside this wrapper."""
+
+    def __init__(self, obj: Any = None, *, ref: Any = None) -> None:
+        try:  # what Ray pickles arguments with (lambdas, local classes), where Ray is installed
+            from ray import cloudpickle as pickler
+        except ImportError:
+            import pickle as pickler
+
+        self.ref = ref
+        self.payload: bytes = b"" if ref is not None else pickler.dumps(obj)
+
+    def load(self) -> Any:
+        if self.ref is not None:
+            import ray
+
+            return ray.get(self.ref)
+        import pickle
+
+        return pickle.loads(self.payload)
+
+
+def resolved(arg: Any) -> Any:
+    """``arg``, or what it holds if it is a :class:`Deferred`."""
+    return arg.load() if isinstance(arg, Deferred) else arg
+
+
 class EngineReplica:
     """One replica (the body of the Ray actor): a model copy, its HFEngine, a batching front."""
 
     def __init__(self, model: Any, encoder: Any, prefix_cache: bool = True, threads: int = 1,
                  max_batch: int = 64, interrupt: bool = False) -> None:
-        import torch
+        with heavy_imports():  # a Deferred model and encoder import torch and transformers here
+            import torch
 
-        from vagent.models.batching import BatchingEngine
-        from vagent.models.engine import HFEngine
+            from vagent.models.batching import BatchingEngine
+            from vagent.models.engine import HFEngine
+
+            model, encoder = resolved(model), resolved(encoder)
 
         if threads > 0:
             torch.set_num_threads(threads)
@@ -110,7 +146,7 @@ class EngineReplica:
         self.gate = PushGate()
         if interrupt:  # rollout.interrupt: a waiting push stops the running replies between decode steps
             self.engine.engine.interrupt = lambda: self.gate.pushes_waiting > 0
-        freeze_set_up()  # the imports (made while Ray unpickled the model) and the model: out of the collector's walks
+        freeze_set_up()  # the model and engine too: they live as long as the actor
 
     def ready(self) -> tuple[int, bool, bool]:
         """(this actor's pid, whether its engine needs the raw images, whether a waiting push stops
@@ -157,9 +193,11 @@ class VLLMReplica:
 
     def __init__(self, model_dir: str, encoder: Any, engine_kwargs: dict, max_batch: int = 64,
                  interrupt: bool = False) -> None:
-        from vagent.models.batching import BatchingEngine
-        from vagent.models.vllm_engine import VLLMEngine
+        with heavy_imports():  # a Deferred encoder imports transformers here; vLLM's own imports
+            from vagent.models.batching import BatchingEngine
+            from vagent.models.vllm_engine import VLLMEngine
 
+            encoder = resolved(encoder)
         self.vllm = VLLMEngine(model_dir, encoder, colocate=False, **engine_kwargs)
         self.vllm.start()  # now, not at the first push: ready() answers once the engine is up
         self.engine = BatchingEngine(self.vllm, max_batch=max_batch)

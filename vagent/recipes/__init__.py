@@ -31,6 +31,9 @@ __all__ = ["RunConfig", "load_config", "train"]
 
 def train(cfg=None, resume=None, quiet: bool = False):
     """Run or resume a training run (see :func:`vagent.recipes.run.train`); returns the run dir."""
-    from vagent.recipes.run import train as _train  # heavy (torch, the recipes): `import vagent.recipes` stays light
+    from vagent.startup import heavy_imports
+
+    with heavy_imports():  # out of the garbage collector's walks (vagent/startup.py)
+        from vagent.recipes.run import train as _train  # heavy (torch, the recipes): `import vagent.recipes` stays light
 
     return _train(cfg, resume=resume, quiet=quiet)
