@@ -6,7 +6,9 @@ same run, interleaved).
 
 The baseline runs with a ``sitecustomize`` (on ``PYTHONPATH``, so torchrun's ranks get it too) that
 turns :func:`vagent.startup.heavy_imports` and :func:`vagent.startup.freeze_set_up` into no-ops
-before vagent loads. Each command's CPU is its own plus its waited-for children's (``os.wait4``):
+before vagent loads. Then an engine replica's start as a Ray actor runs it (a fresh process: the
+class's module, the arguments unpickled, ``__init__``), its model and encoder unpickled before
+``__init__`` (the baseline) or ``Deferred`` (vagent.models.replica_actors). Each command's CPU is its own plus its waited-for children's (``os.wait4``):
 one process, or the launcher, torchrun and the ranks of a job. Prints the medians, their ratio, the
 CPU and the load average.
 """
@@ -30,6 +32,16 @@ TINY = ["steps=2", "sft.steps=0", "val.every=0", "threads=1", "model.cache_dir=U
         "update.epochs=1", "update.mini_batches=1", "update.warmup_steps=0", "ppo.critic_warmup_steps=0",
         "log.tensorboard=false", "log.progress=false", "log.plot_every=0", "log.plots=false"]
 
+# an engine replica actor's start as Ray runs it, in a fresh process: the class's module, the
+# arguments unpickled, then __init__ (ARGS: plain model and encoder, or Deferred ones)
+REPLICA = """
+import pickle, sys
+from vagent.models.replica_actors import EngineReplica
+with open(sys.argv[1], "rb") as f:
+    model, encoder = pickle.load(f)
+EngineReplica(model, encoder)
+"""
+
 BASELINE = '''
 import contextlib
 import vagent.startup as s
@@ -48,6 +60,28 @@ def cpu_of(cmd: list[str], env: dict[str, str]) -> float:
             err.seek(0)
             raise SystemExit(f"{' '.join(cmd)} exited {proc.returncode}: {err.read().decode()[-2000:]}")
     return usage.ru_utime + usage.ru_stime
+
+
+def replica_start(root: Path, model_dir: Path, repeats: int) -> None:
+    """A replica actor's start with its model and encoder unpickled by Ray before ``__init__`` (the
+    baseline) against ``Deferred`` ones, unpickled inside ``heavy_imports``."""
+    from ray import cloudpickle
+
+    from vagent.models.loading import load_policy
+    from vagent.models.replica_actors import Deferred
+
+    loaded = load_policy(model_dir)
+    files = {"baseline": root / "plain.pkl", "vagent": root / "deferred.pkl"}
+    files["baseline"].write_bytes(cloudpickle.dumps((loaded.model, loaded.encoder)))
+    files["vagent"].write_bytes(cloudpickle.dumps((Deferred(loaded.model), Deferred(loaded.encoder))))
+    cpu: dict[str, list[float]] = {"baseline": [], "vagent": []}
+    for _ in range(repeats):
+        for kind, path in files.items():
+            cpu[kind].append(cpu_of([sys.executable, "-c", REPLICA, str(path)], dict(os.environ)))
+    base, new = statistics.median(cpu["baseline"]), statistics.median(cpu["vagent"])
+    print(f"replica start: {new:.2f} s of CPU, baseline {base:.2f} s: {new / base:.2f}x (medians of {repeats}; "
+          f"vagent {min(cpu['vagent']):.2f}-{max(cpu['vagent']):.2f}, "
+          f"baseline {min(cpu['baseline']):.2f}-{max(cpu['baseline']):.2f})")
 
 
 def main() -> int:
@@ -81,6 +115,7 @@ def main() -> int:
             print(f"{label}: {new:.2f} s of CPU, baseline {base:.2f} s: {new / base:.2f}x "
                   f"(medians of {args.repeats}; vagent {min(cpu['vagent']):.2f}-{max(cpu['vagent']):.2f}, "
                   f"baseline {min(cpu['baseline']):.2f}-{max(cpu['baseline']):.2f})")
+        replica_start(root, model, args.repeats)
         print(f"load average at end {os.getloadavg()[0]:.2f}")
     return 0
 
