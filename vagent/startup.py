@@ -1,7 +1,7 @@
 """A vagent process's heavy imports, kept out of Python's cyclic garbage collector.
 
-Importing torch and transformers leaves ~380,000 objects (modules, classes, functions) that live
-as long as the process. Python's collector walks all of them in every full collection: six during
+Importing torch, transformers and the recipes leaves ~380,000 objects (modules, classes, functions)
+that live as long as the process (a tiny ``vagent train`` run has ~590,000 frozen by its end). Python's collector walks all of them in every full collection: six during
 the imports themselves, then at interpreter exit. Both are work for nothing, since none of those
 objects is ever garbage. :func:`heavy_imports` runs a block of imports with the collector off and
 then moves every object alive (``gc.freeze``) to the permanent generation, which later
@@ -11,8 +11,8 @@ Where: the ``vagent train`` command (one process, each torchrun rank, the ``--np
 and ``vagent.recipes.train``, a sweep's trials, ``vagent eval``'s hf models, and the engine replica
 actors, which unpickle their model and encoder themselves inside a block
 (``vagent.models.replica_actors.Deferred``) and freeze again once built (:func:`freeze_set_up`).
-Measured on a 2-core Intel Xeon (load ~1), a 1-process tiny ``vagent train`` (2 PPO steps): 6.1 s
-of CPU before, 4.9 s after (docs/results.md, "Start-up"; ``bench/startup_cpu.py``).
+Measured on a 2-core Intel Xeon (load 0.7-1.5), a 1-process tiny ``vagent train`` (2 PPO steps):
+6.82 s of CPU without, 5.25 s with (0.77x; ``bench/startup_cpu.py``, docs/results.md "Test suite").
 
 Cost: cyclic garbage alive at a freeze is never collected. A fresh process has almost none when
 its imports end; a process that calls vagent's commands in-process (a test suite) freezes only the
