@@ -124,12 +124,15 @@ def test_import_vagent_is_light():
 
 def test_the_command_line_and_api_only_evaluation_import_no_torch():
     """``vagent --help`` builds every subcommand's parser, and API-only evaluation (``vagent.rollout``'s
-    loop, policies and records, the eval config) runs without torch: neither imports it."""
-    code = ("import sys, vagent.cli, vagent.rollout, vagent.rollout.loop, vagent.eval.config; vagent.cli.build_parser(); "
+    loop, policies and records, the eval config) runs without torch: neither imports it. Nor does the
+    replica actors' module, which Ray imports before an actor's ``__init__``: torch and transformers
+    load inside the actor's ``heavy_imports`` block (vagent/startup.py), out of the collector's walks."""
+    code = ("import sys, vagent.cli, vagent.rollout, vagent.rollout.loop, vagent.eval.config, "
+            "vagent.models.replica_actors; vagent.cli.build_parser(); "
             "print([m for m in ('torch', 'transformers') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]", f"imported by the CLI parser or vagent.rollout: {out.stdout.strip()}"
+    assert out.stdout.strip() == "[]", f"imported by the CLI parser, vagent.rollout or the replica actors' module: {out.stdout.strip()}"
 
 
 @pytest.mark.parametrize("job", [[], ["--nproc", "2"]], ids=["one-process", "torchrun-job"])

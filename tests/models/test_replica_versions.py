@@ -180,21 +180,23 @@ def test_a_replica_freezes_what_its_set_up_made(tiny_vlm):
     assert gc.get_freeze_count() > frozen
 
 
-# a Ray actor's start, in a fresh process: Ray imports the actor's class (vagent.models.replica_actors:
-# torch, not transformers), unpickles its arguments (here: the Deferred model and encoder, which
-# import nothing more), then calls __init__; full collections (generation 2) are recorded with
-# whether transformers was loaded and how many objects were frozen then
+# a Ray actor's start, in a fresh process: Ray imports the actor's class (vagent.models.replica_actors,
+# which loads no torch), unpickles its arguments (here: the Deferred model and encoder, which import
+# nothing more), then calls __init__; a generate call's request is unpickled after it. Full collections
+# (generation 2) are recorded with whether torch was loaded and how many objects were frozen then
 ACTOR_START = """
 import gc, pickle, sys
 full = []
 gc.callbacks.append(lambda phase, info: phase == "start" and info["generation"] == 2
-                    and full.append(("transformers" in sys.modules, gc.get_freeze_count())))
-from vagent.models.generation import SamplingParams
+                    and full.append(("torch" in sys.modules, gc.get_freeze_count())))
 from vagent.models.replica_actors import EngineReplica
 with open(sys.argv[1], "rb") as f:
-    model, encoder, request = pickle.load(f)
-assert "transformers" not in sys.modules, "unpickling the Deferred arguments imported transformers"
+    model, encoder = pickle.load(f)
+assert "torch" not in sys.modules, "the actor's class module or its Deferred arguments imported torch"
 replica = EngineReplica(model, encoder)
+from vagent.models.generation import SamplingParams
+with open(sys.argv[2], "rb") as f:
+    request = pickle.load(f)
 print("REPLY", replica.generate([request], SamplingParams(do_sample=False, max_new_tokens=8))[0].token_ids)
 print("GCPROBE", gc.get_freeze_count(), full)
 """
@@ -203,7 +205,7 @@ print("GCPROBE", gc.get_freeze_count(), full)
 def test_a_replica_unpickles_its_model_itself_with_the_collector_off(tiny_vlm, tmp_path):
     """``RemoteEngine`` hands each replica actor its model and encoder as ``Deferred`` arguments: the
     actor unpickles them inside ``heavy_imports`` (vagent/startup.py), so no full collection walks
-    transformers' objects during its start, and it serves what the model in this process serves."""
+    torch's or transformers' objects during its start, and it serves what the model in this process serves."""
     import pickle
     import subprocess
     import sys
@@ -214,13 +216,15 @@ def test_a_replica_unpickles_its_model_itself_with_the_collector_off(tiny_vlm, t
 
     request = requests(tiny_vlm.encoder)[0]
     want = references(tiny_vlm.model, tiny_vlm.encoder, [request])[0]
-    args = tmp_path / "args.pkl"
-    args.write_bytes(cloudpickle.dumps((Deferred(copy.deepcopy(tiny_vlm.model)), Deferred(tiny_vlm.encoder), request)))
+    args, call = tmp_path / "args.pkl", tmp_path / "call.pkl"
+    args.write_bytes(cloudpickle.dumps((Deferred(copy.deepcopy(tiny_vlm.model)), Deferred(tiny_vlm.encoder))))
+    call.write_bytes(pickle.dumps(request))
     assert isinstance(pickle.loads(args.read_bytes())[0], Deferred)
-    run = subprocess.run([sys.executable, "-c", ACTOR_START, str(args)], capture_output=True, text=True, timeout=300)
+    run = subprocess.run([sys.executable, "-c", ACTOR_START, str(args), str(call)], capture_output=True, text=True,
+                         timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     lines = dict(line.split(" ", 1) for line in run.stdout.splitlines() if line.startswith(("REPLY", "GCPROBE")))
     assert lines["REPLY"] == str(want)
     frozen, full = lines["GCPROBE"].split(" ", 1)
     assert int(frozen) > 200_000, lines["GCPROBE"]
-    assert "(True, 0)" not in full, f"a full collection walked transformers' objects before they were frozen: {lines['GCPROBE']}"
+    assert "(True, 0)" not in full, f"a full collection walked torch's objects before they were frozen: {lines['GCPROBE']}"

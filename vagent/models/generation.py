@@ -6,9 +6,10 @@ in :mod:`vagent.models.engine`'s docstring, which re-exports these names).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
-import torch
+if TYPE_CHECKING:  # annotations only: importing this module (a replica actor's class does) loads no torch
+    import torch
 
 FINISH_REASONS = ("stop", "eos", "length")
 #: an engine's own finish reason for a reply stopped between decode steps (``HFEngine.interrupt``):

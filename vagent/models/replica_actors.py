@@ -11,8 +11,8 @@ holds new ones back meanwhile (writer preference: a stream of generate calls fro
 cannot starve it); the calls held back run on the new weights, stamped with the new version. The
 caller's deadline (``rollout.push_timeout_s``) covers that wait: a push stays a single remote call.
 
-Importing this module imports neither Ray nor vLLM nor transformers: the engines load inside
-the actors. Ray unpickles an actor's arguments before its ``__init__`` runs, and unpickling a model
+Importing this module imports neither Ray nor vLLM nor torch nor transformers: the engines load
+inside the actors. Ray unpickles an actor's arguments before its ``__init__`` runs, and unpickling a model
 or a processor imports torch and transformers; ``RemoteEngine`` therefore hands the replicas their
 model and encoder as ``Deferred`` arguments, which ``__init__`` unpickles itself inside
 ``vagent.startup.heavy_imports`` (the garbage collector off, then frozen).

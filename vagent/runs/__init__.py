@@ -16,22 +16,35 @@ Recipes (``vagent.recipes``) call these small pieces; none of them knows about a
 - :mod:`vagent.runs.lock`       one writer per run directory: ``run.lock``, held by the live job
 """
 
-from vagent.runs.checkpoint import list_checkpoints, load_checkpoint, load_object, save_checkpoint
-from vagent.runs.errors import (
-    DiskFullError, ModelError, NonFiniteError, TrainingError, check_finite, is_disk_full, is_oom, oom_message,
-)
-from vagent.runs.metrics import PREFIXES, MetricsLogger, read_metrics
-from vagent.runs.plots import plot_run, plots_current
-from vagent.runs.progress import Console, StepProgress, startup_arithmetic
-from vagent.runs.rundir import RunDir, existing_run_dir, new_run_dir
-from vagent.runs.samples import save_rollouts
-from vagent.runs.tokens import save_token_rows
+from __future__ import annotations
 
-__all__ = [
-    "list_checkpoints", "load_checkpoint", "load_object", "save_checkpoint", "ModelError", "NonFiniteError",
-    "TrainingError",
-    "check_finite", "is_oom", "DiskFullError", "is_disk_full", "oom_message", "PREFIXES", "MetricsLogger",
-    "read_metrics", "plot_run", "plots_current",
-    "Console", "StepProgress", "startup_arithmetic", "RunDir", "existing_run_dir", "new_run_dir", "save_rollouts",
-    "save_token_rows",
-]
+import importlib
+from typing import Any
+
+#: each public name -> the module that defines it. They load on first use (PEP 562), so importing one
+#: light piece (``vagent.runs.errors``, which a Ray replica actor's module imports) loads no torch
+_HOME = {
+    **dict.fromkeys(["list_checkpoints", "load_checkpoint", "load_object", "save_checkpoint"], "checkpoint"),
+    **dict.fromkeys(["DiskFullError", "ModelError", "NonFiniteError", "TrainingError", "check_finite", "is_disk_full",
+                     "is_oom", "oom_message"], "errors"),
+    **dict.fromkeys(["PREFIXES", "MetricsLogger", "read_metrics"], "metrics"),
+    **dict.fromkeys(["plot_run", "plots_current"], "plots"),
+    **dict.fromkeys(["Console", "StepProgress", "startup_arithmetic"], "progress"),
+    **dict.fromkeys(["RunDir", "existing_run_dir", "new_run_dir"], "rundir"),
+    "save_rollouts": "samples",
+    "save_token_rows": "tokens",
+}
+
+__all__ = list(_HOME)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module 'vagent.runs' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"vagent.runs.{_HOME[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOME))

@@ -94,11 +94,8 @@ def execute_trial(sweep_dir: Path, trial: Trial) -> dict:
 
 
 def _execute_locked(sweep_dir: Path, trial_dir: Path, trial: Trial) -> dict:
+    from vagent.recipes import train  # imports the recipes out of the garbage collector's walks
     from vagent.runconfig import load_config
-    from vagent.startup import heavy_imports
-
-    with heavy_imports():  # torch, transformers, the recipes: out of the garbage collector's walks
-        from vagent.recipes.run import train
 
     for stray in trial_dir.iterdir():  # a process killed between creating the run folder and its config
         if stray.is_dir() and not (stray / "config.yaml").is_file():
