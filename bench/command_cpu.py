@@ -10,8 +10,8 @@ writes one accounting record per process as it ends (user + system CPU, start ti
 pid), whoever waits for it; this script turns accounting on, runs the command, turns it off, and
 adds up the command's process tree (by parent pid) plus the processes reparented to init that
 started while the command ran (on a machine where nothing else runs, the command's). It prints the
-total, the CPU by process name and by part of the command (from when each ``pytest`` and ``pip``
-process of the tree started), and the machine's CPU and load average.
+total, the CPU by process name and by part of the command (each step of the shell that runs it,
+with its process tree), and the machine's CPU and load average.
 """
 
 from __future__ import annotations
@@ -99,25 +99,26 @@ def command_tree(procs: list[Proc], root: int) -> tuple[list[Proc], list[Proc]]:
     return tree, reparented
 
 
-def parts(tree: list[Proc]) -> list[tuple[str, float]]:
-    """The command's parts by start time: each ``pip`` process, and each long ``python`` process (a
-    pytest session), that is not inside a pytest session's own tree (a test's ``vagent train`` or
-    ``pip``) starts one; consecutive ones of the same kind merge. Named by kind and order."""
+def parts(tree: list[Proc], root: int) -> list[tuple[str, list[Proc]]]:
+    """The command's parts: the steps of the shell that runs it (the children of ``root``, or of the one
+    process a wrapper such as ``time`` runs), each with its own process tree, in start order. A step
+    whose own process works for seconds (a pytest session, whatever its name: the kernel records the
+    main thread's name at exit, which gRPC renames in a Ray driver) is a test run; the others (``pip``,
+    ``python3 -m venv``, a script such as ``scripts/vllm-env``, whose shell only waits) are installs.
+    Consecutive steps of one kind merge, named by kind and order."""
     kids = by_parent(tree)
-    inside: set[int] = set()
-    marks: list[tuple[str, float]] = []
-    last = None
-    for p in sorted(tree, key=lambda p: p.start):
-        if p.pid in inside:
-            continue
-        kind = "install" if p.name == "pip" else \
-            "pytest" if p.name in ("python", "python3") and p.elapsed_s > 30 and p.cpu_s > 5 else None
-        if kind == "pytest":
-            inside |= {c.pid for c in descendants(kids, p.pid)}
-        if kind and kind != last:
-            marks.append((f"{kind} {sum(k.startswith(kind) for k, _ in marks) + 1}", p.start))
-            last = kind
-    return marks
+    shell = root
+    while len(kids.get(shell, [])) == 1 and kids.get(kids[shell][0].pid):
+        shell = kids[shell][0].pid
+    out: list[tuple[str, list[Proc]]] = []
+    for step in sorted(kids.get(shell, []), key=lambda p: p.start):
+        kind = "pytest" if step.name != "pip" and step.cpu_s > 5 and step.elapsed_s > 30 else "install"
+        procs = [step, *descendants(kids, step.pid)]
+        if out and out[-1][0].rsplit(" ", 1)[0] == kind:
+            out[-1][1].extend(procs)
+        else:
+            out.append((f"{kind} {sum(label.startswith(kind + ' ') for label, _ in out) + 1}", procs))
+    return out
 
 
 def report(procs: list[Proc], root: int, top: int) -> None:
@@ -136,15 +137,17 @@ def report(procs: list[Proc], root: int, top: int) -> None:
     print(f"\n{'CPU s':>8} {'procs':>6}  name")
     for name, (cpu, n) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]:
         print(f"{cpu:8.1f} {int(n):6d}  {name}")
-    marks = parts(tree)
-    if marks:
-        print("\nby part (processes assigned by start time):")
-        bounds = [start for _, start in marks[1:]] + [float("inf")]
-        for (label, start), end in zip(marks, bounds):
-            cpu = sum(p.cpu_s for p in everything if start <= p.start < end)
-            print(f"{cpu:8.1f} s  {label} (from {time.strftime('%H:%M:%S', time.localtime(start))})")
-        before = sum(p.cpu_s for p in everything if p.start < marks[0][1])
-        print(f"{before:8.1f} s  before the first part")
+    steps = parts(tree, root)
+    if steps:
+        print("\nby part (each step's process tree, and the processes reparented to init that started while it ran):")
+        counted: set[int] = set()
+        for label, procs in steps:
+            t0, t1 = window(procs)
+            mine = procs + [p for p in reparented if t0 <= p.start <= t1 and p.pid not in counted]
+            counted |= {p.pid for p in mine}
+            print(f"{sum(p.cpu_s for p in mine):8.1f} s  {label} (from {time.strftime('%H:%M:%S', time.localtime(t0))})")
+        rest = sum(p.cpu_s for p in everything if p.pid not in counted)
+        print(f"{rest:8.1f} s  outside the steps (the shell running them)")
 
 
 def main() -> int:

@@ -1,6 +1,6 @@
 """bench/command_cpu.py's accounting arithmetic: a command's tree by parent pid, the processes
 reparented to init while it ran (Ray's daemons after their driver ended), and the parts of the
-command by the start of each pip and pytest process."""
+command: the steps of its shell, each with its process tree."""
 
 from __future__ import annotations
 
@@ -40,20 +40,27 @@ def test_the_tree_counts_reparented_processes_of_its_window_only(cc):
     tree, reparented = cc.command_tree(procs, 10)
     assert sorted(p.pid for p in tree) == [10, 11, 12, 13, 19]
     assert sorted(p.pid for p in reparented) == [14, 15]
-    assert [label for label, _ in cc.parts(tree)] == ["install 1", "pytest 1"]
+    assert [(label, sorted(p.pid for p in procs)) for label, procs in cc.parts(tree, 10)] == \
+        [("install 1", [11]), ("pytest 1", [12, 13, 19])]
     with pytest.raises(SystemExit, match="no accounting record of pid 42"):
         cc.command_tree(procs, 42)
 
 
 def test_report_prints_the_total_by_name_and_by_part(cc, capsys):
     P = cc.Proc
-    procs = [P("bash", 0.5, 100, 900, 10, 1), P("pip", 30.0, 101, 50, 11, 10), P("pip", 10.0, 140, 20, 12, 10),
-             P("python", 600.0, 200, 600, 13, 10), P("raylet", 5.0, 300, 100, 20, 1),
-             P("pip", 20.0, 810, 40, 14, 10), P("python", 100.0, 850, 120, 15, 10)]
-    cc.report(procs, 10, top=10)
+    procs = [P("time", 0.0, 100, 900, 9, 1), P("bash", 0.5, 100, 900, 10, 9),  # `time` runs the command's shell
+             P("python3", 0.2, 100, 1, 16, 10), P("pip", 30.0, 101, 50, 11, 10), P("pip", 10.0, 140, 20, 12, 10),
+             # the pytest session, its main thread renamed by gRPC; a test's long run and its pip inside it
+             P("default-executo", 600.0, 200, 600, 13, 10), P("python", 40.0, 300, 100, 17, 13),
+             P("pip", 2.0, 400, 10, 18, 13), P("raylet", 5.0, 300, 100, 20, 1),
+             P("bash", 0.0, 810, 40, 14, 10), P("pip", 20.0, 811, 38, 19, 14),  # scripts/vllm-env
+             P("python", 100.0, 850, 120, 15, 10)]
+    cc.report(procs, 9, top=10)
     out = capsys.readouterr().out
-    assert out.startswith("766 s of CPU (12.8 min) in 7 processes") and "5 s in processes reparented" in out
-    assert "   700.0      2  python" in out and "    60.0      3  pip" in out
-    # two pip processes in a row are one install; the raylet (started at 300) belongs to pytest 1
-    assert "    40.0 s  install 1" in out and "   605.0 s  pytest 1" in out
-    assert "    20.0 s  install 2" in out and "   100.0 s  pytest 2" in out and "     0.5 s  before the first part" in out
+    assert out.startswith("808 s of CPU (13.5 min) in 12 processes") and "5 s in processes reparented" in out
+    assert "   600.0      1  default-executo" in out and "    62.0      4  pip" in out
+    # the venv and two pips in a row are one install; the raylet (started at 300) belongs to pytest 1, and so do
+    # the test's own run and pip; the script that builds a venv is an install
+    assert "    40.2 s  install 1" in out and "   647.0 s  pytest 1" in out
+    assert "    20.0 s  install 2" in out and "   100.0 s  pytest 2" in out
+    assert "     0.5 s  outside the steps" in out
