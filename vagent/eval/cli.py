@@ -195,7 +195,7 @@ def _run_logged(cfg: Any) -> Any:
 
     if not any(m.backend == "hf" for m in cfg.models):  # API models only: no torch, nothing to route
         return run_eval(cfg)
-    from vagent.runs.progress import library_output_to_file  # heavy (vagent.runs imports torch)
+    from vagent.runs.progress import library_output_to_file
 
     with library_output_to_file(Path(cfg.out_dir) / "eval.log"):
         return run_eval(cfg)

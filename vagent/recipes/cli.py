@@ -172,7 +172,7 @@ def run_train(args: argparse.Namespace) -> int:
     with heavy_imports():  # torch, transformers, the recipes: out of the garbage collector's walks (vagent/startup.py)
         from vagent.distributed import barrier, shutdown_world  # heavy (torch): `vagent --help` stays fast
         from vagent.recipes.sft import DataError  # heavy (torch)
-        from vagent.runs import TrainingError  # heavy (torch)
+        from vagent.runs import TrainingError
 
     try:
         _train(args, cfg)
@@ -250,7 +250,7 @@ def _train(args: argparse.Namespace, cfg: RunConfig | None) -> None:
     """``train`` of ``--resume RUN_DIR`` (``cfg`` None), or of ``cfg`` (:func:`_run_config`)."""
     with heavy_imports():
         from vagent.recipes.run import train  # heavy (torch, the recipes)
-        from vagent.runs.progress import ConfigSource  # heavy (vagent.runs imports torch)
+        from vagent.runs.progress import ConfigSource
 
     if cfg is None:
         train(resume=args.resume, quiet=args.quiet, overrides=args.overrides, consent=_consent(args))
@@ -271,8 +271,8 @@ def launch_job(args: argparse.Namespace) -> int:
                       "(drop them when you run torchrun yourself).")
     run_dir, cfg = None, None
     if args.resume:  # before starting any process: a live job's run directory (a finished one: run_train)
-        from vagent.runs import TrainingError, existing_run_dir  # heavy (torch)
-        from vagent.runs.lock import check_unlocked  # heavy (vagent.runs imports torch)
+        from vagent.runs import TrainingError, existing_run_dir  # light: vagent.runs loads its pieces on first use
+        from vagent.runs.lock import check_unlocked
 
         try:
             run = existing_run_dir(args.resume)
