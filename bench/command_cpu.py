@@ -22,9 +22,10 @@ import shutil
 import subprocess
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from datetime import datetime
+from itertools import groupby
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -110,14 +111,14 @@ def parts(tree: list[Proc], root: int) -> list[tuple[str, list[Proc]]]:
     shell = root
     while len(kids.get(shell, [])) == 1 and kids.get(kids[shell][0].pid):
         shell = kids[shell][0].pid
+    def kind(step: Proc) -> str:
+        return "pytest" if step.name != "pip" and step.cpu_s > 5 and step.elapsed_s > 30 else "install"
+
     out: list[tuple[str, list[Proc]]] = []
-    for step in sorted(kids.get(shell, []), key=lambda p: p.start):
-        kind = "pytest" if step.name != "pip" and step.cpu_s > 5 and step.elapsed_s > 30 else "install"
-        procs = [step, *descendants(kids, step.pid)]
-        if out and out[-1][0].rsplit(" ", 1)[0] == kind:
-            out[-1][1].extend(procs)
-        else:
-            out.append((f"{kind} {sum(label.startswith(kind + ' ') for label, _ in out) + 1}", procs))
+    seen: Counter[str] = Counter()
+    for k, steps in groupby(sorted(kids.get(shell, []), key=lambda p: p.start), key=kind):
+        seen[k] += 1
+        out.append((f"{k} {seen[k]}", [q for step in steps for q in (step, *descendants(kids, step.pid))]))
     return out
 
 

@@ -9,7 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from vagent.startup import heavy_imports
+import pytest
+
+from vagent.startup import heavy_imports, lazy_exports
 
 # a ``vagent train`` whose full collections (generation 2) are recorded with whether torch was
 # loaded and how many objects were frozen then; printed at exit with the final freeze count
@@ -54,6 +56,15 @@ def test_a_block_that_imports_nothing_new_freezes_nothing_and_a_disabled_collect
         assert not gc.isenabled(), "the caller turned the collector off: the block must leave it off"
     finally:
         gc.enable()
+
+
+def test_lazy_exports_import_a_name_s_module_on_first_use_and_name_the_package_for_an_unknown_one():
+    sys.modules.pop("colorsys", None)
+    getattr_ = lazy_exports("pkg", {"rgb_to_hsv": "colorsys"})
+    assert "colorsys" not in sys.modules
+    assert getattr_("rgb_to_hsv")(1.0, 0.0, 0.0) == (0.0, 1.0, 1.0) and "colorsys" in sys.modules
+    with pytest.raises(AttributeError, match="module 'pkg' has no attribute 'hsv'"):
+        getattr_("hsv")
 
 
 def test_a_train_run_freezes_its_imports_and_makes_no_full_collection_over_them(tmp_path: Path):

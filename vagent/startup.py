@@ -17,14 +17,19 @@ Measured on a 2-core Intel Xeon (load 0.7-1.5), a 1-process tiny ``vagent train`
 Cost: cyclic garbage alive at a freeze is never collected. A fresh process has almost none when
 its imports end; a process that calls vagent's commands in-process (a test suite) freezes only the
 first time a block imports anything (later blocks import nothing new and freeze nothing).
+
+The other half of a light start: a package re-exports its modules' names through
+:func:`lazy_exports` (``vagent.models``, ``vagent.rollout``, ``vagent.runs``, ``vagent.service``), so
+importing one light piece of it (a Ray actor's class module, the CLI) loads none of the heavy ones.
 """
 
 from __future__ import annotations
 
 import gc
+import importlib
 import sys
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 
 @contextmanager
@@ -48,3 +53,16 @@ def freeze_set_up() -> None:
     """Freeze every object alive now, once a long-lived process's set-up is done (an engine
     replica's model and engine): they live until it exits."""
     gc.freeze()
+
+
+def lazy_exports(package: str, where: Mapping[str, str]) -> Callable[[str], Any]:
+    """A package's module ``__getattr__`` (PEP 562) for names re-exported from its modules (``where``:
+    name -> module path): each loads its module on first use, so importing the package, or one light
+    module of it, loads none of the heavy ones."""
+
+    def __getattr__(name: str) -> Any:
+        if name in where:
+            return getattr(importlib.import_module(where[name]), name)
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    return __getattr__

@@ -15,7 +15,7 @@ stays cheap):
 
 from __future__ import annotations
 
-import importlib
+from vagent.startup import lazy_exports
 
 _EXPORTS = {
     "build_tiny_vlm": "tiny", "build_tiny_lm": "tiny",
@@ -32,8 +32,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        module = importlib.import_module(f"vagent.models.{_EXPORTS[name]}")
-        return getattr(module, name)
-    raise AttributeError(f"module 'vagent.models' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, {name: f"vagent.models.{module}" for name, module in _EXPORTS.items()})

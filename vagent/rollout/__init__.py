@@ -9,13 +9,12 @@ on first use, so ``import vagent.rollout`` stays light for API-only evaluation.
 
 from __future__ import annotations
 
-from typing import Any
-
 from vagent.rollout.encoding import TokenPolicy
 from vagent.rollout.loop import MODES, EnvSpec, RolloutResult, rollout, rollout_metrics
 from vagent.rollout.policy import Conversation, Message, Policy, Reply, SamplingConfig, Segment
 from vagent.rollout.records import Episode, Turn
 from vagent.rollout.scripted import RandomPolicy, ScriptedPolicy, SolverPolicy, TokenScriptedPolicy, solver_reply
+from vagent.startup import lazy_exports
 
 _LAZY = {
     "TokenBatch": "vagent.rollout.batch",
@@ -26,13 +25,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'vagent.rollout' has no attribute {name!r}")
-
+__getattr__ = lazy_exports(__name__, _LAZY)
 
 __all__ = [
     "MODES", "EnvSpec", "RolloutResult", "rollout", "rollout_metrics", "Conversation", "Message", "Policy",

@@ -18,11 +18,10 @@ Recipes (``vagent.recipes``) call these small pieces; none of them knows about a
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from vagent.startup import lazy_exports
 
-#: each public name -> the module that defines it. They load on first use (PEP 562), so importing one
-#: light piece (``vagent.runs.errors``, which a Ray replica actor's module imports) loads no torch
+#: each public name -> the module that defines it, loaded on first use: importing one light piece
+#: (``vagent.runs.errors``, which a Ray replica actor's module imports) loads no torch
 _HOME = {
     **dict.fromkeys(["list_checkpoints", "load_checkpoint", "load_object", "save_checkpoint"], "checkpoint"),
     **dict.fromkeys(["DiskFullError", "ModelError", "NonFiniteError", "TrainingError", "check_finite", "is_disk_full",
@@ -36,15 +35,4 @@ _HOME = {
 }
 
 __all__ = list(_HOME)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _HOME:
-        raise AttributeError(f"module 'vagent.runs' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"vagent.runs.{_HOME[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_HOME))
+__getattr__ = lazy_exports(__name__, {name: f"vagent.runs.{module}" for name, module in _HOME.items()})

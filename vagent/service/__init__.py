@@ -16,8 +16,7 @@ imports ``vagent.service.cli``) loads neither httpx nor FastAPI.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from vagent.startup import lazy_exports
 
 _WHERE = {
     **{n: "vagent.service.client" for n in ("EnvConfigMismatch", "RemoteEnv", "RemoteEnvConfig", "RemoteEnvException", "ServiceError",
@@ -29,7 +28,4 @@ _WHERE = {
 __all__ = sorted(_WHERE)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        return getattr(importlib.import_module(_WHERE[name]), name)
-    raise AttributeError(f"module 'vagent.service' has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, _WHERE)
