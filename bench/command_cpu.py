@@ -105,7 +105,7 @@ def parts(tree: list[Proc], root: int) -> list[tuple[str, list[Proc]]]:
     process a wrapper such as ``time`` runs), each with its own process tree, in start order. A step
     whose own process works for seconds (a pytest session, whatever its name: the kernel records the
     main thread's name at exit, which gRPC renames in a Ray driver) is a test run; the others (``pip``,
-    ``python3 -m venv``, a script such as ``scripts/vllm-env``, whose shell only waits) are installs.
+    a script such as ``scripts/make-venv`` or ``scripts/vllm-env``, whose shell only waits) are installs.
     Consecutive steps of one kind merge, named by kind and order."""
     kids = by_parent(tree)
     shell = root

@@ -67,7 +67,7 @@ BENCH = "a benchmark: minutes on a 2-core machine, and its figures are measureme
 # Commands the docs show that this test does not run: pattern -> reason.
 SKIP: dict[str, str] = {
     # README: the two commands (.ci/run runs the second one verbatim)
-    r"python3 -m venv \.venv && .*\.venv/bin/vagent train": "creates a venv and runs the main job: "
+    r"scripts/make-venv \.venv && .*\.venv/bin/vagent train": "creates a venv and runs the main job: "
     "minutes of install and ~15 min of training",
     r"\(command -v chromium .*\.venv-vllm/bin/python -m pytest -q -m vllm": "creates the venvs and runs the "
     "whole test suite: .ci/run runs exactly this",
@@ -310,3 +310,12 @@ def test_listed_commands_are_classified():
     assert classify(DocCommand("d.md", 1, "vagent envs")) == ("run", "vagent envs")
     assert classify(DocCommand("d.md", 1, "vagent train"))[0] == "skip"
     assert classify(DocCommand("d.md", 1, "vagent train --describe")) == ("run", "vagent train --describe")
+
+
+def test_ci_runs_the_readmes_test_command_verbatim():
+    """.ci/run's command line is README command 2, character for character (a change to one and not
+    the other would make CI test another set-up than the one users run)."""
+    readme = [c.text for c in extract_commands(ROOT / "README.md") if c.text.startswith("(command -v chromium")]
+    ci = [" ".join(line.split()) for line in (ROOT / ".ci" / "run").read_text().splitlines()
+          if line.startswith("(command -v chromium")]
+    assert len(readme) == 1 and ci == readme, f"README command 2: {readme}\n.ci/run: {ci}"
