@@ -434,3 +434,60 @@ def test_eval_view_and_hub_upload_of_a_planted_run_run_nothing(real_run, tmp_pat
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip() and not line.startswith("[eval]")]
     assert code != 0 and not marker.exists()
     assert len(err) == 1 and "*.bin weights need code to load" in err[0], err
+
+
+class _Py311Pickler(pickle.Pickler):
+    """Pickles an enum member as Python 3.11.0-3.11.4 do (``getattr(cls, "NAME")``), whatever this
+    Python does; ``getattr`` of anything else where ``instead`` says."""
+
+    def __init__(self, f, instead: dict | None = None):
+        super().__init__(f, protocol=4)
+        self.instead = instead or {}
+
+    def reducer_override(self, obj):
+        import enum
+
+        if id(obj) in self.instead:
+            return (getattr, self.instead[id(obj)])
+        return (getattr, (type(obj), obj.name)) if isinstance(obj, enum.Enum) else NotImplemented
+
+
+def test_dcp_metadata_pickled_by_python_3_11_2_loads_and_getattr_serves_only_enum_members(tmp_path):
+    """A sharded checkpoint written on Debian 12's Python 3.11.2 names ``builtins.getattr`` in
+    ``dcp/.metadata`` (its enum members); vagent reads its own checkpoint there, and ``getattr`` of
+    anything but an admitted enum's member is still refused, running nothing."""
+    import io
+
+    import torch.distributed.checkpoint as dcp
+
+    from vagent.runs.safe_load import load_pickle_data
+
+    dcp.save({"w": torch.arange(6.0).reshape(2, 3)}, checkpoint_id=str(tmp_path / "dcp"), no_dist=True)
+    meta = pickle.loads((tmp_path / "dcp" / ".metadata").read_bytes())  # written here: trusted
+    old = io.BytesIO()
+    _Py311Pickler(old).dump(meta)
+    assert b"getattr" in old.getvalue()  # as 3.11.2 writes it
+    (tmp_path / "old.metadata").write_bytes(old.getvalue())
+    back = load_pickle_data(tmp_path / "old.metadata", "dcp/.metadata")
+    assert back.state_dict_metadata["w"].properties == meta.state_dict_metadata["w"].properties
+    assert back.state_dict_metadata["w"].size == torch.Size([2, 3])
+
+    # getattr of an admitted class's method, then called: Path(marker).touch() were getattr allowed as such
+    marker = tmp_path / "ran"
+    touch = (b"cbuiltins\ngetattr\n(cpathlib\nPosixPath\nVtouch\ntR(cpathlib\nPosixPath\n(V"
+             + str(marker).encode() + b"\ntRtR.")
+    (tmp_path / "bad.metadata").write_bytes(touch)
+    with pytest.raises(UnsafeFileError, match=r"^dcp/.metadata needs builtins\.getattr, which vagent does not load"):
+        load_pickle_data(tmp_path / "bad.metadata", "dcp/.metadata")
+    assert not marker.exists()
+    pickle.loads(touch)  # what the bytes do when unpickled freely
+    assert marker.exists()
+    from torch.distributed.checkpoint.metadata import _MEM_FORMAT_ENCODING
+
+    for target in [(torch.Size, "__new__"), (_MEM_FORMAT_ENCODING, "__class__")]:  # not an enum; not a member
+        box = SimpleNamespace()
+        buf = io.BytesIO()
+        _Py311Pickler(buf, {id(box): target}).dump(box)
+        (tmp_path / "bad.metadata").write_bytes(buf.getvalue())
+        with pytest.raises(UnsafeFileError, match=r"^dcp/.metadata needs builtins\.getattr"):
+            load_pickle_data(tmp_path / "bad.metadata", "dcp/.metadata")

@@ -31,7 +31,8 @@ A sharded checkpoint's ``dcp/.metadata`` is a plain pickle (protocol 4) that tor
 with ``pickle.load``, and DCP reads the non-tensor values of its ``.distcp`` files with
 ``torch.load(weights_only=False)``; :func:`load_dcp` replaces both readers: the metadata through an
 unpickler whose ``find_class`` admits DCP's metadata classes, ``torch.Size``, torch dtypes and
-layouts and ``pathlib`` paths only (:func:`load_pickle_data`), each value through
+layouts and ``pathlib`` paths only, and ``getattr`` only for an enum's member by name (how Python
+3.11.0-3.11.4 pickle enums) (:func:`load_pickle_data`), each value through
 ``torch.load(weights_only=True)``.
 
 What this cannot catch: a file of allowed types with forged content (another run's weights or
@@ -41,6 +42,7 @@ of a run consistently.
 
 from __future__ import annotations
 
+import enum
 import functools
 import importlib
 import io
@@ -203,13 +205,27 @@ _DCP_CLASSES = {
 }
 
 
+def _enum_member(cls: Any, name: Any) -> enum.Enum:
+    """What ``builtins.getattr`` may do in a data pickle: name a member of an enum class the
+    unpickler already admitted. Python 3.11.0-3.11.4 (Debian 12's 3.11.2) pickle an enum member as
+    ``getattr(cls, "NAME")`` where other versions write ``cls(value)``; DCP's metadata holds one
+    (``_MEM_FORMAT_ENCODING``). Any other use is refused."""
+    if isinstance(cls, type) and issubclass(cls, enum.Enum) and isinstance(name, str) and name in cls.__members__:
+        return cls.__members__[name]
+    raise pickle.UnpicklingError("GLOBAL builtins.getattr was not an allowed global (it may only name a member of "
+                                 f"an allowed enum, not {getattr(cls, '__name__', type(cls).__name__)}.{name})")
+
+
 class _DataUnpickler(pickle.Unpickler):
     """``pickle.Unpickler`` that finds only DCP's metadata classes, ``torch.Size`` and torch dtypes,
-    layouts and memory formats (every global a pickle names goes through ``find_class``)."""
+    layouts and memory formats (every global a pickle names goes through ``find_class``), and
+    ``builtins.getattr`` as :func:`_enum_member` (an enum's member by name)."""
 
     def find_class(self, module: str, name: str) -> Any:
         if name in _DCP_CLASSES.get(module, ()):
             return super().find_class(module, name)
+        if (module, name) == ("builtins", "getattr"):
+            return _enum_member
         if module == "torch" and (name == "Size" or isinstance(getattr(torch, name, None),
                                                                 (torch.dtype, torch.layout, torch.memory_format))):
             return getattr(torch, name)
