@@ -59,9 +59,7 @@ def test_a_named_interpreter_makes_the_venv_and_an_existing_venv_is_kept(tmp_pat
     assert made.stderr.startswith("make-venv: v on ") and made.stderr.strip().endswith(": VAGENT_PYTHON"), made.stderr
     base = subprocess.run([str(tmp_path / "v" / "bin" / "python"), "-c", "import sys; print(sys._base_executable, "
                            "sys.prefix != sys.base_prefix)"], capture_output=True, text=True, check=True).stdout.split()
-    mine = subprocess.run([sys.executable, "-c", "import sys; print(sys._base_executable)"], capture_output=True,
-                          text=True, check=True).stdout.strip()
-    assert os.path.realpath(base[0]) == os.path.realpath(mine) and base[1] == "True"
+    assert os.path.realpath(base[0]) == os.path.realpath(sys._base_executable) and base[1] == "True"
     (tmp_path / "v" / "marker").write_text("mine")
     again = _run(tmp_path, "v")  # kept, not rebuilt on another interpreter
     assert again.returncode == 0 and again.stderr.strip().endswith(": kept"), again.stderr

@@ -16,6 +16,7 @@ the payload in a real tiny run's directory and go through ``vagent train --resum
 
 from __future__ import annotations
 
+import enum
 import json
 import pickle
 import shutil
@@ -445,8 +446,6 @@ class _Py311Pickler(pickle.Pickler):
         self.instead = instead or {}
 
     def reducer_override(self, obj):
-        import enum
-
         if id(obj) in self.instead:
             return (getattr, self.instead[id(obj)])
         return (getattr, (type(obj), obj.name)) if isinstance(obj, enum.Enum) else NotImplemented
