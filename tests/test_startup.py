@@ -47,7 +47,9 @@ def test_a_block_that_imports_nothing_new_freezes_nothing_and_a_disabled_collect
     with heavy_imports():
         import json  # noqa: F401,F811
         garbage = [{"n": i} for i in range(100)]
-    assert gc.get_freeze_count() == frozen, "a block that imported nothing froze the caller's objects"
+    # a freeze would add every object alive (the 100 dicts above among them); the count may only drop,
+    # as frozen objects that other code releases are freed by their reference counts meanwhile
+    assert gc.get_freeze_count() <= frozen, "a block that imported nothing froze the caller's objects"
     del garbage
     gc.disable()
     try:
